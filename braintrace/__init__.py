@@ -1,0 +1,40 @@
+"""braintrace: online learning with eligibility traces for Flax NNX models.
+
+Mark trainable operations with ETP primitives (or use the drop-in layers in
+:mod:`braintrace.layers`), compile one model step into an eligibility-trace
+graph, and train forward in time with memory independent of sequence length.
+"""
+
+from braintrace._dense import etp_dense_batched_p as etp_dense_batched_p
+from braintrace._dense import etp_dense_p as etp_dense_p
+from braintrace._dense import matmul as matmul
+from braintrace._elemwise import element_wise as element_wise
+from braintrace._elemwise import etp_elemwise_p as etp_elemwise_p
+from braintrace._hidden import HiddenState as HiddenState
+from braintrace._lora import etp_lora_batched_p as etp_lora_batched_p
+from braintrace._lora import etp_lora_p as etp_lora_p
+from braintrace._lora import lora_matmul as lora_matmul
+from braintrace._primitive import ETPPrimitive as ETPPrimitive
+from braintrace._primitive import MissingRuleError as MissingRuleError
+from braintrace._primitive import etp_primitives as etp_primitives
+from braintrace._primitive import register_batched_counterpart as register_batched_counterpart
+from braintrace._primitive import register_primitive as register_primitive
+from braintrace._version import __version__ as __version__
+
+__all__ = [
+    "ETPPrimitive",
+    "HiddenState",
+    "MissingRuleError",
+    "__version__",
+    "element_wise",
+    "etp_dense_batched_p",
+    "etp_dense_p",
+    "etp_elemwise_p",
+    "etp_lora_batched_p",
+    "etp_lora_p",
+    "etp_primitives",
+    "lora_matmul",
+    "matmul",
+    "register_batched_counterpart",
+    "register_primitive",
+]

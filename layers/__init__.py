@@ -1,0 +1,3 @@
+"""Drop-in Flax NNX layers whose trainable operations learn online (``braintrace.layers``)."""
+
+__all__: list[str] = []
