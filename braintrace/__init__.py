@@ -5,6 +5,8 @@ Mark trainable operations with ETP primitives (or use the drop-in layers in
 graph, and train forward in time with memory independent of sequence length.
 """
 
+from braintrace._compiler import ETraceGraph as ETraceGraph
+from braintrace._compiler import compile_graph as compile_graph
 from braintrace._dense import etp_dense_batched_p as etp_dense_batched_p
 from braintrace._dense import etp_dense_p as etp_dense_p
 from braintrace._dense import matmul as matmul
@@ -19,9 +21,12 @@ from braintrace._primitive import MissingRuleError as MissingRuleError
 from braintrace._primitive import etp_primitives as etp_primitives
 from braintrace._primitive import register_batched_counterpart as register_batched_counterpart
 from braintrace._primitive import register_primitive as register_primitive
+from braintrace._states import init_states as init_states
 from braintrace._version import __version__ as __version__
 
 __all__ = [
+    "ETraceGraph",
+    "compile_graph",
     "ETPPrimitive",
     "HiddenState",
     "MissingRuleError",
@@ -33,6 +38,7 @@ __all__ = [
     "etp_lora_batched_p",
     "etp_lora_p",
     "etp_primitives",
+    "init_states",
     "lora_matmul",
     "matmul",
     "register_batched_counterpart",

@@ -1,0 +1,1 @@
+"""Online learning algorithms on an eligibility-trace graph."""

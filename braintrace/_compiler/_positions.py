@@ -1,0 +1,181 @@
+"""Position maps: which source positions each value of a jaxpr depends on.
+
+A *position map* of a value with shape ``X`` is an integer array of shape
+``(*X, K)``: entry ``[..., k]`` lists, padded with ``-1``, the flat positions
+of a source array (a hidden state, or an ETP primitive's output) that this
+element depends on. Maps are propagated structurally, never by numeric
+probing:
+
+* elementwise primitives take the union of their operands' sets;
+* data-movement primitives (reshape, transpose, broadcast, slice, concatenate,
+  pad, ...) are applied to the integer maps themselves;
+* ``custom_jvp_call``/``custom_vjp_call`` are followed into their bodies;
+* every other primitive that reads a source-derived value *mixes positions*:
+  the walk is cut there and the caller decides what that means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax.extend.core as jex_core
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "ELEMENTWISE",
+    "MOVEMENT",
+    "PositionMap",
+    "empty_map",
+    "is_structural",
+    "propagate",
+    "source_map",
+]
+
+PositionMap = np.ndarray
+
+ELEMENTWISE = frozenset({
+    "abs", "acos", "acosh", "add", "and", "asin", "asinh", "atan", "atan2", "atanh",
+    "cbrt", "ceil", "clamp", "conj", "convert_element_type", "copy", "copy_p", "cos",
+    "cosh", "digamma", "div", "eq", "erf", "erf_inv", "erfc", "exp", "exp2", "expm1",
+    "floor", "ge", "gt", "imag", "integer_pow", "is_finite", "le", "lgamma", "log",
+    "log1p", "logistic", "lt", "max", "min", "mul", "ne", "neg", "nextafter", "not",
+    "or", "pow", "real", "reduce_precision", "rem", "round", "rsqrt", "select_n",
+    "sign", "sin", "sinh", "sqrt", "square", "sub", "tan", "tanh", "xor",
+    "stop_gradient",
+})
+"""Primitives whose output element depends only on the same element of each operand."""
+
+MOVEMENT = frozenset({
+    "broadcast_in_dim", "concatenate", "expand_dims", "pad", "reshape", "rev", "slice",
+    "squeeze", "transpose",
+})
+"""Primitives that move elements without combining them."""
+
+OPAQUE_CALLS = frozenset({"custom_jvp_call", "custom_vjp_call"})
+
+MAX_SOURCES = 64
+
+
+def is_structural(eqn: jex_core.JaxprEqn) -> bool:
+    """Whether position maps can be propagated through ``eqn``."""
+    name = eqn.primitive.name
+    return name in ELEMENTWISE or name in MOVEMENT or name in OPAQUE_CALLS
+
+
+def source_map(shape: Sequence[int]) -> PositionMap:
+    """The map of a source array: element ``i`` depends on flat position ``i``."""
+    size = int(np.prod(shape, dtype=np.int64))
+    return np.arange(size, dtype=np.int64).reshape(*shape, 1)
+
+
+def empty_map(shape: Sequence[int]) -> PositionMap:
+    """The map of a value that depends on no source position."""
+    return np.full((*shape, 1), -1, dtype=np.int64)
+
+
+def _normalise(m: PositionMap) -> PositionMap:
+    """Sorts each set descending, drops duplicates and trailing padding."""
+    m = -np.sort(-m, axis=-1)
+    if m.shape[-1] > 1:
+        dup = np.zeros_like(m, dtype=bool)
+        dup[..., 1:] = m[..., 1:] == m[..., :-1]
+        m = np.where(dup, -1, m)
+        m = -np.sort(-m, axis=-1)
+    width = max(1, int(np.max(np.sum(m >= 0, axis=-1), initial=0)))
+    return m[..., :width]
+
+
+def _union(maps: Sequence[PositionMap], shape: Sequence[int]) -> PositionMap:
+    parts = [np.broadcast_to(m, (*shape, m.shape[-1])) for m in maps]
+    return _normalise(np.concatenate(parts, axis=-1))
+
+
+def _move(eqn: jex_core.JaxprEqn, maps: Sequence[PositionMap | None]) -> PositionMap:
+    """Applies a data-movement primitive to integer maps, one set slot at a time."""
+    width = max(m.shape[-1] for m in maps if m is not None)
+    slots = []
+    for k in range(width):
+        operands = []
+        for var, m in zip(eqn.invars, maps):
+            if m is None:
+                # Operands that carry no map: pad values and the like.
+                operands.append(jnp.full(np.shape(var.aval), -1, jnp.int32)
+                                if np.shape(var.aval) else jnp.int32(-1))
+            else:
+                slot = m[..., k] if k < m.shape[-1] else np.full(m.shape[:-1], -1)
+                operands.append(jnp.asarray(slot, jnp.int32))
+        slots.append(np.asarray(eqn.primitive.bind(*operands, **eqn.params), np.int64))
+    return _normalise(np.stack(slots, axis=-1))
+
+
+def propagate(
+    jaxpr: jex_core.Jaxpr,
+    sources: dict[jex_core.Var, PositionMap],
+    *,
+    cut: Callable[[int, jex_core.JaxprEqn], bool] = lambda index, eqn: False,
+    on_mixing: Callable[[int, jex_core.JaxprEqn], None] | None = None,
+    max_sources: int = MAX_SOURCES,
+) -> dict[jex_core.Var, PositionMap]:
+    """Propagates position maps from ``sources`` through ``jaxpr``.
+
+    Args:
+        jaxpr: A flat jaxpr (see ``flatten_jaxpr``).
+        sources: Initial maps of some variables (usually invars).
+        cut: ``cut(index, eqn)`` says the walk stops at this equation: its
+            outputs carry no map.
+        on_mixing: Called for an equation that reads a mapped value but whose
+            positions cannot be followed (a reduction, a matmul, ...), or whose
+            result would depend on more than ``max_sources`` positions. Its
+            outputs carry no map.
+        max_sources: The largest set an element may depend on.
+
+    Returns:
+        The maps of every variable that depends on a source (others are absent).
+    """
+    env: dict[jex_core.Var, PositionMap] = dict(sources)
+
+    def read(v: Any) -> PositionMap | None:
+        if isinstance(v, jex_core.Literal):
+            return None
+        return env.get(v)
+
+    for index, eqn in enumerate(jaxpr.eqns):
+        maps = [read(v) for v in eqn.invars]
+        if all(m is None for m in maps) or cut(index, eqn):
+            continue
+        outs = _propagate_eqn(eqn, maps)
+        if outs is None or any(o.shape[-1] > max_sources for o in outs):
+            if on_mixing is not None:
+                on_mixing(index, eqn)
+            continue
+        for var, m in zip(eqn.outvars, outs):
+            if np.any(m >= 0):
+                env[var] = m
+    return env
+
+
+def _propagate_eqn(
+    eqn: jex_core.JaxprEqn, maps: Sequence[PositionMap | None]
+) -> list[PositionMap] | None:
+    name = eqn.primitive.name
+    out_shapes = [tuple(v.aval.shape) for v in eqn.outvars]
+    if name in ELEMENTWISE:
+        present = [m for m in maps if m is not None]
+        return [_union(present, out_shapes[0])]
+    if name in MOVEMENT:
+        return [_move(eqn, maps)]
+    if name in OPAQUE_CALLS:
+        closed = eqn.params["call_jaxpr"]
+        inner = closed.jaxpr
+        num_consts = len(inner.invars) - len(maps)
+        inner_sources = {
+            v: m for v, m in zip(inner.invars[num_consts:], maps) if m is not None}
+        mixed: list[int] = []
+        env = propagate(inner, inner_sources, on_mixing=lambda i, e: mixed.append(i))
+        if mixed:
+            return None
+        return [env.get(v, empty_map(s)) if not isinstance(v, jex_core.Literal)
+                else empty_map(s) for v, s in zip(inner.outvars, out_shapes)]
+    return None
