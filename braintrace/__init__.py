@@ -5,6 +5,13 @@ Mark trainable operations with ETP primitives (or use the drop-in layers in
 graph, and train forward in time with memory independent of sequence length.
 """
 
+from braintrace._algorithms import D_RTRL as D_RTRL
+from braintrace._algorithms import ES_D_RTRL as ES_D_RTRL
+from braintrace._algorithms import AbstractAlgorithm as AbstractAlgorithm
+from braintrace._algorithms import EProp as EProp
+from braintrace._algorithms import OSTLFeedforward as OSTLFeedforward
+from braintrace._algorithms import OSTLRecurrent as OSTLRecurrent
+from braintrace._algorithms import pp_prop as pp_prop
 from braintrace._compiler import ETraceGraph as ETraceGraph
 from braintrace._compiler import compile_graph as compile_graph
 from braintrace._dense import etp_dense_batched_p as etp_dense_batched_p
@@ -13,6 +20,8 @@ from braintrace._dense import matmul as matmul
 from braintrace._elemwise import element_wise as element_wise
 from braintrace._elemwise import etp_elemwise_p as etp_elemwise_p
 from braintrace._hidden import HiddenState as HiddenState
+from braintrace._learner import OnlineLearner as OnlineLearner
+from braintrace._learner import compile as compile  # noqa: A004
 from braintrace._lora import etp_lora_batched_p as etp_lora_batched_p
 from braintrace._lora import etp_lora_p as etp_lora_p
 from braintrace._lora import lora_matmul as lora_matmul
@@ -25,8 +34,17 @@ from braintrace._states import init_states as init_states
 from braintrace._version import __version__ as __version__
 
 __all__ = [
+    "AbstractAlgorithm",
+    "D_RTRL",
+    "ES_D_RTRL",
+    "EProp",
     "ETraceGraph",
+    "OSTLFeedforward",
+    "OSTLRecurrent",
+    "OnlineLearner",
+    "compile",
     "compile_graph",
+    "pp_prop",
     "ETPPrimitive",
     "HiddenState",
     "MissingRuleError",

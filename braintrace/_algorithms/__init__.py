@@ -1,1 +1,33 @@
 """Online learning algorithms on an eligibility-trace graph."""
+
+from braintrace._algorithms._base import AbstractAlgorithm as AbstractAlgorithm
+from braintrace._algorithms._d_rtrl import D_RTRL as D_RTRL
+from braintrace._algorithms._eprop import EProp as EProp
+from braintrace._algorithms._es_d_rtrl import ES_D_RTRL as ES_D_RTRL
+from braintrace._algorithms._es_d_rtrl import pp_prop as pp_prop
+from braintrace._algorithms._ostl import OSTLFeedforward as OSTLFeedforward
+from braintrace._algorithms._ostl import OSTLRecurrent as OSTLRecurrent
+
+ALGORITHMS = {
+    "d_rtrl": D_RTRL,
+    "es_d_rtrl": ES_D_RTRL,
+    "pp_prop": ES_D_RTRL,
+    "eprop": EProp,
+    "ostl_recurrent": OSTLRecurrent,
+    "ostl_feedforward": OSTLFeedforward,
+}
+
+
+def get_algorithm(algorithm: "str | AbstractAlgorithm") -> AbstractAlgorithm:
+    """An algorithm instance from an instance or a name (``'d_rtrl'``, ``'pp_prop'``, ...)."""
+    if isinstance(algorithm, AbstractAlgorithm):
+        return algorithm
+    if isinstance(algorithm, str) and algorithm.lower() in ALGORITHMS:
+        return ALGORITHMS[algorithm.lower()]()
+    raise ValueError(
+        f"Unknown algorithm {algorithm!r}. Pass an instance such as braintrace.D_RTRL() or "
+        f"one of the names {sorted(ALGORITHMS)}.")
+
+
+__all__ = ["ALGORITHMS", "AbstractAlgorithm", "D_RTRL", "ES_D_RTRL", "EProp", "OSTLFeedforward",
+           "OSTLRecurrent", "get_algorithm", "pp_prop"]

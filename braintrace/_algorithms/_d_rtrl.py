@@ -27,7 +27,6 @@ contracted trace to ``w`` through ``xy_to_dw`` once at the end (exact, since
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -51,7 +50,8 @@ def _xy_to_trace(relation: Relation):
     return prim.rule("xy_to_trace") if prim.has_rule("xy_to_trace") else prim.rule("xy_to_dw")
 
 
-def _relation_init(graph: ETraceGraph, r: Relation, theta: dict[str, jax.Array]) -> Any:
+def drtrl_init(graph: ETraceGraph, r: Relation, theta: dict[str, jax.Array]) -> Any:
+    """A zero D-RTRL trace of relation ``r``: ``(B?, *θ_key, S)`` per key."""
     g = graph.groups[r.group]
     init = r.primitive.rule("init_drtrl")
     if not r.has_input:
@@ -65,70 +65,44 @@ def _relation_init(graph: ETraceGraph, r: Relation, theta: dict[str, jax.Array])
     return trace
 
 
-def drtrl_init(graph: ETraceGraph, operands: Sequence[dict[str, jax.Array]]) -> list[Any]:
-    """Zero D-RTRL traces, one pytree per relation."""
-    return [_relation_init(graph, r, theta) for r, theta in zip(graph.relations, operands)]
+def drtrl_update(r: Relation, eps: Any, d_g: jax.Array, df: jax.Array, x: jax.Array | None,
+                 theta: dict[str, jax.Array]) -> Any:
+    """``ε^t = D^t ε^{t-1} + Df^t ⊗ x^t`` for relation ``r`` (per sample)."""
+    dt_to_t = r.primitive.rule("dt_to_t")
+    if not r.has_input:
+        mixed = mix_states(dt_to_t, d_g, eps, **r.params)
+        return jax.tree.map(jnp.add, mixed, {"weight": df.astype(d_g.dtype)})
+    xy_to_trace = _xy_to_trace(r)
+
+    def one(eps, x, df, d_y):
+        mixed = mix_states(dt_to_t, d_y, eps, **r.params)
+        inst = [xy_to_trace(x, df[..., s], theta, **r.params) for s in range(df.shape[-1])]
+        inst = jax.tree.map(lambda *a: jnp.stack(a, axis=-1), *inst)
+        return jax.tree.map(lambda m, i: m + i.astype(m.dtype), mixed, inst)
+
+    return per_sample(one, r)(eps, x, df, r.gather_hidden(d_g))
 
 
-def drtrl_update(graph: ETraceGraph, traces: Sequence[Any], jac: Jacobians,
-                 rel_x: Sequence[jax.Array | None], operands: Sequence[dict[str, jax.Array]],
-                 d_list: Sequence[jax.Array] | None = None) -> list[Any]:
-    """``ε^t = D^t ε^{t-1} + Df^t ⊗ x^t`` for every relation."""
-    d_list = jac.d if d_list is None else d_list
-    new = []
-    for r, eps, x, theta in zip(graph.relations, traces, rel_x, operands):
-        dt_to_t = r.primitive.rule("dt_to_t")
-        d_g, df = d_list[r.group], jac.df[r.index]
-        if not r.has_input:
-            mixed = mix_states(dt_to_t, d_g, eps, **r.params)
-            new.append(jax.tree.map(jnp.add, mixed, {"weight": df.astype(d_g.dtype)}))
-            continue
-        xy_to_trace = _xy_to_trace(r)
-        d_y = r.gather_hidden(d_g)
-
-        def one(eps, x, df, d_y, r=r, dt_to_t=dt_to_t, xy_to_trace=xy_to_trace, theta=theta):
-            mixed = mix_states(dt_to_t, d_y, eps, **r.params)
-            inst = [xy_to_trace(x, df[..., s], theta, **r.params) for s in range(df.shape[-1])]
-            inst = jax.tree.map(lambda *a: jnp.stack(a, axis=-1), *inst)
-            return jax.tree.map(lambda m, i: m + i.astype(m.dtype), mixed, inst)
-
-        new.append(per_sample(one, r)(eps, x, df, d_y))
-    return new
+def drtrl_contribution(r: Relation, eps: Any, signal: jax.Array) -> Any:
+    """``Σ_b Σ_s δ_{b,·,s} · ε_{b,…,s}`` for relation ``r``; ``signal`` is ``δ_g (*V, S)``."""
+    if not r.has_input:
+        return r.scatter_to_y(jnp.sum(signal * eps["weight"], axis=-1))
+    dt_to_t = r.primitive.rule("dt_to_t")
+    contract = per_sample(lambda e, s: contract_states(dt_to_t, s, e, **r.params), r)
+    term = contract(eps, r.gather_hidden(signal))
+    if r.batched:
+        term = jax.tree.map(lambda a: jnp.sum(a, axis=0), term)
+    return term
 
 
-def drtrl_contribution(graph: ETraceGraph, traces: Sequence[Any], delta: Sequence[jax.Array]
-                       ) -> list[Any]:
-    """``Σ_b Σ_s δ_{b,·,s} · ε_{b,…,s}`` per relation (trace space)."""
-    terms = []
-    for r, eps in zip(graph.relations, traces):
-        dt_to_t = r.primitive.rule("dt_to_t")
-        signal = group_signal(graph, delta, r.group)
-        if not r.has_input:
-            weighted = jnp.sum(signal * eps["weight"], axis=-1)
-            terms.append(r.scatter_to_y(weighted))
-            continue
-        contract = per_sample(
-            lambda e, s, r=r, f=dt_to_t: contract_states(f, s, e, **r.params), r)
-        term = contract(eps, r.gather_hidden(signal))
-        if r.batched:
-            term = jax.tree.map(lambda a: jnp.sum(a, axis=0), term)
-        terms.append(term)
-    return terms
-
-
-def drtrl_finalize(graph: ETraceGraph, summed: Sequence[Any],
-                   operands: Sequence[dict[str, jax.Array]]) -> list[dict[str, jax.Array]]:
-    """Maps summed contributions to ``{key: dθ}`` per relation."""
-    grads = []
-    for r, total, theta in zip(graph.relations, summed, operands):
-        prim = r.primitive
-        if not r.has_input:
-            grads.append(prim.rule("xy_to_dw")(None, total, theta, **r.params))
-        elif prim.has_rule("trace_to_dw"):
-            grads.append(prim.rule("trace_to_dw")(total, theta, **r.params))
-        else:
-            grads.append(dict(total))
-    return grads
+def drtrl_finalize(r: Relation, total: Any, theta: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """Maps a summed contribution of relation ``r`` to ``{key: dθ}``."""
+    prim = r.primitive
+    if not r.has_input:
+        return prim.rule("xy_to_dw")(None, total, theta, **r.params)
+    if prim.has_rule("trace_to_dw"):
+        return prim.rule("trace_to_dw")(total, theta, **r.params)
+    return dict(total)
 
 
 class D_RTRL(AbstractAlgorithm):  # noqa: N801
@@ -152,13 +126,16 @@ class D_RTRL(AbstractAlgorithm):  # noqa: N801
     name = "d_rtrl"
 
     def init(self, graph, operands):
-        return drtrl_init(graph, operands)
+        return [drtrl_init(graph, r, theta) for r, theta in zip(graph.relations, operands)]
 
     def update(self, graph, state, jac, rel_x, operands):
-        return drtrl_update(graph, state, jac, rel_x, operands)
+        return [drtrl_update(r, eps, jac.d[r.group], jac.df[r.index], x, theta)
+                for r, eps, x, theta in zip(graph.relations, state, rel_x, operands)]
 
     def contribution(self, graph, state, delta, operands):
-        return drtrl_contribution(graph, state, delta)
+        return [drtrl_contribution(r, eps, group_signal(graph, delta, r.group))
+                for r, eps in zip(graph.relations, state)]
 
     def finalize(self, graph, summed, operands):
-        return drtrl_finalize(graph, summed, operands)
+        return [drtrl_finalize(r, total, theta)
+                for r, total, theta in zip(graph.relations, summed, operands)]

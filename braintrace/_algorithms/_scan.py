@@ -21,9 +21,18 @@ import jax
 import jax.numpy as jnp
 
 from braintrace._algorithms._base import AbstractAlgorithm, Jacobians
+from braintrace._compiler._interpret import evaluate
 from braintrace._compiler._graph import ETraceGraph
 
-__all__ = ["ScanCarry", "init_carry", "online_gradients", "online_step"]
+__all__ = [
+    "ScanCarry",
+    "evolve",
+    "evolve_step",
+    "init_carry",
+    "online_gradients",
+    "online_step",
+    "windowed_gradients",
+]
 
 
 class ScanCarry(NamedTuple):
@@ -127,3 +136,96 @@ def online_gradients(
     traced = graph.operand_pullback(params, operand_grads)
     grads = [s + t.astype(s.dtype) for s, t in zip(carry.same_step, traced)]
     return grads, carry, losses
+
+
+def evolve_step(graph: ETraceGraph, algorithm: AbstractAlgorithm, params, operands, hidden,
+                other, traces, x_t) -> tuple[list[jax.Array], list[jax.Array], Any, Any]:
+    """One step without gradients: ``(hidden', other', traces', y)``."""
+    x_leaves = jax.tree.leaves(x_t)
+    out, h_out, o_out, rel_x = graph.forward(params, hidden, other, x_leaves)
+    jac = step_jacobians(graph, algorithm, params, hidden, other, x_leaves)
+    traces = algorithm.update(graph, traces, jac, rel_x, operands)
+    return list(h_out), list(o_out), traces, jax.tree.unflatten(graph.out_treedef, out)
+
+
+def evolve(graph: ETraceGraph, algorithm: AbstractAlgorithm, params, hidden, other, traces, xs):
+    """Advances hidden state and traces over ``xs``; returns ``(ys, hidden, other, traces)``."""
+    operands = graph.operands(params)
+
+    def body(carry, x_t):
+        hidden, other, traces, y = evolve_step(graph, algorithm, params, operands, *carry, x_t)
+        return (hidden, other, traces), y
+
+    (hidden, other, traces), ys = jax.lax.scan(body, (list(hidden), list(other), traces), xs)
+    return ys, hidden, other, traces
+
+
+def windowed_gradients(
+    graph: ETraceGraph,
+    algorithm: AbstractAlgorithm,
+    loss_fn: Callable[[Any, Any], jax.Array],
+    params: Sequence[jax.Array],
+    hidden: Sequence[jax.Array],
+    other: Sequence[jax.Array],
+    traces: Any,
+    xs: Any,
+    ys: Any,
+    weights: jax.Array,
+    chunk_size: int,
+) -> tuple[list[jax.Array], ScanCarry, jax.Array]:
+    """Windowed mode: exact reverse mode inside windows, traces carry credit across.
+
+    For a window starting at hidden state ``h_0`` with traces ``ε_0``:
+
+    .. math::
+
+        \\nabla_\\theta L_w = \\mathrm{BPTT}_w(\\theta)
+            + \\frac{\\partial L_w}{\\partial h_0} \\cdot \\epsilon_0
+
+    then the traces advance through the window step by step. Memory grows with
+    ``chunk_size``, not with the sequence length.
+    """
+    length = weights.shape[0]
+    windows = length // chunk_size
+    split = lambda a: a.reshape(windows, chunk_size, *a.shape[1:])  # noqa: E731
+    xs_w, ys_w, w_w = jax.tree.map(split, xs), jax.tree.map(split, ys), split(weights)
+    operands = graph.operands(params)
+    carry = init_carry(graph, algorithm, params, hidden, other, traces)
+    n_out, n_p, n_h = graph.num_outputs, graph.num_params, graph.num_hidden
+
+    def window_loss(params, hidden, other, xw, yw, ww):
+        def body(state, inputs):
+            h, o = state
+            x_t, y_t = inputs
+            outs, _ = evaluate(graph.jaxpr, graph.consts,
+                               [*params, *h, *o, *jax.tree.leaves(x_t)])
+            y_pred = jax.tree.unflatten(graph.out_treedef, outs[:n_out])
+            new_state = (outs[n_out + n_p:n_out + n_p + n_h], outs[n_out + n_p + n_h:])
+            return new_state, loss_fn(y_pred, y_t)
+
+        _, losses = jax.lax.scan(body, (list(hidden), list(other)), (xw, yw))
+        return jnp.sum(losses * ww), losses
+
+    def window(carry, inputs):
+        xw, yw, ww = inputs
+        _, pullback, losses = jax.vjp(
+            lambda p, h: window_loss(p, h, carry.other, xw, yw, ww), list(params),
+            list(carry.hidden), has_aux=True)
+        g_params, g_hidden = pullback(jnp.ones((), losses.dtype))
+        term = algorithm.contribution(graph, carry.traces, g_hidden, operands)
+        summed = jax.tree.map(jnp.add, carry.summed, term)
+        same = [a + b.astype(a.dtype) for a, b in zip(carry.same_step, g_params)]
+
+        def advance(state, x_t):
+            h, o, tr = state
+            h, o, tr, _ = evolve_step(graph, algorithm, params, operands, h, o, tr, x_t)
+            return (h, o, tr), None
+
+        (h, o, tr), _ = jax.lax.scan(advance, (carry.hidden, carry.other, carry.traces), xw)
+        return ScanCarry(h, o, tr, summed, same), losses
+
+    carry, losses = jax.lax.scan(window, carry, (xs_w, ys_w, w_w))
+    operand_grads = algorithm.finalize(graph, carry.summed, operands)
+    traced = graph.operand_pullback(params, operand_grads)
+    grads = [s + t.astype(s.dtype) for s, t in zip(carry.same_step, traced)]
+    return grads, carry, losses.reshape(length)

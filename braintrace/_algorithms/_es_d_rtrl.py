@@ -1,0 +1,164 @@
+"""ES-D-RTRL (pp_prop): input/output-dimension eligibility traces.
+
+The D-RTRL trace ``Σ_k (Π D) Df^{t-k} ⊗ x^{t-k}`` is replaced by a product of
+two exponentially smoothed factors, one per side of the weight:
+
+.. math::
+
+    \\epsilon_x^t = \\alpha_x \\epsilon_x^{t-1} + x^t, \\qquad
+    \\epsilon_f^t = \\alpha_f D^t \\epsilon_f^{t-1} + (1 - \\alpha_f) Df^t
+
+    \\nabla_\\theta L = \\sum_t \\mathrm{xy\\_to\\_dw}\\Big(\\epsilon_x^t,\\;
+        \\sum_s \\frac{\\epsilon_f^t[\\dots, s]}{c_t}\\, \\delta^t[\\dots, s]\\Big),
+    \\qquad c_t = 1 - \\alpha_f^{t}.
+
+A bias is a weight row fed by a constant 1, whose x-side trace is
+``ε_1^t = Σ_k α_x^k``, not 1: the part of ``xy_to_dw`` that does not depend on
+``x`` is scaled by ``ε_1^t``. Memory ``O(B·(I + O·S))``, linear in neurons.
+Exact at ``T = 1``. The elementwise primitive keeps its exact D-RTRL trace,
+which is already shaped like the hidden state.
+
+``decay_or_rank``: a float ``α`` in ``[0, 1)``, or an integer rank ``r`` giving
+``α = (r - 1)/(r + 1)``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from braintrace._algorithms._base import AbstractAlgorithm, group_signal, mix_states
+from braintrace._algorithms._d_rtrl import (
+    drtrl_contribution,
+    drtrl_finalize,
+    drtrl_init,
+    drtrl_update,
+)
+
+__all__ = ["ES_D_RTRL", "IOTrace", "decay_from", "pp_prop"]
+
+
+def decay_from(decay_or_rank: float | int) -> float:
+    """``α`` from a decay in ``[0, 1)`` or an integer rank ``r >= 1``: ``(r-1)/(r+1)``.
+
+    Example:
+        >>> from braintrace._algorithms._es_d_rtrl import decay_from
+        >>> decay_from(3), decay_from(0.9)
+        (0.5, 0.9)
+    """
+    if isinstance(decay_or_rank, bool):
+        raise TypeError("decay_or_rank must be a float decay or an integer rank, not a bool.")
+    if isinstance(decay_or_rank, int):
+        if decay_or_rank < 1:
+            raise ValueError(f"An integer rank must be >= 1, got {decay_or_rank}.")
+        return (decay_or_rank - 1) / (decay_or_rank + 1)
+    alpha = float(decay_or_rank)
+    if not 0.0 <= alpha < 1.0:
+        raise ValueError(f"A decay must lie in [0, 1), got {alpha}.")
+    return alpha
+
+
+class IOTrace(NamedTuple):
+    """IO-dimension trace of one relation: x side, bias x side, output side, step."""
+
+    x: jax.Array
+    ones: jax.Array
+    f: jax.Array
+    step: jax.Array
+
+
+class ES_D_RTRL(AbstractAlgorithm):  # noqa: N801
+    """Exponentially smoothed D-RTRL (pp_prop): traces linear in the number of neurons.
+
+    .. math::
+
+        \\epsilon_x^t = \\alpha_x \\epsilon_x^{t-1} + x^t, \\quad
+        \\epsilon_f^t = \\alpha_f D^t \\epsilon_f^{t-1} + (1-\\alpha_f) Df^t, \\quad
+        \\nabla_\\theta L = \\sum_t \\mathrm{xy\\_to\\_dw}(\\epsilon_x^t,
+            \\textstyle\\sum_s \\epsilon_f^t \\delta^t / c_t)
+
+    Args:
+        decay_or_rank: ``α_f`` (and ``α_x`` unless given): a float in
+            ``[0, 1)`` or an integer rank ``r`` (``α = (r-1)/(r+1)``).
+        x_decay_or_rank: A separate ``α_x`` for the input side.
+
+    Example:
+        >>> import braintrace
+        >>> alg = braintrace.ES_D_RTRL(3)
+        >>> alg.f_decay, alg.x_decay
+        (0.5, 0.5)
+    """
+
+    name = "es_d_rtrl"
+
+    def __init__(self, decay_or_rank: float | int = 0.9, *,
+                 x_decay_or_rank: float | int | None = None):
+        self.f_decay = decay_from(decay_or_rank)
+        self.x_decay = decay_from(decay_or_rank if x_decay_or_rank is None else x_decay_or_rank)
+
+    def init(self, graph, operands):
+        state = []
+        for r, theta in zip(graph.relations, operands):
+            if not r.has_input:
+                state.append(drtrl_init(graph, r, theta))
+                continue
+            g = graph.groups[r.group]
+            y_one = r.y_shape[1:] if r.batched else r.y_shape
+            x_one = r.x_shape[1:] if r.batched else r.x_shape
+            f = r.primitive.rule("init_pp")(jnp.zeros(x_one, g.dtype), jnp.zeros(y_one, g.dtype),
+                                             theta, g.num_states)
+            f = jnp.broadcast_to(f, (*r.y_shape, g.num_states))
+            state.append(IOTrace(x=jnp.zeros(r.x_shape, f.dtype), ones=jnp.zeros((), f.dtype),
+                                 f=f, step=jnp.zeros((), f.dtype)))
+        return state
+
+    def update(self, graph, state, jac, rel_x, operands):
+        new = []
+        for r, s, x, theta in zip(graph.relations, state, rel_x, operands):
+            if not r.has_input:
+                new.append(drtrl_update(r, s, jac.d[r.group], jac.df[r.index], x, theta))
+                continue
+            a_x, a_f = self.x_decay, self.f_decay
+            d_y = r.gather_hidden(jac.d[r.group])
+            df = jac.df[r.index]
+            dt_to_t = lambda d, t: d * t  # noqa: E731  (y-shaped trace: plain scaling)
+            f = a_f * mix_states(dt_to_t, d_y, s.f) + (1.0 - a_f) * df.astype(s.f.dtype)
+            new.append(IOTrace(x=a_x * s.x + x.astype(s.x.dtype), ones=a_x * s.ones + 1.0,
+                               f=f, step=s.step + 1.0))
+        return new
+
+    def contribution(self, graph, state, delta, operands):
+        terms = []
+        for r, s, theta in zip(graph.relations, state, operands):
+            signal = group_signal(graph, delta, r.group)
+            if not r.has_input:
+                terms.append(drtrl_contribution(r, s, signal))
+                continue
+            xy_to_dw = r.primitive.rule("xy_to_dw")
+            signal = r.gather_hidden(signal)
+            # c_t = 1 - α_f^t; before the first step the trace is zero and c is irrelevant.
+            correction = jnp.where(s.step > 0, 1.0 - self.f_decay ** s.step, 1.0)
+            d = jnp.sum(s.f * signal, axis=-1) / correction
+            grad = xy_to_dw(s.x, d, theta, **r.params)
+            bias_part = xy_to_dw(jnp.zeros_like(s.x), d, theta, **r.params)
+            terms.append(jax.tree.map(lambda g, b: g + (s.ones - 1.0) * b, grad, bias_part))
+        return terms
+
+    def finalize(self, graph, summed, operands):
+        return [drtrl_finalize(r, total, theta) if not r.has_input else dict(total)
+                for r, total, theta in zip(graph.relations, summed, operands)]
+
+
+def pp_prop(decay_or_rank: float | int = 0.9, *,
+            x_decay_or_rank: float | int | None = None) -> ES_D_RTRL:
+    """Alias of :class:`ES_D_RTRL` (the name used by BrainScale's pp-prop).
+
+    Example:
+        >>> import braintrace
+        >>> braintrace.pp_prop(0.5).f_decay
+        0.5
+    """
+    return ES_D_RTRL(decay_or_rank, x_decay_or_rank=x_decay_or_rank)
+
