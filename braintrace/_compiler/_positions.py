@@ -49,7 +49,7 @@ ELEMENTWISE = frozenset({
 
 MOVEMENT = frozenset({
     "broadcast_in_dim", "concatenate", "expand_dims", "pad", "reshape", "rev", "slice",
-    "squeeze", "transpose",
+    "split", "squeeze", "transpose",
 })
 """Primitives that move elements without combining them."""
 
@@ -92,7 +92,7 @@ def _union(maps: Sequence[PositionMap], shape: Sequence[int]) -> PositionMap:
     return _normalise(np.concatenate(parts, axis=-1))
 
 
-def _move(eqn: jex_core.JaxprEqn, maps: Sequence[PositionMap | None]) -> PositionMap:
+def _move(eqn: jex_core.JaxprEqn, maps: Sequence[PositionMap | None]) -> list[PositionMap]:
     """Applies a data-movement primitive to integer maps, one set slot at a time."""
     width = max(m.shape[-1] for m in maps if m is not None)
     slots = []
@@ -106,8 +106,10 @@ def _move(eqn: jex_core.JaxprEqn, maps: Sequence[PositionMap | None]) -> Positio
             else:
                 slot = m[..., k] if k < m.shape[-1] else np.full(m.shape[:-1], -1)
                 operands.append(jnp.asarray(slot, jnp.int32))
-        slots.append(np.asarray(eqn.primitive.bind(*operands, **eqn.params), np.int64))
-    return _normalise(np.stack(slots, axis=-1))
+        outs = eqn.primitive.bind(*operands, **eqn.params)
+        outs = outs if eqn.primitive.multiple_results else [outs]
+        slots.append([np.asarray(o, np.int64) for o in outs])
+    return [_normalise(np.stack(per_out, axis=-1)) for per_out in zip(*slots)]
 
 
 def propagate(
@@ -165,7 +167,7 @@ def _propagate_eqn(
         present = [m for m in maps if m is not None]
         return [_union(present, out_shapes[0])]
     if name in MOVEMENT:
-        return [_move(eqn, maps)]
+        return _move(eqn, maps)
     if name in OPAQUE_CALLS:
         closed = eqn.params["call_jaxpr"]
         inner = closed.jaxpr
