@@ -31,6 +31,7 @@ from braintrace._primitive import etp_primitives as etp_primitives
 from braintrace._primitive import register_batched_counterpart as register_batched_counterpart
 from braintrace._primitive import register_primitive as register_primitive
 from braintrace._states import init_states as init_states
+from braintrace._trainer import OnlineTrainer as OnlineTrainer
 from braintrace._version import __version__ as __version__
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "OSTLFeedforward",
     "OSTLRecurrent",
     "OnlineLearner",
+    "OnlineTrainer",
     "compile",
     "compile_graph",
     "pp_prop",

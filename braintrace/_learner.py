@@ -12,6 +12,7 @@ from flax import nnx
 
 from braintrace._algorithms import AbstractAlgorithm, get_algorithm
 from braintrace._algorithms._scan import evolve, online_gradients, windowed_gradients
+from braintrace._checkpoint import restore_leaves, save_leaves
 from braintrace._compiler._compile import compile_graph
 from braintrace._compiler._graph import ETraceGraph
 from braintrace._compiler._step import split_model
@@ -121,6 +122,39 @@ class OnlineLearner:
         else:
             self.traces = self._fresh_traces()
 
+    def state(self) -> dict[str, Any]:
+        """Everything a resumed run needs: Params, hidden and other state, traces."""
+        params, hidden, other = self._leaves()
+        return {"params": params, "hidden": hidden, "other": other, "traces": self.traces}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Loads a :meth:`state` into the model and the learner."""
+        _, param_state, _, _ = split_model(self.model)
+        nnx.update(self.model, jax.tree.unflatten(jax.tree.structure(param_state),
+                                                  list(state["params"])))
+        self._write_back(list(state["hidden"]), list(state["other"]))
+        self.traces = state["traces"]
+
+    def save(self, path: str) -> None:
+        """Saves Params, hidden state and traces to ``path`` (Flax msgpack serialisation).
+
+        Example:
+            >>> import os, tempfile, jax.numpy as jnp
+            >>> from flax import nnx
+            >>> import braintrace
+            >>> from braintrace import layers
+            >>> model = layers.Stateful(layers.GRUCell(2, 3, rngs=nnx.Rngs(0)))
+            >>> learner = braintrace.compile(model, 'd_rtrl', jnp.ones((1, 2)), batch_size=1)
+            >>> path = os.path.join(tempfile.mkdtemp(), 'run.msgpack')
+            >>> learner.save(path)
+            >>> learner.restore(path)
+        """
+        save_leaves(path, self.state())
+
+    def restore(self, path: str) -> None:
+        """Restores what :meth:`save` wrote, so the run continues identically."""
+        self.load_state(restore_leaves(path, self.state()))
+
     def report(self) -> str:
         """The compiled graph's report: groups, traced Params, same-step Params, warnings."""
         return f"algorithm: {self.algorithm.name}\n{self.graph.report()}"
@@ -184,10 +218,35 @@ class OnlineLearner:
                 ``loss_fn`` returns a non-scalar.
             FloatingPointError: The loss became NaN; names the first step.
         """
+        args = self._grad_args(xs, ys, mask, chunk_size, reduction)
+        grads, hidden, other, traces, losses = self._grad_fn(
+            *args, loss_fn=loss_fn, chunk_size=chunk_size)
+        nan = np.flatnonzero(np.isnan(np.asarray(losses)))
+        if nan.size:
+            raise FloatingPointError(
+                f"The loss became NaN at time step {int(nan[0])}; no gradient is returned and "
+                "the model's Params are unchanged. Lower the learning rate or check the inputs.")
+        self._write_back(hidden, other)
+        self.traces = traces
+        _, param_state, _, _ = split_model(self.model)
+        state = jax.tree.unflatten(jax.tree.structure(param_state), grads)
+        return (state, losses) if return_losses else state
+
+    def lower_etrace_grad(self, xs: Any, ys: Any, loss_fn: Callable[[Any, Any], jax.Array], *,
+                          mask: jax.Array | None = None, chunk_size: int | None = None,
+                          reduction: str = "mean") -> jax.stages.Lowered:
+        """The lowered ``etrace_grad`` program (``.compile().memory_analysis()`` measures it).
+
+        ``xs``/``ys`` may be ``jax.ShapeDtypeStruct``s, so long sequences need no data.
+        """
+        args = self._grad_args(xs, ys, mask, chunk_size, reduction)
+        return self._grad_fn.lower(*args, loss_fn=loss_fn, chunk_size=chunk_size)
+
+    def _grad_args(self, xs, ys, mask, chunk_size, reduction):
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}.")
         length = self._check_inputs(xs)
-        y_lengths = {np.shape(a)[0] if np.ndim(a) else None for a in jax.tree.leaves(ys)}
+        y_lengths = {_shape(a)[0] if _shape(a) else None for a in jax.tree.leaves(ys)}
         if y_lengths != {length}:
             raise ValueError(
                 f"xs has {length} time steps but ys has {sorted(y_lengths, key=str)}; give one "
@@ -203,19 +262,7 @@ class OnlineLearner:
                 f"{chunk_size}.")
         params, hidden, other = self._leaves()
         weights = weights.astype(jnp.result_type(*params))
-        grads, hidden, other, traces, losses = self._grad_fn(
-            params, hidden, other, self.traces, xs, ys, weights, loss_fn=loss_fn,
-            chunk_size=chunk_size)
-        nan = np.flatnonzero(np.isnan(np.asarray(losses)))
-        if nan.size:
-            raise FloatingPointError(
-                f"The loss became NaN at time step {int(nan[0])}; no gradient is returned and "
-                "the model's Params are unchanged. Lower the learning rate or check the inputs.")
-        self._write_back(hidden, other)
-        self.traces = traces
-        _, param_state, _, _ = split_model(self.model)
-        state = jax.tree.unflatten(jax.tree.structure(param_state), grads)
-        return (state, losses) if return_losses else state
+        return params, hidden, other, self.traces, xs, ys, weights
 
     def _grad_impl(self, params, hidden, other, traces, xs, ys, weights, *, loss_fn,
                    chunk_size):
@@ -236,16 +283,20 @@ class OnlineLearner:
             raise ValueError(
                 f"xs has {len(leaves)} input arrays per step; the model was compiled for "
                 f"{len(examples)}.")
-        lengths = {np.shape(a)[0] if np.ndim(a) else None for a in leaves}
+        lengths = {_shape(a)[0] if _shape(a) else None for a in leaves}
         if len(lengths) != 1 or None in lengths:
             raise ValueError("Every input in xs needs the same leading time axis.")
         for a, e in zip(leaves, examples):
-            if tuple(np.shape(a)[1:]) != tuple(e.shape):
+            if tuple(_shape(a)[1:]) != tuple(e.shape):
                 raise ValueError(
-                    f"Each step's input has shape {tuple(np.shape(a)[1:])}, but the model was "
+                    f"Each step's input has shape {tuple(_shape(a)[1:])}, but the model was "
                     f"compiled for {tuple(e.shape)} (batch axis first). Call "
                     "learner.reset(batch_size) for a new batch size.")
         return lengths.pop()
+
+
+def _shape(a: Any) -> tuple[int, ...]:
+    return tuple(a.shape) if hasattr(a, "shape") else tuple(np.shape(a))
 
 
 def _strong(a: jax.Array) -> jax.Array:
