@@ -16,6 +16,7 @@ from braintrace._checkpoint import restore_leaves, save_leaves
 from braintrace._compiler._compile import compile_graph
 from braintrace._compiler._graph import ETraceGraph
 from braintrace._compiler._step import split_model
+from braintrace._hidden import HiddenState
 from braintrace._states import init_states
 
 __all__ = ["OnlineLearner", "compile"]
@@ -109,13 +110,23 @@ class OnlineLearner:
         params, _, _ = self._leaves()
         return self.algorithm.init(self.graph, self.graph.operands(params))
 
+    @property
+    def batch_size(self) -> int | None:
+        """The batch size of the hidden states (``None`` for per-sample states)."""
+        for _, node in nnx.iter_graph(self.model):
+            if isinstance(node, HiddenState):
+                sample_shape = tuple(node.get_metadata("sample_shape", node.shape))
+                return node.shape[0] if len(node.shape) > len(sample_shape) else None
+        return None
+
     def reset(self, batch_size: int | None = None) -> None:
-        """Re-initialises hidden states (for ``batch_size`` if given) and traces.
+        """Re-initialises hidden states and traces, for a new ``batch_size`` if given.
 
         A new batch size recompiles the graph for the new shapes.
         """
-        init_states(self.model, batch_size)
-        if batch_size is not None:
+        current = self.batch_size
+        init_states(self.model, current if batch_size is None else batch_size)
+        if batch_size is not None and batch_size != current:
             example = jax.tree.map(
                 lambda s: jnp.zeros((batch_size, *s.shape[1:]), s.dtype), self._example)
             self.__init__(self.model, self.algorithm, example)
