@@ -245,3 +245,36 @@ def test_compiled_memory_is_flat_in_sequence_length_while_bptt_grows():
         offline[T] = temp_bytes(jax.jit(jax.grad(bptt)).lower(params, xs, ys))
     assert online[10_000] <= 1.1 * online[100] + 1024
     assert offline[10_000] > 20 * offline[100]
+
+
+class PerSampleLeaky(nnx.Module):
+    def __init__(self, rngs, dtype):
+        self.lin = layers.ETPLinear(I, H, rngs=rngs, param_dtype=dtype)
+        self.h = braintrace.HiddenState(jnp.zeros((H,), dtype))
+
+    def __call__(self, x):
+        self.h[...] = 0.8 * self.h[...] + self.lin(x)
+        return jnp.tanh(self.h[...])
+
+
+class VmappedLeaky(nnx.Module):
+    """A per-sample model batched with nnx.vmap: hidden state per lane, Params shared."""
+
+    def __init__(self, rngs, dtype):
+        self.inner = PerSampleLeaky(rngs, dtype)
+
+    def __call__(self, x):
+        axes = nnx.StateAxes({braintrace.HiddenState: 0, ...: None})
+        return nnx.vmap(lambda m, x: m(x), in_axes=(axes, 0))(self.inner, x)
+
+
+def test_per_sample_model_under_nnx_vmap_learns_exactly():
+    with jax.enable_x64(True):
+        xs, _ = data(6, dtype=jnp.float64)
+        ys = jax.random.normal(jax.random.key(5), (6, B, H), jnp.float64)
+        model = VmappedLeaky(nnx.Rngs(0), jnp.float64)
+        braintrace.init_states(model, B)
+        reference = bptt_grads(model, xs, ys)
+        learner = braintrace.compile(model, "d_rtrl", xs[0])
+        assert learner.graph.traced_param_paths == ("inner.lin.bias", "inner.lin.kernel")
+        assert max_rel_error(learner.etrace_grad(xs, ys, mse), reference) < 1e-8
