@@ -1,3 +1,47 @@
-"""Drop-in Flax NNX layers whose trainable operations learn online (``braintrace.layers``)."""
+"""Drop-in Flax NNX layers whose trainable operations learn online (``braintrace.layers``).
 
-__all__: list[str] = []
+Linear maps (:class:`ETPLinear`, :class:`ETPLoRA`, :class:`ETPLoRALinear`) and
+learnable elementwise parameters (:class:`ETPElemwise`) route their weights
+through ETP primitives; recurrent cells follow the Flax cell protocol
+(``cell(carry, x) -> (carry, y)``) and become one-step models with
+:class:`Stateful`; spiking layers keep their state in
+:class:`braintrace.HiddenState`\\ s.
+"""
+
+from ._elemwise import ETPElemwise as ETPElemwise
+from ._elemwise import ExpDecay as ExpDecay
+from ._linear import ETPLinear as ETPLinear
+from ._lora import ETPLoRA as ETPLoRA
+from ._lora import ETPLoRALinear as ETPLoRALinear
+from ._readout import LeakyReadout as LeakyReadout
+from ._recurrent import GRUCell as GRUCell
+from ._recurrent import LSTMCell as LSTMCell
+from ._recurrent import MinGRUCell as MinGRUCell
+from ._recurrent import SimpleCell as SimpleCell
+from ._spiking import ALIF as ALIF
+from ._spiking import LIF as LIF
+from ._spiking import ExpSynapse as ExpSynapse
+from ._spiking import RecurrentSpiking as RecurrentSpiking
+from ._stateful import Stateful as Stateful
+from ._surrogate import SURROGATES as SURROGATES
+from ._surrogate import spike as spike
+
+__all__ = [
+    "ALIF",
+    "LIF",
+    "SURROGATES",
+    "ETPElemwise",
+    "ETPLinear",
+    "ETPLoRA",
+    "ETPLoRALinear",
+    "ExpDecay",
+    "ExpSynapse",
+    "GRUCell",
+    "LSTMCell",
+    "LeakyReadout",
+    "MinGRUCell",
+    "RecurrentSpiking",
+    "SimpleCell",
+    "Stateful",
+    "spike",
+]

@@ -1,0 +1,50 @@
+"""Helpers that (re)initialise the hidden states of a model for a batch size."""
+
+from __future__ import annotations
+
+import numbers
+
+from flax import nnx
+
+from braintrace._hidden import HiddenState
+
+__all__ = ["init_states"]
+
+
+def init_states(model: nnx.Module, batch_size: int | None = None) -> None:
+    """Resets every :class:`~braintrace.HiddenState` of ``model`` in place.
+
+    Each state gets its per-sample initial value, broadcast to
+    ``(batch_size, *sample_shape)`` (or left per sample when ``batch_size`` is
+    ``None``). Call it before the first batched step and whenever the batch
+    size changes or a new sequence starts. It also records each state's
+    attribute path (metadata ``path``) so that shape errors can name it.
+
+    Args:
+        model: Any NNX module (or graph of modules).
+        batch_size: Number of samples, or ``None`` for unbatched states.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> import braintrace
+        >>> from braintrace import layers
+        >>> model = layers.LIF(4)
+        >>> braintrace.init_states(model, batch_size=2)
+        >>> model.v.shape
+        (2, 4)
+        >>> model.v.get_metadata('path')
+        'v'
+        >>> braintrace.init_states(model)
+        >>> model.v.shape
+        (4,)
+    """
+    if batch_size is not None and (not isinstance(batch_size, numbers.Integral) or batch_size < 1):
+        raise ValueError(
+            f"init_states: batch_size must be a positive int or None, got {batch_size!r}.")
+    for path, node in nnx.iter_graph(model):
+        if isinstance(node, HiddenState):
+            node.set_value(node.initial_value(batch_size))
+            name = ".".join(str(part) for part in path)
+            if node.get_metadata("path", None) != name:
+                node.set_metadata("path", name)

@@ -1,0 +1,422 @@
+"""Recurrent cells with the Flax cell protocol whose weights learn online.
+
+``SimpleCell``, ``GRUCell`` and ``LSTMCell`` have the constructors, Param trees
+and outputs of their :mod:`flax.nnx` namesakes (so ``nnx.update`` loads a Flax
+cell's state into them), with every ``nnx.Linear`` replaced by an
+:class:`ETPLinear`. ``MinGRUCell`` is a minimal gated cell whose weights see
+only the input, so its hidden Jacobian is diagonal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from flax.nnx.nn import initializers
+from flax.nnx.nn.recurrent import default_kernel_init, modified_orthogonal
+from flax.typing import Dtype, Initializer
+
+from ._linear import ETPLinear
+
+__all__ = ["GRUCell", "LSTMCell", "MinGRUCell", "SimpleCell"]
+
+_lecun_normal = initializers.lecun_normal()
+_orthogonal = initializers.orthogonal()
+_zeros = initializers.zeros_init()
+
+Carry = Any
+
+
+def _check_step(cell: Any, carry: jax.Array, inputs: jax.Array) -> None:
+    batch = tuple(carry.shape[:-1])
+    expected = (*batch, cell.in_features)
+    if tuple(inputs.shape) != expected:
+        raise ValueError(
+            f"{type(cell).__name__}: input of shape {tuple(inputs.shape)} does not fit the "
+            f"carry of shape {tuple(carry.shape)}; expected input shape {expected}. Build the "
+            f"carry with initialize_carry(input_shape) for the input's batch shape.")
+
+
+def _zero_carry(cell: Any, input_shape: tuple[int, ...], rngs: Any,
+                carry_init: Initializer | None, count: int) -> tuple[jax.Array, ...]:
+    """``count`` carry arrays of shape ``(*input_shape[:-1], hidden_features)``.
+
+    ``rngs`` is only needed by a random ``carry_init``; zeros need none.
+    """
+    shape = (*tuple(input_shape)[:-1], cell.hidden_features)
+    if carry_init is None:
+        return tuple(jnp.zeros(shape, cell.param_dtype) for _ in range(count))
+    if rngs is None:
+        raise ValueError(
+            f"{type(cell).__name__}.initialize_carry: a carry_init needs rngs; pass "
+            f"rngs=nnx.Rngs(...).")
+    stream = rngs.carry if isinstance(rngs, nnx.Rngs) else rngs
+    return tuple(carry_init(stream(), shape, cell.param_dtype) for _ in range(count))
+
+
+class SimpleCell(nnx.RNNCellBase):
+    r"""Simple (Elman) cell, ``h' = act(W_i x + b_i + W_h h)``, learning online.
+
+    Same constructor, Params (``dense_i`` with bias, ``dense_h`` without) and
+    outputs as :class:`flax.nnx.SimpleCell`.
+
+    Args:
+        in_features: Number of input features.
+        hidden_features: Number of hidden units.
+        dtype: Dtype of the computation.
+        param_dtype: Dtype of the parameters and the carry.
+        residual: Whether to add ``h`` before the activation.
+        activation_fn: The activation.
+        kernel_init: Initializer of the input kernel.
+        recurrent_kernel_init: Initializer of the recurrent kernel.
+        bias_init: Initializer of the bias.
+        rngs: Random number generators.
+        kernel_metadata: Metadata of the input kernel.
+        recurrent_kernel_metadata: Metadata of the recurrent kernel.
+        bias_metadata: Metadata of the bias.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from braintrace import layers
+        >>> cell = layers.SimpleCell(3, 5, rngs=nnx.Rngs(0))
+        >>> carry = cell.initialize_carry((2, 3))
+        >>> carry, y = cell(carry, jnp.ones((2, 3)))
+        >>> y.shape
+        (2, 5)
+        >>> nnx.RNN(cell)(jnp.ones((2, 7, 3))).shape
+        (2, 7, 5)
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int,
+        *,
+        dtype: Dtype = jnp.float32,
+        param_dtype: Dtype = jnp.float32,
+        residual: bool = False,
+        activation_fn: Callable[..., Any] = nnx.tanh,
+        kernel_init: Initializer = _lecun_normal,
+        recurrent_kernel_init: Initializer = _orthogonal,
+        bias_init: Initializer = _zeros,
+        rngs: nnx.Rngs,
+        kernel_metadata: Mapping[str, Any] = MappingProxyType({}),
+        recurrent_kernel_metadata: Mapping[str, Any] = MappingProxyType({}),
+        bias_metadata: Mapping[str, Any] = MappingProxyType({}),
+    ):
+        self.in_features = in_features
+        self.hidden_features = hidden_features
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+        self.residual = residual
+        self.activation_fn = activation_fn
+        self.dense_h = ETPLinear(
+            hidden_features, hidden_features, use_bias=False, dtype=dtype,
+            param_dtype=param_dtype, kernel_init=recurrent_kernel_init, rngs=rngs,
+            kernel_metadata=recurrent_kernel_metadata)
+        self.dense_i = ETPLinear(
+            in_features, hidden_features, use_bias=True, dtype=dtype, param_dtype=param_dtype,
+            kernel_init=kernel_init, bias_init=bias_init, rngs=rngs,
+            kernel_metadata=kernel_metadata, bias_metadata=bias_metadata)
+
+    def __call__(self, carry: jax.Array, inputs: jax.Array) -> tuple[jax.Array, jax.Array]:  # type: ignore[override]
+        """One step: returns ``(h', h')``."""
+        _check_step(self, carry, inputs)
+        new_carry = self.dense_i(inputs) + self.dense_h(carry)
+        if self.residual:
+            new_carry = new_carry + carry
+        new_carry = self.activation_fn(new_carry)
+        return new_carry, new_carry
+
+    def initialize_carry(self, input_shape: tuple[int, ...], rngs: Any = None,
+                         carry_init: Initializer | None = None) -> jax.Array:  # type: ignore[override]
+        """Zeros (or ``carry_init``) of shape ``(*input_shape[:-1], hidden_features)``."""
+        return _zero_carry(self, input_shape, rngs, carry_init, 1)[0]
+
+    @property
+    def num_feature_axes(self) -> int:
+        """The number of feature axes of an input (one)."""
+        return 1
+
+
+class GRUCell(nnx.RNNCellBase):
+    r"""Gated recurrent unit, learning online.
+
+    .. math::
+
+        r = \sigma(W_{ir} x + b_{ir} + W_{hr} h), \quad
+        z = \sigma(W_{iz} x + b_{iz} + W_{hz} h), \\
+        n = \tanh(W_{in} x + b_{in} + r \odot (W_{hn} h)), \quad
+        h' = (1 - z) \odot n + z \odot h
+
+    Same constructor, Params (fused ``dense_i (in, 3h)`` with bias, fused
+    ``dense_h (h, 3h)`` without) and outputs as :class:`flax.nnx.GRUCell`.
+
+    Args:
+        in_features: Number of input features.
+        hidden_features: Number of hidden units.
+        gate_fn: Activation of the gates.
+        activation_fn: Activation of the candidate.
+        kernel_init: Initializer of the input kernel.
+        recurrent_kernel_init: Initializer of the recurrent kernel.
+        bias_init: Initializer of the bias.
+        dtype: Dtype of the computation.
+        param_dtype: Dtype of the parameters and the carry.
+        rngs: Random number generators.
+        kernel_metadata: Metadata of the input kernel.
+        recurrent_kernel_metadata: Metadata of the recurrent kernel.
+        bias_metadata: Metadata of the bias.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from braintrace import layers
+        >>> cell = layers.GRUCell(3, 5, rngs=nnx.Rngs(0))
+        >>> cell.dense_i.kernel.shape, cell.dense_h.kernel.shape
+        ((3, 15), (5, 15))
+        >>> nnx.RNN(cell)(jnp.ones((2, 7, 3))).shape
+        (2, 7, 5)
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int,
+        *,
+        gate_fn: Callable[..., Any] = nnx.sigmoid,
+        activation_fn: Callable[..., Any] = nnx.tanh,
+        kernel_init: Initializer = default_kernel_init,
+        recurrent_kernel_init: Initializer = _orthogonal,
+        bias_init: Initializer = _zeros,
+        dtype: Dtype | None = None,
+        param_dtype: Dtype = jnp.float32,
+        rngs: nnx.Rngs,
+        kernel_metadata: Mapping[str, Any] = MappingProxyType({}),
+        recurrent_kernel_metadata: Mapping[str, Any] = MappingProxyType({}),
+        bias_metadata: Mapping[str, Any] = MappingProxyType({}),
+    ):
+        self.in_features = in_features
+        self.hidden_features = hidden_features
+        self.gate_fn = gate_fn
+        self.activation_fn = activation_fn
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+        self.dense_i = ETPLinear(
+            in_features, 3 * hidden_features, use_bias=True, kernel_init=kernel_init,
+            bias_init=bias_init, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
+            kernel_metadata=kernel_metadata, bias_metadata=bias_metadata)
+        self.dense_h = ETPLinear(
+            hidden_features, 3 * hidden_features, use_bias=False,
+            kernel_init=recurrent_kernel_init, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
+            kernel_metadata=recurrent_kernel_metadata)
+
+    def __call__(self, carry: jax.Array, inputs: jax.Array) -> tuple[jax.Array, jax.Array]:  # type: ignore[override]
+        """One step: returns ``(h', h')``."""
+        _check_step(self, carry, inputs)
+        h = carry
+        xi_r, xi_z, xi_n = jnp.split(self.dense_i(inputs), 3, axis=-1)
+        hh_r, hh_z, hh_n = jnp.split(self.dense_h(h), 3, axis=-1)
+        r = self.gate_fn(xi_r + hh_r)
+        z = self.gate_fn(xi_z + hh_z)
+        n = self.activation_fn(xi_n + r * hh_n)
+        new_h = (1.0 - z) * n + z * h
+        return new_h, new_h
+
+    def initialize_carry(self, input_shape: tuple[int, ...], rngs: Any = None,
+                         carry_init: Initializer | None = None) -> jax.Array:  # type: ignore[override]
+        """Zeros (or ``carry_init``) of shape ``(*input_shape[:-1], hidden_features)``."""
+        return _zero_carry(self, input_shape, rngs, carry_init, 1)[0]
+
+    @property
+    def num_feature_axes(self) -> int:
+        """The number of feature axes of an input (one)."""
+        return 1
+
+
+class LSTMCell(nnx.RNNCellBase):
+    r"""Long short-term memory cell, learning online.
+
+    .. math::
+
+        i = \sigma(W_{ii} x + W_{hi} h + b_{hi}), \quad
+        f = \sigma(W_{if} x + W_{hf} h + b_{hf}), \\
+        g = \tanh(W_{ig} x + W_{hg} h + b_{hg}), \quad
+        o = \sigma(W_{io} x + W_{ho} h + b_{ho}), \\
+        c' = f \odot c + i \odot g, \quad h' = o \odot \tanh(c')
+
+    Same constructor, Params (``ii``, ``if_``, ``ig``, ``io`` without bias;
+    ``hi``, ``hf``, ``hg``, ``ho`` with bias) and outputs as
+    :class:`flax.nnx.LSTMCell`. The carry is ``(c, h)``, two arrays of one shape.
+
+    Args:
+        in_features: Number of input features.
+        hidden_features: Number of hidden units.
+        gate_fn: Activation of the gates.
+        activation_fn: Activation of the cell input and output.
+        kernel_init: Initializer of the input kernels.
+        recurrent_kernel_init: Initializer of the recurrent kernels.
+        bias_init: Initializer of the biases.
+        dtype: Dtype of the computation.
+        param_dtype: Dtype of the parameters and the carry.
+        rngs: Random number generators.
+        kernel_metadata: Metadata of the input kernels.
+        recurrent_kernel_metadata: Metadata of the recurrent kernels.
+        bias_metadata: Metadata of the biases.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from braintrace import layers
+        >>> cell = layers.LSTMCell(3, 5, rngs=nnx.Rngs(0))
+        >>> c, h = cell.initialize_carry((2, 3))
+        >>> (c, h), y = cell((c, h), jnp.ones((2, 3)))
+        >>> c.shape, y.shape
+        ((2, 5), (2, 5))
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int,
+        *,
+        gate_fn: Callable[..., Any] = nnx.sigmoid,
+        activation_fn: Callable[..., Any] = nnx.tanh,
+        kernel_init: Initializer = default_kernel_init,
+        recurrent_kernel_init: Initializer = modified_orthogonal,
+        bias_init: Initializer = _zeros,
+        dtype: Dtype | None = None,
+        param_dtype: Dtype = jnp.float32,
+        rngs: nnx.Rngs,
+        kernel_metadata: Mapping[str, Any] = MappingProxyType({}),
+        recurrent_kernel_metadata: Mapping[str, Any] = MappingProxyType({}),
+        bias_metadata: Mapping[str, Any] = MappingProxyType({}),
+    ):
+        self.in_features = in_features
+        self.hidden_features = hidden_features
+        self.gate_fn = gate_fn
+        self.activation_fn = activation_fn
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+
+        def dense_i() -> ETPLinear:
+            return ETPLinear(in_features, hidden_features, use_bias=False,
+                             kernel_init=kernel_init, dtype=dtype, param_dtype=param_dtype,
+                             rngs=rngs, kernel_metadata=kernel_metadata)
+
+        def dense_h() -> ETPLinear:
+            return ETPLinear(hidden_features, hidden_features, use_bias=True,
+                             kernel_init=recurrent_kernel_init, bias_init=bias_init, dtype=dtype,
+                             param_dtype=param_dtype, rngs=rngs,
+                             kernel_metadata=recurrent_kernel_metadata,
+                             bias_metadata=bias_metadata)
+
+        self.ii = dense_i()
+        self.if_ = dense_i()
+        self.ig = dense_i()
+        self.io = dense_i()
+        self.hi = dense_h()
+        self.hf = dense_h()
+        self.hg = dense_h()
+        self.ho = dense_h()
+
+    def __call__(self, carry: tuple[jax.Array, jax.Array], inputs: jax.Array
+                 ) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:  # type: ignore[override]
+        """One step: returns ``((c', h'), h')``."""
+        c, h = carry
+        _check_step(self, h, inputs)
+        i = self.gate_fn(self.ii(inputs) + self.hi(h))
+        f = self.gate_fn(self.if_(inputs) + self.hf(h))
+        g = self.activation_fn(self.ig(inputs) + self.hg(h))
+        o = self.gate_fn(self.io(inputs) + self.ho(h))
+        new_c = f * c + i * g
+        new_h = o * self.activation_fn(new_c)
+        return (new_c, new_h), new_h
+
+    def initialize_carry(self, input_shape: tuple[int, ...], rngs: Any = None,
+                         carry_init: Initializer | None = None
+                         ) -> tuple[jax.Array, jax.Array]:  # type: ignore[override]
+        """``(c, h)``: zeros (or ``carry_init``) of shape ``(*input_shape[:-1], hidden_features)``."""
+        c, h = _zero_carry(self, input_shape, rngs, carry_init, 2)
+        return c, h
+
+    @property
+    def num_feature_axes(self) -> int:
+        """The number of feature axes of an input (one)."""
+        return 1
+
+
+class MinGRUCell(nnx.RNNCellBase):
+    r"""Minimal gated recurrent unit (minGRU; Feng et al., 2024), learning online.
+
+    .. math::
+
+        z = \sigma(W_z x + b_z), \quad \tilde h = W_n x + b_n, \quad
+        h' = (1 - z) \odot h + z \odot \tilde h
+
+    Its weights see only the input, so ``∂h'/∂h = 1 - z`` is diagonal and
+    eligibility traces of ``dense_z`` and ``dense_n`` are exact.
+
+    Args:
+        in_features: Number of input features.
+        hidden_features: Number of hidden units.
+        gate_fn: Activation of the update gate.
+        kernel_init: Initializer of the kernels.
+        bias_init: Initializer of the biases.
+        dtype: Dtype of the computation.
+        param_dtype: Dtype of the parameters and the carry.
+        rngs: Random number generators.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from braintrace import layers
+        >>> cell = layers.MinGRUCell(3, 5, rngs=nnx.Rngs(0))
+        >>> nnx.RNN(cell)(jnp.ones((2, 7, 3))).shape
+        (2, 7, 5)
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int,
+        *,
+        gate_fn: Callable[..., Any] = nnx.sigmoid,
+        kernel_init: Initializer = default_kernel_init,
+        bias_init: Initializer = _zeros,
+        dtype: Dtype | None = None,
+        param_dtype: Dtype = jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        self.in_features = in_features
+        self.hidden_features = hidden_features
+        self.gate_fn = gate_fn
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+        self.dense_z = ETPLinear(in_features, hidden_features, kernel_init=kernel_init,
+                                 bias_init=bias_init, dtype=dtype, param_dtype=param_dtype,
+                                 rngs=rngs)
+        self.dense_n = ETPLinear(in_features, hidden_features, kernel_init=kernel_init,
+                                 bias_init=bias_init, dtype=dtype, param_dtype=param_dtype,
+                                 rngs=rngs)
+
+    def __call__(self, carry: jax.Array, inputs: jax.Array) -> tuple[jax.Array, jax.Array]:  # type: ignore[override]
+        """One step: returns ``(h', h')``."""
+        _check_step(self, carry, inputs)
+        z = self.gate_fn(self.dense_z(inputs))
+        new_h = (1.0 - z) * carry + z * self.dense_n(inputs)
+        return new_h, new_h
+
+    def initialize_carry(self, input_shape: tuple[int, ...], rngs: Any = None,
+                         carry_init: Initializer | None = None) -> jax.Array:  # type: ignore[override]
+        """Zeros (or ``carry_init``) of shape ``(*input_shape[:-1], hidden_features)``."""
+        return _zero_carry(self, input_shape, rngs, carry_init, 1)[0]
+
+    @property
+    def num_feature_axes(self) -> int:
+        """The number of feature axes of an input (one)."""
+        return 1
