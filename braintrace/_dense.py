@@ -131,8 +131,8 @@ def matmul(
             f"braintrace.matmul: x of shape {x.shape} does not match kernel of shape "
             f"{kernel.shape}; expected x (..., I) and kernel (I, O).")
     operands = [x, kernel] if bias is None else [x, kernel, jnp.asarray(bias)]
-    params = dict(has_bias=bias is not None, kernel_transform=kernel_transform,
-                  precision=precision)
+    params = {"has_bias": bias is not None, "kernel_transform": kernel_transform,
+              "precision": precision}
     if x.ndim == 1:
         return etp_dense_p.bind(*operands, **params)
     lead = x.shape[:-1]

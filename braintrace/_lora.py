@@ -70,7 +70,7 @@ def lora_xy_to_trace(x, d, theta, *, scaling: float, **params) -> dict[str, jax.
     a = theta["lora_a"]
     terms = {
         "lora_a": jnp.einsum("...i,...o->io", x, d).astype(a.dtype),
-        "lora_b": (scaling * jnp.einsum("...r,...o->ro", x @ a, d)).astype(a.dtype),
+        "lora_b": (scaling * jnp.einsum("...r,...o->ro", x @ a, d)).astype(theta["lora_b"].dtype),
     }
     if "bias" in theta:
         terms["bias"] = _sum_leading(d).astype(theta["bias"].dtype)
@@ -161,8 +161,8 @@ def lora_matmul(
         operands.append(jnp.asarray(bias))
     if base_kernel is not None:
         operands.append(jnp.asarray(base_kernel))
-    params = dict(has_bias=bias is not None, has_base=base_kernel is not None,
-                  scaling=float(scaling))
+    params = {"has_bias": bias is not None, "has_base": base_kernel is not None,
+              "scaling": float(scaling)}
     if x.ndim == 1:
         return etp_lora_p.bind(*operands, **params)
     lead = x.shape[:-1]

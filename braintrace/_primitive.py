@@ -17,7 +17,6 @@ from typing import Any
 
 import jax
 import jax.extend.core as jex_core
-import numpy as np
 from jax.interpreters import ad, batching, mlir
 
 __all__ = [
@@ -99,11 +98,14 @@ class ETPPrimitive(jex_core.Primitive):
         """Binds the primitive after validating the operand layout."""
         self._validate_layout(len(operands), params)
         if self._multiple_results is None:
-            avals = [jax.ShapeDtypeStruct(np.shape(a), _dtype_of(a)) for a in operands]
-            out = jax.eval_shape(functools.partial(self.impl_fn, **params), *avals)
+            structs = [_struct(jax.typeof(a)) for a in operands]
+            out = jax.eval_shape(functools.partial(self.impl_fn, **params), *structs)
             self._set_multiple_results(isinstance(out, (tuple, list)), len(out)
                                        if isinstance(out, (tuple, list)) else 1)
-        return super().bind(*operands, **params)
+        out = super().bind(*operands, **params)
+        # Eager execution returns whatever impl_fn returns, traced execution a
+        # list: give multiple outputs one type everywhere.
+        return tuple(out) if self.multiple_results else out
 
     def _set_multiple_results(self, multiple: bool, num_outputs: int) -> None:
         if not 0 <= self.y_outvar_index < num_outputs:
@@ -206,8 +208,8 @@ class ETPPrimitive(jex_core.Primitive):
         init_pp: Callable[..., Any] | None = None,
     ) -> None:
         """Registers several ETP rules at once; ``None`` leaves a rule unchanged."""
-        given = dict(dt_to_t=dt_to_t, xy_to_dw=xy_to_dw, init_drtrl=init_drtrl,
-                     init_pp=init_pp)
+        given = {"dt_to_t": dt_to_t, "xy_to_dw": xy_to_dw, "init_drtrl": init_drtrl,
+                 "init_pp": init_pp}
         for name, fn in given.items():
             if fn is not None:
                 self._register_rule(name, fn)
@@ -232,7 +234,8 @@ class ETPPrimitive(jex_core.Primitive):
                 the primitive, the rule and the method that registers it.
         """
         if name not in RULE_NAMES + TRACE_SPACE_RULE_NAMES:
-            raise ValueError(f"Unknown ETP rule '{name}'; known rules: {RULE_NAMES}.")
+            raise ValueError(f"Unknown ETP rule '{name}'; known rules: "
+                             f"{RULE_NAMES + TRACE_SPACE_RULE_NAMES}.")
         try:
             return self._rules[name]
         except KeyError:
@@ -243,8 +246,14 @@ class ETPPrimitive(jex_core.Primitive):
             ) from None
 
 
-def _dtype_of(a: Any) -> Any:
-    return jax.dtypes.result_type(a) if not hasattr(a, "dtype") else a.dtype
+def _struct(aval: Any) -> jax.ShapeDtypeStruct:
+    """An abstract value as a struct for ``jax.eval_shape``, keeping weak types.
+
+    Dropping ``weak_type`` would make a Python-scalar operand promote like a
+    strongly typed array (``2.0 * float32`` declared float64 under x64) while
+    the lowered impl keeps float32.
+    """
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
 
 def register_primitive(
@@ -383,9 +392,12 @@ def etp_primitives() -> dict[str, ETPPrimitive]:
 
 
 def _abstract_eval(prim: ETPPrimitive, *avals: Any, **params: Any) -> Any:
-    structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
+    structs = [_struct(a) for a in avals]
     out = jax.eval_shape(functools.partial(prim.impl_fn, **params), *structs)
-    to_aval = lambda s: jax.core.ShapedArray(s.shape, s.dtype)  # noqa: E731
+
+    def to_aval(s: jax.ShapeDtypeStruct) -> jax.core.ShapedArray:
+        return jax.core.ShapedArray(s.shape, s.dtype, weak_type=s.weak_type)
+
     if prim.multiple_results:
         return [to_aval(s) for s in out]
     return to_aval(out)
