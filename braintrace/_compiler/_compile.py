@@ -1,33 +1,56 @@
-"""``compile_graph``: a stateful NNX module's step to an :class:`ETraceGraph`."""
+"""``compile_graph``: one step of a stateful NNX module (or a pure step function) to a graph."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from flax import nnx
 
 from braintrace._compiler._graph import ETraceGraph, build_graph
-from braintrace._compiler._step import trace_model_step
+from braintrace._compiler._report import NOT_READ, same_step_reasons
+from braintrace._compiler._step import TracedStep, trace_function_step, trace_model_step
 
 __all__ = ["compile_graph"]
 
 
-def compile_graph(model: nnx.Module, example_x: Any, *, scope: str = "diagonal") -> ETraceGraph:
+def compile_graph(
+    model: nnx.Module | Callable[..., Any],
+    example_x: Any,
+    *,
+    scope: str = "diagonal",
+    params: Any = None,
+    hidden: Any = None,
+) -> ETraceGraph:
     """Compiles one time step of ``model`` into an eligibility-trace graph.
 
     ``model(x)`` must be one time step that reads and writes the model's
     :class:`braintrace.HiddenState` variables. Hidden states must already have
     their batch shape (see :func:`braintrace.init_states`).
 
+    Alternatively ``model`` is a pure step function
+    ``fn(params, hidden, x) -> (hidden, y)`` and ``params`` and ``hidden`` are
+    pytrees of arrays (e.g. dicts): Param and state paths are their key paths.
+    The graph's leaves are then ``jax.tree.leaves(params)``,
+    ``jax.tree.leaves(hidden)``, no other state, and ``jax.tree.leaves(x)``.
+
     Args:
-        model: A stateful NNX module.
+        model: A stateful NNX module, or a pure step function.
         example_x: An input of one step (any pytree of arrays).
         scope: ``'diagonal'`` (default): the hidden Jacobian ignores operations
             that mix positions; ``'coupled'``: keep their per-position blocks
             (used by OSTL).
+        params: The trainable parameters of a pure step function.
+        hidden: The hidden state of a pure step function.
 
     Returns:
         The graph; ``print(graph.report())`` describes it.
+
+    Raises:
+        ValueError: No hidden state; no Param read by an ETP primitive; a Param
+            written in the step; a step that changes a hidden state's shape.
+            Errors of the model itself (a layer's input-shape check) propagate
+            with a note naming the example's shapes and the hidden states.
 
     Example:
         >>> import jax.numpy as jnp
@@ -45,10 +68,56 @@ def compile_graph(model: nnx.Module, example_x: Any, *, scope: str = "diagonal")
         [('h',)]
         >>> graph.traced_param_paths
         ('w',)
+
+        The same step as a pure function:
+
+        >>> def step(params, hidden, x):
+        ...     h = 0.9 * hidden['h'] + braintrace.matmul(x, params['w'])
+        ...     return {'h': h}, h
+        >>> graph = braintrace.compile_graph(
+        ...     step, jnp.ones((4, 3)), params={'w': jnp.ones((3, 2))},
+        ...     hidden={'h': jnp.zeros((4, 2))})
+        >>> graph.traced_param_paths, graph.hidden_paths
+        (('w',), ('h',))
     """
-    step = trace_model_step(model, example_x)
-    graph = build_graph(
+    if isinstance(model, nnx.Module):
+        if params is not None or hidden is not None:
+            raise TypeError(
+                "compile_graph: params= and hidden= are for a pure step function; an NNX "
+                "module carries its own Params and HiddenStates.")
+        step = trace_model_step(model, example_x)
+        name = type(model).__name__
+    elif callable(model):
+        if params is None or hidden is None:
+            raise TypeError(
+                "compile_graph: a pure step function fn(params, hidden, x) -> (hidden, y) "
+                "needs params= and hidden= (pytrees of arrays).")
+        step = trace_function_step(model, params, hidden, example_x)
+        name = getattr(model, "__name__", type(model).__name__)
+    else:
+        raise TypeError(
+            f"compile_graph: expected an nnx.Module or a step function, got "
+            f"{type(model).__name__}.")
+    graph = _build(step, scope)
+    _check_traceable(name, graph)
+    return graph
+
+
+def _build(step: TracedStep, scope: str) -> ETraceGraph:
+    return build_graph(
         step.closed_jaxpr, param_paths=step.param_paths, hidden_paths=step.hidden_paths,
         other_paths=step.other_paths, num_outputs=step.num_outputs,
         out_treedef=step.out_treedef, scope=scope, notes=step.notes, warnings=step.warnings)
-    return graph
+
+
+def _check_traceable(name: str, graph: ETraceGraph) -> None:
+    """Raises if no Param is read by an ETP primitive (nothing could ever learn online)."""
+    reasons = same_step_reasons(graph)
+    if graph.relations or any(r != [NOT_READ] for r in reasons.values()):
+        return
+    listing = ", ".join(repr(p) for p in graph.param_paths)
+    raise ValueError(
+        f"{name}: no ETP primitive reads a Param, so nothing can learn by eligibility traces "
+        f"(Params {listing} would get only same-step gradients). Route trainable operations "
+        "through braintrace.matmul, braintrace.lora_matmul or braintrace.element_wise, or use "
+        "the layers in braintrace.layers (e.g. ETPLinear instead of nnx.Linear).")

@@ -7,16 +7,21 @@ Building the graph is a sequence of passes over the flat jaxpr of one step:
    (``dot_general``, reductions, ...). States whose transitions then couple
    elementwise form one group: ``h_g^t = f_g(h_g^{t-1}; c)``, all of one shape
    ``V``, ``S`` states stacked on a trailing axis.
-2. **Diagonality.** Within each group, position maps prove that
-   ``h^t[v]`` depends on ``h^{t-1}`` only at the same position ``v``;
-   any operation that breaks this is cut (reported as an approximation).
+2. **Positions.** Within each group, position maps give the positions of
+   ``h^{t-1}`` each ``h^t[v]`` depends on. Usually that is ``v`` alone and one
+   JVP per state gives ``D`` exactly. A step that moves values between
+   positions (a roll, a flip) gets a colouring of the positions, one JVP per
+   colour and state, so ``D`` is still exactly the per-position block of the
+   cut step's Jacobian (the approximation is reported).
 3. **Relations.** For every ETP equation ``y = prim(x, θ)``, position maps
    from ``y`` to each group's ``h^t`` (not crossing another trainable ETP
    operation) give the structural map ``y → h``: for an operation with an
    input, each output unit must feed at most one hidden unit (fused gates such
    as GRU's ``(in, 3h)`` kernel qualify); for the elementwise primitive each
    hidden unit must read at most one output unit. Anything else is excluded,
-   with its reason.
+   with its reason. Paths from ``y`` through operations that mix positions
+   are cut in ``Df`` (and reported). ETP primitives hidden in opaque bodies
+   (``custom_jvp``) are reported as exclusions.
 4. **Weight programs.** Each trainable operand is traced back to the Param
    leaves it is computed from (masks and transforms included).
 
@@ -24,8 +29,9 @@ At run time the graph evaluates, per step, the model with a zero perturbation
 at every ``h^t`` (its cotangent is the learning signal ``∂L_t/∂h^t``), the
 inputs ``x`` of every traced operation, and, by forward-mode differentiation of
 the cut step, each group's ``D = ∂h^t/∂h^{t-1}`` ``(*V, S, S)`` and each
-relation's ``Df = ∂h^t/∂y`` — one JVP per state and per colour, exact because
-the cut step is position-diagonal.
+relation's ``Df = ∂h^t/∂y`` — one JVP per state and colour of a group and per
+colour of a relation, exact because units of one colour never meet in one
+output.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ from braintrace._primitive import ETPPrimitive
 
 __all__ = ["ETraceGraph", "Exclusion", "HiddenGroup", "Relation", "build_graph"]
 
+_CASTS = frozenset({"convert_element_type", "copy", "copy_p"})
+
 
 @dataclasses.dataclass(frozen=True)
 class HiddenGroup:
@@ -56,6 +64,10 @@ class HiddenGroup:
         paths: Their state paths (e.g. ``'layer.v'``).
         shape: The common shape ``V`` of the states (batch axis included).
         dtype: The dtype of the first state.
+        colours: ``None`` when each ``h^t[v]`` depends on ``h^{t-1}`` only at
+            position ``v``; otherwise flat position -> colour, where positions
+            one output depends on have distinct colours, so one JVP per colour
+            and state gives the exact per-position blocks of ``D``.
     """
 
     index: int
@@ -63,6 +75,7 @@ class HiddenGroup:
     paths: tuple[str, ...]
     shape: tuple[int, ...]
     dtype: Any
+    colours: np.ndarray | None = dataclasses.field(default=None, compare=False)
 
     @property
     def num_states(self) -> int:
@@ -73,6 +86,11 @@ class HiddenGroup:
     def size(self) -> int:
         """``N``, the number of positions."""
         return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def num_colours(self) -> int:
+        """The number of JVPs per state needed for ``D``."""
+        return 1 if self.colours is None else int(self.colours.max(initial=0)) + 1
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -236,6 +254,21 @@ class ETraceGraph:
         start = self.num_outputs + self.num_params
         return list(self.jaxpr.outvars[start:start + self.num_hidden])
 
+    def _definition_vars(self) -> list[Any]:
+        """Where each ``h^t`` is defined: its output variable, before dtype casts.
+
+        A model may write ``h.astype(dtype)`` to the state and keep using ``h``;
+        perturbing ``h`` reaches both uses.
+        """
+        producer = {v: eqn for eqn in self.jaxpr.eqns for v in eqn.outvars}
+        out = []
+        for var in self._hidden_out_vars():
+            while (var in producer and producer[var].primitive.name in _CASTS
+                   and not isinstance(producer[var].invars[0], jex_core.Literal)):
+                var = producer[var].invars[0]
+            out.append(var)
+        return out
+
     def _args(self, params, hidden, other, x) -> list[Any]:
         return [*params, *hidden, *other, *x]
 
@@ -251,6 +284,9 @@ class ETraceGraph:
     ) -> tuple[list[jax.Array], list[jax.Array], list[jax.Array], list[jax.Array]]:
         """One step with a perturbation added at the definition of every ``h^t``.
 
+        The definition is the value written to the state before any dtype cast,
+        so uses of the local value and reads of the Variable both see it.
+
         Trainable operands of traced equations are read through
         ``stop_gradient``, so differentiating the result with respect to
         ``params`` gives only the same-step gradient of untraced sites, and with
@@ -262,7 +298,7 @@ class ETraceGraph:
         """
         perturb = {}
         if perturbation is not None:
-            for var, p in zip(self._hidden_out_vars(), perturbation):
+            for var, p in zip(self._definition_vars(), perturbation):
                 perturb[var] = perturb[var] + p if var in perturb else p
         stop_operands = {
             eqn: tuple(self.jaxpr.eqns[eqn].primitive.trainable_invars(
@@ -348,18 +384,23 @@ class ETraceGraph:
 
     def _tangents(self, hidden_in, inj_specs, injection_eqns):
         """Stacks one tangent per (group, state) and per (relation, colour)."""
-        slots: list[tuple[str, int, int]] = []
+        slots: list[tuple[str, int, int, int]] = []
         t_h: list[list[jax.Array]] = []
         t_y: list[list[jax.Array]] = []
         zeros_h = [jnp.zeros_like(h) for h in hidden_in]
         zeros_y = [jnp.zeros(aval.shape, aval.dtype) for (_, _, aval) in inj_specs]
         for g in self.groups:
             for s, leaf in enumerate(g.leaves):
-                th = list(zeros_h)
-                th[leaf] = jnp.ones_like(hidden_in[leaf])
-                t_h.append(th)
-                t_y.append(list(zeros_y))
-                slots.append(("group", g.index, s))
+                for c in range(g.num_colours):
+                    th = list(zeros_h)
+                    if g.colours is None:
+                        th[leaf] = jnp.ones_like(hidden_in[leaf])
+                    else:
+                        th[leaf] = jnp.asarray((g.colours == c).reshape(g.shape),
+                                               hidden_in[leaf].dtype)
+                    t_h.append(th)
+                    t_y.append(list(zeros_y))
+                    slots.append(("group", g.index, s, c))
         position = {e: i for i, e in enumerate(injection_eqns)}
         for r in self.relations:
             j = position[r.eqn_index]
@@ -372,11 +413,11 @@ class ETraceGraph:
                     ty[j] = jnp.asarray((r.colours == c).reshape(aval.shape), aval.dtype)
                 t_h.append(list(zeros_h))
                 t_y.append(ty)
-                slots.append(("relation", r.index, c))
-        stack = lambda rows: [jnp.stack(col) for col in zip(*rows)]  # noqa: E731
+                slots.append(("relation", r.index, 0, c))
+        stack = lambda rows: [jnp.stack(col) for col in zip(*rows)]
         return stack(t_h), stack(t_y), slots
 
-    def _assemble(self, outs: list[jax.Array], slots: list[tuple[str, int, int]]):
+    def _assemble(self, outs: list[jax.Array], slots: list[tuple[str, int, int, int]]):
         """Builds D and Df from the batched JVP outputs (one row per tangent)."""
         row = {slot: i for i, slot in enumerate(slots)}
 
@@ -386,13 +427,24 @@ class ETraceGraph:
 
         d_list = []
         for g in self.groups:
-            cols = [group_response(g, row[("group", g.index, s)]) for s in range(g.num_states)]
+            cols = []
+            for s in range(g.num_states):
+                responses = [group_response(g, row[("group", g.index, s, c)])
+                             for c in range(g.num_colours)]
+                if g.colours is None:
+                    cols.append(responses[0])
+                    continue
+                # Position v reads the response to the tangent of its own colour.
+                flat = jnp.stack(responses).reshape(g.num_colours, g.size, g.num_states)
+                picked = flat[g.colours, np.arange(g.size)]
+                cols.append(picked.reshape(*g.shape, g.num_states))
             d_list.append(jnp.stack(cols, axis=-1))  # (*V, S, S'): D[..., s, s']
         df_list = []
         for r in self.relations:
             g = self.groups[r.group]
             responses = jnp.stack(
-                [group_response(g, row[("relation", r.index, c)]) for c in range(r.num_colours)])
+                [group_response(g, row[("relation", r.index, 0, c)])
+                 for c in range(r.num_colours)])
             if not r.has_input:
                 df_list.append(responses[0])
                 continue
@@ -447,7 +499,7 @@ class ETraceGraph:
 
 def _evaluate_from_params(jaxpr, consts, num_params, params, targets) -> list[Any]:
     """Evaluates ``targets`` that depend only on Param invars (and constants)."""
-    needed = set(t for t in targets if not isinstance(t, jex_core.Literal))
+    needed = {t for t in targets if not isinstance(t, jex_core.Literal)}
     eqns = []
     for eqn in reversed(jaxpr.eqns):
         if any(v in needed for v in eqn.outvars if not isinstance(v, jex_core.DropVar)):
@@ -455,7 +507,7 @@ def _evaluate_from_params(jaxpr, consts, num_params, params, targets) -> list[An
             needed.update(v for v in eqn.invars if not isinstance(v, jex_core.Literal))
     env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts))
     env.update(zip(jaxpr.invars[:num_params], params))
-    read = lambda v: v.val if isinstance(v, jex_core.Literal) else env[v]  # noqa: E731
+    read = lambda v: v.val if isinstance(v, jex_core.Literal) else env[v]
     for eqn in reversed(eqns):
         outs = bind_equation(eqn, [read(v) for v in eqn.invars])
         for v, o in zip(eqn.outvars, outs):
@@ -489,7 +541,7 @@ def build_graph(
     warnings = list(warnings)
 
     etp_eqns = frozenset(i for i, e in enumerate(jaxpr.eqns) if isinstance(e.primitive, ETPPrimitive))
-    stops_at_etp = lambda i, e: (  # noqa: E731
+    stops_at_etp = lambda i, e: (
         i in etp_eqns and not e.primitive.gradient_enabled)
 
     # Pass 1: hidden groups.
@@ -528,23 +580,33 @@ def build_graph(
             index=len(groups), leaves=tuple(leaves),
             paths=tuple(hidden_paths[k] for k in leaves),
             shape=tuple(hidden_in[leaves[0]].aval.shape), dtype=hidden_in[leaves[0]].aval.dtype))
-    group_of_leaf = {k: g.index for g in groups for k in g.leaves}
 
-    # Pass 2: every group's step is position-diagonal once mixing ops are cut.
+    # Pass 2: position maps of each group's step; colour positions where the
+    # step moves values between positions, so that D stays exact per position.
+    group_list = []
     for g in groups:
         sources = {hidden_in[k]: positions.source_map(g.shape) for k in g.leaves}
-        diag_cuts: list[int] = []
-        positions.propagate(jaxpr, sources, cut=stops_at_etp,
-                            on_mixing=lambda i, e: diag_cuts.append(i),
-                            max_sources=1)
-        for i in diag_cuts:
-            if i not in cut_eqns and jaxpr.eqns[i].primitive.name in (
-                    positions.ELEMENTWISE | positions.MOVEMENT):
+        over: list[int] = []
+        env_g = positions.propagate(
+            jaxpr, sources, cut=lambda i, e: i in cut_eqns or stops_at_etp(i, e),
+            on_mixing=lambda i, e, _over=over: _over.append(i))
+        cut_eqns.update(over)
+        maps = [env_g.get(hidden_out[k]) for k in g.leaves
+                if not isinstance(hidden_out[k], jex_core.Literal)]
+        maps = [m for m in maps if m is not None]
+        colours = None
+        if maps:
+            deps = positions._union([m.reshape(g.size, -1) for m in maps], (g.size,))
+            own = np.arange(g.size)[:, None]
+            if not np.all((deps == own) | (deps < 0)):
+                colours = _colour_positions(deps)
                 warnings.append(
-                    f"Hidden group {list(g.paths)}: '{jaxpr.eqns[i].primitive.name}' (eqn {i}) "
-                    "combines different positions of the group; its derivative is ignored "
-                    "(diagonal approximation).")
-            cut_eqns.add(i)
+                    f"Hidden group {list(g.paths)}: the step moves values between positions "
+                    "(a roll, flip, transpose or broadcast of hidden state); D keeps only the "
+                    "same-position part of that dependence (diagonal approximation), using "
+                    f"{int(colours.max()) + 1} JVPs per state.")
+        group_list.append(dataclasses.replace(g, colours=colours))
+    groups = group_list
     for i in sorted(cut_eqns):
         name = jaxpr.eqns[i].primitive.name
         warnings.append(
@@ -555,14 +617,18 @@ def build_graph(
             "blocks of its Jacobian.")
 
     # Pass 3: relations.
+    df_cut_eqns: set[int] = set()
     relations: list[Relation] = []
     exclusions: list[Exclusion] = []
-    param_set = {v: k for k, v in enumerate(jaxpr.invars[:n_p])}
+    kinds = ["Param"] * n_p + ["hidden state"] * n_h + ["non-Param Variable"] * len(other_paths)
+    names = [*param_paths, *hidden_paths, *other_paths]
+    invar_kinds = {v: (kinds[k], names[k]) if k < len(names) else ("input", f"x[{k - len(names)}]")
+                   for k, v in enumerate(jaxpr.invars)}
     for e in sorted(etp_eqns):
         eqn = jaxpr.eqns[e]
         prim: ETPPrimitive = eqn.primitive
         layout = prim.trainable_invars(eqn.params)
-        origin, problem = _trace_operands(jaxpr, e, layout, n_p, param_set, param_paths)
+        origin, problem = _trace_operands(jaxpr, e, layout, invar_kinds)
         all_paths = tuple(sorted({p for ps in origin.values() for p in ps}))
         if problem is not None:
             exclusions.append(Exclusion(e, prim.name, all_paths, problem))
@@ -574,15 +640,22 @@ def build_graph(
         crossings: list[str] = []
         mixing: list[str] = []
 
-        def cut(i, other_eqn, _e=e):
+        def cut(i, other_eqn, _e=e, _crossings=crossings):
             if i != _e and stops_at_etp(i, other_eqn):
-                crossings.append(f"'{other_eqn.primitive.name}' (eqn {i})")
+                _crossings.append(f"'{other_eqn.primitive.name}' (eqn {i})")
                 return True
             return i in cut_eqns
 
+        y_mixing: list[int] = []
+
+        def on_mixing(i, other_eqn, _mixing=mixing, _y_mixing=y_mixing):
+            _mixing.append(f"'{other_eqn.primitive.name}' (eqn {i})")
+            _y_mixing.append(i)
+
         env_y = positions.propagate(
-            jaxpr, {y_var: positions.source_map(y_shape)}, cut=cut,
-            on_mixing=lambda i, oe: mixing.append(f"'{oe.primitive.name}' (eqn {i})"))
+            jaxpr, {y_var: positions.source_map(y_shape)}, cut=cut, on_mixing=on_mixing)
+        # Df follows the structural paths only: the mixing ones are cut (and reported).
+        df_cut_eqns.update(y_mixing)
         reached = False
         for g in groups:
             maps = [env_y.get(hidden_out[k]) if not isinstance(hidden_out[k], jex_core.Literal)
@@ -591,7 +664,7 @@ def build_graph(
             if not maps:
                 continue
             reached = True
-            union = positions._union(  # noqa: SLF001
+            union = positions._union(
                 [m.reshape(g.size, -1) for m in maps], (g.size,))
             relation_or_reason = _make_relation(
                 len(relations), e, prim, eqn, g, layout, origin, y_shape, union)
@@ -616,13 +689,85 @@ def build_graph(
                 f"'{prim.name}' (eqn {e}) with Params {list(all_paths)} also reaches hidden "
                 f"state through {', '.join(sorted(set(mixing)))}; that path is ignored.")
 
+    exclusions.extend(_opaque_exclusions(jaxpr, etp_eqns, invar_kinds))
+
     return ETraceGraph(
         jaxpr=jaxpr, consts=tuple(closed.consts), param_paths=tuple(param_paths),
         hidden_paths=tuple(hidden_paths), other_paths=tuple(other_paths),
         num_outputs=num_outputs, out_treedef=out_treedef, groups=tuple(groups),
         relations=tuple(relations), exclusions=tuple(exclusions),
-        cut_eqns=frozenset(cut_eqns), etp_eqns=etp_eqns, scope=scope,
+        cut_eqns=frozenset(cut_eqns | df_cut_eqns), etp_eqns=etp_eqns, scope=scope,
         notes=tuple(notes), warnings=tuple(dict.fromkeys(warnings)))
+
+
+def _inner_etp_names(jaxpr: jex_core.Jaxpr) -> list[str]:
+    """Names of the ETP primitives anywhere inside ``jaxpr`` (nested bodies included)."""
+    names: list[str] = []
+    for eqn in jaxpr.eqns:
+        if isinstance(eqn.primitive, ETPPrimitive) and eqn.primitive.name not in names:
+            names.append(eqn.primitive.name)
+        for sub in jex_core.jaxprs_in_params(eqn.params):
+            names.extend(n for n in _inner_etp_names(sub) if n not in names)
+    return names
+
+
+def _opaque_exclusions(jaxpr, etp_eqns, invar_kinds) -> list[Exclusion]:
+    """An exclusion for every equation that hides ETP primitives in its body.
+
+    A ``custom_jvp``/``custom_vjp`` body (or control flow the normalisation
+    pass kept) is opaque to the compiler; the Params it reads (directly or
+    through non-ETP operations) get their same-step gradient only.
+    """
+    producer = {v: i for i, eqn in enumerate(jaxpr.eqns) for v in eqn.outvars}
+    out = []
+    for i, eqn in enumerate(jaxpr.eqns):
+        if i in etp_eqns:
+            continue
+        inner = [n for sub in jex_core.jaxprs_in_params(eqn.params)
+                 for n in _inner_etp_names(sub)]
+        if not inner:
+            continue
+        stack, seen, paths = list(eqn.invars), set(), set()
+        while stack:
+            v = stack.pop()
+            if isinstance(v, jex_core.Literal) or v in seen:
+                continue
+            seen.add(v)
+            if v in producer and producer[v] not in etp_eqns:
+                stack.extend(jaxpr.eqns[producer[v]].invars)
+            elif v in invar_kinds and invar_kinds[v][0] == "Param":
+                paths.add(invar_kinds[v][1])
+        if not paths:
+            continue  # no Param reaches it: nothing is lost
+        names = ", ".join(dict.fromkeys(inner))
+        out.append(Exclusion(
+            i, eqn.primitive.name, tuple(sorted(paths)),
+            f"ETP primitive(s) {names} inside this opaque '{eqn.primitive.name}' body are "
+            "invisible to the compiler; call them outside custom_jvp/custom_vjp functions"))
+    return out
+
+
+def _colour_positions(deps: np.ndarray) -> np.ndarray:
+    """Greedy colouring: positions in one row of ``deps`` other than the row get distinct colours.
+
+    ``deps[v]`` lists (padded with ``-1``) the positions ``h^t[v]`` depends on.
+    Position ``u != v`` in ``deps[v]`` must not share ``v``'s colour, so the
+    response of ``h^t[v]`` to a tangent on one colour class is ``∂h^t[v]/∂h[v]``.
+    """
+    n = deps.shape[0]
+    neighbours: list[set[int]] = [set() for _ in range(n)]
+    rows, slots = np.nonzero((deps >= 0) & (deps != np.arange(n)[:, None]))
+    for v, u in zip(rows.tolist(), deps[rows, slots].tolist()):
+        neighbours[v].add(u)
+        neighbours[u].add(v)
+    colours = np.full(n, -1, np.int64)
+    for v in range(n):
+        used = {int(colours[u]) for u in neighbours[v]}
+        c = 0
+        while c in used:
+            c += 1
+        colours[v] = c
+    return colours
 
 
 def _make_relation(index, e, prim, eqn, g, layout, origin, y_shape, union):
@@ -652,35 +797,43 @@ def _make_relation(index, e, prim, eqn, g, layout, origin, y_shape, union):
     return Relation(**common, y_to_hidden=y_to_hidden, colours=colours, hidden_to_y=None)
 
 
-def _trace_operands(jaxpr, e, layout, num_params, param_set, param_paths):
+def _trace_operands(jaxpr, e, layout, invar_kinds):
     """Traces each trainable operand of equation ``e`` back to the Param leaves.
 
+    Args:
+        jaxpr: The flat step.
+        e: The ETP equation.
+        layout: ``{key: operand position}`` of its trainable inputs.
+        invar_kinds: ``{invar: (kind, path)}`` of every step input.
+
     Returns:
-        ``({key: Param paths}, problem)`` where ``problem`` says why the operand
-        cannot be traced (it depends on the input or the hidden state).
+        ``({key: Param paths}, problem)`` where ``problem`` says why an operand
+        cannot be traced (it depends on a value that changes during the step or
+        between steps: hidden state, input or a non-Param Variable).
     """
     producer = {}
     for i, eqn in enumerate(jaxpr.eqns[:e]):
         for v in eqn.outvars:
             producer[v] = i
     origin: dict[str, tuple[str, ...]] = {}
+    problem = None
     for key, position in layout.items():
-        var = jaxpr.eqns[e].invars[position]
-        stack = [var]
+        stack = [jaxpr.eqns[e].invars[position]]
         seen = set()
-        leaves: set[int] = set()
+        leaves: list[str] = []
         while stack:
             v = stack.pop()
             if isinstance(v, jex_core.Literal) or v in seen:
                 continue
             seen.add(v)
-            if v in param_set:
-                leaves.add(param_set[v])
-            elif v in producer:
+            if v in producer:
                 stack.extend(jaxpr.eqns[producer[v]].invars)
-            elif v in jaxpr.invars:
-                kind = "hidden state or input"
-                return origin, (f"its trainable input '{key}' is computed from the {kind}, not "
-                                "only from Params; it cannot be traced")
-        origin[key] = tuple(param_paths[k] for k in sorted(leaves))
-    return origin, None
+            elif v in invar_kinds:
+                kind, path = invar_kinds[v]
+                if kind == "Param":
+                    leaves.append(path)
+                elif problem is None:
+                    problem = (f"its trainable input '{key}' is computed from the {kind} "
+                               f"'{path}', not only from Params, so it cannot be traced")
+        origin[key] = tuple(sorted(set(leaves)))
+    return origin, problem

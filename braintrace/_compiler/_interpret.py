@@ -43,8 +43,9 @@ def evaluate(
             ``lax.stop_gradient`` by that equation only.
         injections: ``{eqn_index: (output position, value)}`` added to that
             output right after it is computed (zero-valued tangent entry points).
-        perturb: ``{var: value}`` added to a variable right at its definition,
-            so every later use (and the jaxpr output) sees the sum.
+        perturb: ``{var: value}`` added to a variable right at its definition
+            (cast to its dtype), so every later use (and the jaxpr output) sees
+            the sum.
         record: Variables (or literals) whose values to return as well.
 
     Returns:
@@ -62,7 +63,7 @@ def evaluate(
         if isinstance(v, jex_core.DropVar):
             return
         if v in perturb:
-            value = value + perturb[v]
+            value = value + jax.lax.convert_element_type(perturb[v], jax.numpy.result_type(value))
         env[v] = value
 
     for v, value in zip(jaxpr.constvars, consts):

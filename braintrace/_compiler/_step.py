@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -13,7 +14,7 @@ from flax import nnx
 from braintrace._compiler._flatten import flatten_jaxpr
 from braintrace._hidden import HiddenState
 
-__all__ = ["TracedStep", "split_model", "trace_model_step"]
+__all__ = ["TracedStep", "split_model", "trace_function_step", "trace_model_step"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +23,7 @@ class TracedStep:
 
     Attributes:
         closed_jaxpr: The flat jaxpr returning ``[*y, *params, *hidden, *other]``.
-        graphdef: The model's graph definition.
+        graphdef: The model's graph definition (``None`` for a pure function).
         param_paths / hidden_paths / other_paths: Leaf paths (``'layer.kernel'``).
         num_outputs: Number of output leaves.
         out_treedef: Tree structure of the step output.
@@ -46,10 +47,13 @@ def split_model(model: nnx.Module) -> tuple[Any, nnx.State, nnx.State, nnx.State
     return nnx.split(model, nnx.Param, HiddenState, ...)
 
 
-def leaf_paths(state: nnx.State) -> tuple[str, ...]:
-    """Dotted paths of a state's leaves, in ``jax.tree`` leaf order."""
+def leaf_paths(state: Any, root: str = "") -> tuple[str, ...]:
+    """Dotted paths of a state's leaves, in ``jax.tree`` leaf order.
+
+    ``root`` names a leaf that is the whole tree (a bare array).
+    """
     flat, _ = jax.tree_util.tree_flatten_with_path(state)
-    return tuple(_path_name(path) for path, _ in flat)
+    return tuple(_path_name(path) or root for path, _ in flat)
 
 
 def _path_name(path: tuple[Any, ...]) -> str:
@@ -67,16 +71,21 @@ def trace_model_step(model: nnx.Module, example_x: Any) -> TracedStep:
 
     Raises:
         ValueError: The model has no HiddenState or no Param, or writes a Param
-            inside the step.
+            inside the step. An error raised by the model itself (e.g. a layer's
+            input-shape check) propagates with a note naming the example shapes
+            and the hidden states.
     """
     graphdef, params, hidden, other = split_model(model)
     param_paths, hidden_paths, other_paths = (leaf_paths(s) for s in (params, hidden, other))
     name = type(model).__name__
     if not hidden_paths:
+        others = (f" Its other Variables ({', '.join(repr(p) for p in other_paths)}) are not "
+                  "HiddenStates; declare recurrent state as braintrace.HiddenState."
+                  if other_paths else "")
         raise ValueError(
             f"{name} has no braintrace.HiddenState, so there is nothing to carry eligibility "
             "traces through time. Keep recurrent state in HiddenState variables (the layers in "
-            "braintrace.layers do), or wrap a cell in a stateful layer.")
+            "braintrace.layers do), or wrap a cell in braintrace.layers.Stateful." + others)
     if not param_paths:
         raise ValueError(f"{name} has no nnx.Param: there is nothing to train.")
 
@@ -86,16 +95,11 @@ def trace_model_step(model: nnx.Module, example_x: Any) -> TracedStep:
         _, p2, h2, o2 = split_model(m)
         return y, p2, h2, o2
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        closed, out_shape = jax.make_jaxpr(step, return_shape=True)(params, hidden, other,
-                                                                     example_x)
-    caught_messages = tuple(str(w.message) for w in caught)
-    for w in caught:
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    closed, out_shape, caught_messages = _trace(step, (params, hidden, other, example_x),
+                                                name, hidden_paths, hidden)
     y_shape = out_shape[0]
     out_leaves, out_treedef = jax.tree_util.tree_flatten(y_shape)
-    n_out, n_p = len(out_leaves), len(param_paths)
+    n_out = len(out_leaves)
     jaxpr = closed.jaxpr
     for k, path in enumerate(param_paths):
         if jaxpr.outvars[n_out + k] is not jaxpr.invars[k]:
@@ -103,7 +107,89 @@ def trace_model_step(model: nnx.Module, example_x: Any) -> TracedStep:
                 f"{name} writes the Param '{path}' inside its step. Params must stay constant "
                 "within a step (the optimiser updates them); keep changing values in a "
                 "HiddenState or another nnx.Variable.")
-    n_h = len(hidden_paths)
+    _check_hidden_out(name, hidden_paths, hidden, out_shape[2])
+    return _flatten(closed, graphdef, param_paths, hidden_paths, other_paths, n_out,
+                    out_treedef, example_x, caught_messages)
+
+
+def trace_function_step(fn: Callable[..., Any], params: Any, hidden: Any,
+                        example_x: Any) -> TracedStep:
+    """Traces a pure step ``fn(params, hidden, x) -> (hidden, y)`` to a flat jaxpr.
+
+    Leaf paths come from the pytrees (``{'w': ...}`` gives ``'w'``; a bare
+    array is called ``'params'`` / ``'hidden'``).
+
+    Raises:
+        ValueError: ``hidden`` or ``params`` has no leaves, or ``fn`` returns
+            hidden state of another structure, shape or dtype.
+    """
+    name = getattr(fn, "__name__", type(fn).__name__)
+    param_paths = leaf_paths(params, "params")
+    hidden_paths = leaf_paths(hidden, "hidden")
+    if not hidden_paths:
+        raise ValueError(
+            f"{name}: `hidden` has no array leaves, so there is nothing to carry eligibility "
+            "traces through time. Pass the recurrent state as `hidden`.")
+    if not param_paths:
+        raise ValueError(f"{name}: `params` has no array leaves: there is nothing to train.")
+
+    def step(params, hidden, other, x):
+        new_hidden, y = fn(params, hidden, x)
+        return y, params, new_hidden, other
+
+    closed, out_shape, caught_messages = _trace(step, (params, hidden, (), example_x), name,
+                                                hidden_paths, hidden)
+    y_shape, _, new_hidden, _ = out_shape
+    expected = jax.tree_util.tree_structure(hidden)
+    if jax.tree_util.tree_structure(new_hidden) != expected:
+        raise ValueError(
+            f"{name} must return (hidden, y) with hidden structured like the `hidden` it "
+            f"received ({expected}); got {jax.tree_util.tree_structure(new_hidden)}.")
+    _check_hidden_out(name, hidden_paths, hidden, new_hidden)
+    out_leaves, out_treedef = jax.tree_util.tree_flatten(y_shape)
+    return _flatten(closed, None, param_paths, hidden_paths, (), len(out_leaves), out_treedef,
+                    example_x, caught_messages)
+
+
+def _check_hidden_out(name: str, paths: tuple[str, ...], hidden: Any, new_hidden: Any) -> None:
+    """Raises if a step changes the shape or dtype of a hidden state."""
+    for path, old, new in zip(paths, jax.tree_util.tree_leaves(hidden),
+                              jax.tree_util.tree_leaves(new_hidden)):
+        old_shape, old_dtype = tuple(jax.numpy.shape(old)), jax.numpy.result_type(old)
+        if (tuple(new.shape), new.dtype) == (old_shape, old_dtype):
+            continue
+        hint = ""
+        if new.shape[1:] == old_shape and new.shape:
+            hint = (f" The step broadcast it over a batch of {new.shape[0]}: batch the hidden "
+                    f"states first (braintrace.init_states(model, batch_size={new.shape[0]})).")
+        raise ValueError(
+            f"{name} writes hidden state '{path}' with shape {tuple(new.shape)} and dtype "
+            f"{new.dtype}, but it holds shape {old_shape} and dtype {old_dtype}; a step must "
+            f"keep each hidden state's shape and dtype.{hint}")
+
+
+def _trace(step, args, name, hidden_paths, hidden):
+    """``make_jaxpr`` of ``step``; re-emits its warnings and annotates its errors."""
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            closed, out_shape = jax.make_jaxpr(step, return_shape=True)(*args)
+    except Exception as error:
+        x_shapes = [tuple(jax.numpy.shape(a)) for a in jax.tree_util.tree_leaves(args[-1])]
+        states = ", ".join(f"'{p}' {tuple(jax.numpy.shape(h))}" for p, h in
+                           zip(hidden_paths, jax.tree_util.tree_leaves(hidden)))
+        error.add_note(
+            f"braintrace.compile_graph: raised while tracing one step of {name} on an example "
+            f"input of shape(s) {x_shapes}; hidden states: {states}.")
+        raise
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return closed, out_shape, tuple(str(w.message) for w in caught)
+
+
+def _flatten(closed, graphdef, param_paths, hidden_paths, other_paths, n_out, out_treedef,
+             example_x, caught_messages) -> TracedStep:
+    n_p, n_h = len(param_paths), len(hidden_paths)
     x_leaves = jax.tree_util.tree_leaves(example_x)
     tracked = [True] * (n_p + n_h) + [False] * (len(other_paths) + len(x_leaves))
     names = [*param_paths, *hidden_paths, *other_paths,
