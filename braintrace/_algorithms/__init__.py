@@ -29,5 +29,14 @@ def get_algorithm(algorithm: "str | AbstractAlgorithm") -> AbstractAlgorithm:
         f"one of the names {sorted(ALGORITHMS)}.")
 
 
-__all__ = ["ALGORITHMS", "AbstractAlgorithm", "D_RTRL", "ES_D_RTRL", "EProp", "OSTLFeedforward",
-           "OSTLRecurrent", "get_algorithm", "pp_prop"]
+__all__ = [
+    "ALGORITHMS",
+    "D_RTRL",
+    "ES_D_RTRL",
+    "AbstractAlgorithm",
+    "EProp",
+    "OSTLFeedforward",
+    "OSTLRecurrent",
+    "get_algorithm",
+    "pp_prop",
+]

@@ -13,6 +13,15 @@ contribution:
   ``(*V, S)``; terms are summed over time;
 * ``finalize(graph, summed, operands)`` -> ``{key: dθ}`` per relation
   (linear, so it is applied once, after summing).
+
+Optional hooks: ``required_rules(relation)`` names the ETP rules the
+algorithm calls for a relation (checked by :func:`check_rules` when the
+traces are created, so a missing rule fails at ``braintrace.compile`` with a
+:class:`~braintrace.MissingRuleError`), and ``learning_signal`` may replace the
+exact signal ``δ`` (e.g. e-prop's random feedback).
+
+Traces are kept in the dtype of the Params they belong to: updates cast the
+mixed and instantaneous terms back to the trace's dtype.
 """
 
 from __future__ import annotations
@@ -26,8 +35,10 @@ import jax
 import jax.numpy as jnp
 
 from braintrace._compiler._graph import ETraceGraph, Relation
+from braintrace._primitive import MissingRuleError
 
-__all__ = ["AbstractAlgorithm", "Jacobians", "mix_states", "per_sample"]
+__all__ = ["AbstractAlgorithm", "Jacobians", "check_rules", "mix_states", "param_dtypes",
+           "per_sample"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +59,25 @@ class AbstractAlgorithm(abc.ABC):
 
     scope: str = "diagonal"
     name: str = ""
+    supports_windowed: bool = True
+
+    def required_rules(self, relation: Relation) -> tuple[str, ...]:
+        """The ETP rules this algorithm calls for ``relation`` (see :func:`check_rules`)."""
+        del relation
+        return ()
+
+    def learning_signal(self, graph: ETraceGraph, delta: Sequence[jax.Array], *,
+                        params: Sequence[jax.Array], hidden: Sequence[jax.Array],
+                        other: Sequence[jax.Array], x: Sequence[jax.Array],
+                        output_loss: Callable[[list[jax.Array]], jax.Array]) -> Sequence[jax.Array]:
+        """The per-leaf learning signal of one step in single-step mode.
+
+        The default is the exact ``δ = ∂L_t/∂h^t`` (``delta``). ``output_loss``
+        maps the step's output leaves to the weighted step loss, for
+        algorithms that build their own signal from the output error.
+        """
+        del graph, params, hidden, other, x, output_loss
+        return delta
 
     @abc.abstractmethod
     def init(self, graph: ETraceGraph, operands: Sequence[dict[str, jax.Array]]) -> Any:
@@ -70,6 +100,45 @@ class AbstractAlgorithm(abc.ABC):
         """See the module docstring."""
 
 
+def check_rules(algorithm: AbstractAlgorithm, graph: ETraceGraph) -> None:
+    """Raises :class:`~braintrace.MissingRuleError` if a relation's primitive lacks a rule.
+
+    The message names the algorithm, the primitive, every missing rule and
+    the Params that the relation trains.
+    """
+    for r in graph.relations:
+        prim = r.primitive
+        missing = [name for name in algorithm.required_rules(r) if not prim.has_rule(name)]
+        if missing:
+            params = sorted({p for ps in r.param_paths.values() for p in ps})
+            rules = ", ".join(f"'{m}'" for m in missing)
+            raise MissingRuleError(
+                f"Algorithm '{algorithm.name or type(algorithm).__name__}' needs the ETP "
+                f"rule(s) {rules} of primitive '{prim.name}' (which trains {params}), but "
+                f"'{prim.name}' never registered them. Register them with "
+                f"`{prim.name}.register_etp_rules({missing[0]}=...)` (or the single-rule "
+                "`register_*` methods), or choose an algorithm that does not need them.")
+
+
+def param_dtypes(graph: ETraceGraph, relation: Relation) -> dict[str, Any]:
+    """``{key: dtype}``: the dtype of the Param(s) each trainable operand is computed from.
+
+    An operand may be a promoted copy of its Param (e.g. a float32 kernel used
+    in a float64 matmul); traces are kept in the Param's dtype, not the
+    operand's. An operand computed from several Params gets their result type;
+    one computed from none keeps the operand's dtype.
+    """
+    avals = {path: v.aval for path, v in zip(graph.param_paths,
+                                              graph.jaxpr.invars[:graph.num_params])}
+    eqn = graph.jaxpr.eqns[relation.eqn_index]
+    out = {}
+    for key, position in relation.operands.items():
+        paths = relation.param_paths.get(key, ())
+        out[key] = (jnp.result_type(*(avals[p].dtype for p in paths)) if paths
+                    else eqn.invars[position].aval.dtype)
+    return out
+
+
 def per_sample(fn: Callable[..., Any], relation: Relation) -> Callable[..., Any]:
     """``jax.vmap(fn)`` over the leading batch axis when the relation is batched."""
     return jax.vmap(fn) if relation.batched else fn
@@ -79,10 +148,12 @@ def mix_states(dt_to_t: Callable[..., Any], d: jax.Array, trace: Any, **params: 
     """``out[..., s] = Σ_{s'} dt_to_t(d[..., s, s'], trace[..., s'])``.
 
     Applies an ``(S, S)`` per-unit matrix to a trace whose last axis holds the
-    ``S`` states, through the primitive's ``dt_to_t`` rule.
+    ``S`` states, through the primitive's ``dt_to_t`` rule. The result keeps
+    the trace's dtype (``D`` may be wider, e.g. float32 hidden state and
+    bfloat16 Params).
     """
     num_states = d.shape[-1]
-    take = lambda s: jax.tree.map(lambda e: e[..., s], trace)  # noqa: E731
+    take = lambda s: jax.tree.map(lambda e: e[..., s], trace)
     rows = []
     for s in range(num_states):
         total = None
@@ -90,7 +161,8 @@ def mix_states(dt_to_t: Callable[..., Any], d: jax.Array, trace: Any, **params: 
             term = dt_to_t(d[..., s, s2], take(s2), **params)
             total = term if total is None else jax.tree.map(jnp.add, total, term)
         rows.append(total)
-    return jax.tree.map(lambda *r: jnp.stack(r, axis=-1), *rows)
+    mixed = jax.tree.map(lambda *r: jnp.stack(r, axis=-1), *rows)
+    return jax.tree.map(lambda m, t: m.astype(t.dtype), mixed, trace)
 
 
 def contract_states(dt_to_t: Callable[..., Any], delta: jax.Array, trace: Any,

@@ -34,15 +34,30 @@ import jax.numpy as jnp
 
 from braintrace._algorithms._base import (
     AbstractAlgorithm,
-    Jacobians,
+    check_rules,
     contract_states,
     group_signal,
     mix_states,
+    param_dtypes,
     per_sample,
 )
 from braintrace._compiler._graph import ETraceGraph, Relation
 
-__all__ = ["D_RTRL", "drtrl_contribution", "drtrl_finalize", "drtrl_init", "drtrl_update"]
+__all__ = ["D_RTRL", "drtrl_contribution", "drtrl_finalize", "drtrl_init", "drtrl_rules",
+           "drtrl_update"]
+
+
+def drtrl_rules(relation: Relation) -> tuple[str, ...]:
+    """The ETP rules D-RTRL calls for ``relation``.
+
+    ``xy_to_trace`` may stand in for ``xy_to_dw`` in the update, but the
+    elementwise (no-input) finalisation always needs ``xy_to_dw``.
+    """
+    prim = relation.primitive
+    rules = ["init_drtrl", "dt_to_t"]
+    if not relation.has_input or not prim.has_rule("xy_to_trace"):
+        rules.append("xy_to_dw")
+    return tuple(rules)
 
 
 def _xy_to_trace(relation: Relation):
@@ -51,18 +66,23 @@ def _xy_to_trace(relation: Relation):
 
 
 def drtrl_init(graph: ETraceGraph, r: Relation, theta: dict[str, jax.Array]) -> Any:
-    """A zero D-RTRL trace of relation ``r``: ``(B?, *θ_key, S)`` per key."""
+    """A zero D-RTRL trace of relation ``r``: ``(B?, *θ_key, S)`` per key, in the Params' dtype."""
     g = graph.groups[r.group]
     init = r.primitive.rule("init_drtrl")
     if not r.has_input:
-        return init(None, jnp.zeros(g.shape, g.dtype), theta, g.num_states)
-    x_shape = r.x_shape[1:] if r.batched else r.x_shape
-    y_shape = r.y_shape[1:] if r.batched else r.y_shape
-    trace = init(jnp.zeros(x_shape, g.dtype), jnp.zeros(y_shape, g.dtype), theta,
-                 g.num_states)
-    if r.batched:
-        trace = jax.tree.map(lambda e: jnp.broadcast_to(e, (r.y_shape[0], *e.shape)), trace)
-    return trace
+        trace = init(None, jnp.zeros(g.shape, g.dtype), theta, g.num_states)
+    else:
+        x_shape = r.x_shape[1:] if r.batched else r.x_shape
+        y_shape = r.y_shape[1:] if r.batched else r.y_shape
+        trace = init(jnp.zeros(x_shape, g.dtype), jnp.zeros(y_shape, g.dtype), theta,
+                     g.num_states)
+        if r.batched:
+            trace = jax.tree.map(lambda e: jnp.broadcast_to(e, (r.y_shape[0], *e.shape)), trace)
+    dtypes = param_dtypes(graph, r)
+    if isinstance(trace, dict):
+        return {key: jnp.asarray(value, dtypes.get(key, value.dtype))
+                for key, value in trace.items()}
+    return jax.tree.map(lambda e: e.astype(jnp.result_type(*dtypes.values())), trace)
 
 
 def drtrl_update(r: Relation, eps: Any, d_g: jax.Array, df: jax.Array, x: jax.Array | None,
@@ -71,7 +91,7 @@ def drtrl_update(r: Relation, eps: Any, d_g: jax.Array, df: jax.Array, x: jax.Ar
     dt_to_t = r.primitive.rule("dt_to_t")
     if not r.has_input:
         mixed = mix_states(dt_to_t, d_g, eps, **r.params)
-        return jax.tree.map(jnp.add, mixed, {"weight": df.astype(d_g.dtype)})
+        return jax.tree.map(lambda m, i: m + i.astype(m.dtype), mixed, {"weight": df})
     xy_to_trace = _xy_to_trace(r)
 
     def one(eps, x, df, d_y):
@@ -105,7 +125,7 @@ def drtrl_finalize(r: Relation, total: Any, theta: dict[str, jax.Array]) -> dict
     return dict(total)
 
 
-class D_RTRL(AbstractAlgorithm):  # noqa: N801
+class D_RTRL(AbstractAlgorithm):
     """Diagonal RTRL: exact parameter-dimension eligibility traces.
 
     .. math::
@@ -125,7 +145,11 @@ class D_RTRL(AbstractAlgorithm):  # noqa: N801
 
     name = "d_rtrl"
 
+    def required_rules(self, relation):
+        return drtrl_rules(relation)
+
     def init(self, graph, operands):
+        check_rules(self, graph)
         return [drtrl_init(graph, r, theta) for r, theta in zip(graph.relations, operands)]
 
     def update(self, graph, state, jac, rel_x, operands):

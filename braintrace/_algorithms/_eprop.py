@@ -1,29 +1,62 @@
-"""e-prop: D-RTRL traces passed through a low-pass filter.
+"""e-prop: D-RTRL traces passed through a low-pass filter, optionally with random feedback.
 
 .. math::
 
     \\bar e^t = \\kappa\\, \\bar e^{t-1} + \\epsilon^t, \\qquad
-    \\nabla_\\theta L = \\sum_t \\delta^t \\cdot \\bar e^t
+    \\nabla_\\theta L = \\sum_t L^t \\cdot \\bar e^t
 
 where ``ε^t`` is the D-RTRL eligibility trace. ``κ = 0`` is D-RTRL. The filter
 matches e-prop's treatment of a leaky readout (Bellec et al. 2020).
+
+The learning signal ``L^t`` is, with ``feedback='symmetric'`` (default), the
+exact ``δ^t = ∂L_t/∂h^t``. With ``feedback='random'`` it is the same reverse
+pass from the step loss to the new hidden state, except that every ETP
+operation whose input ``x`` depends on that hidden state (a readout, the input
+weights of a next layer) sends the error back to ``x`` through **fixed random
+operands** ``B`` of the shapes and dtypes of its trainable operands instead of
+its weights (feedback alignment, Lillicrap et al. 2016):
+``x̄ = (∂f/∂x)(x, B)ᵀ ȳ``. For a dense readout ``y = h W`` this is
+``x̄ = ȳ Bᵀ``: e-prop's ``L = B e`` with ``e = ∂L_t/∂y`` the output error
+(Bellec et al. 2020, random e-prop). Everything else on the way keeps its
+exact derivative: non-ETP operations (fixed matrices, nonlinearities, the
+spike surrogate ``∂z/∂v``) and hidden states that are themselves outputs (a
+leaky readout's ``y`` receives ``e`` unchanged). Params learning by same-step
+gradients (untraced readouts) still receive their exact gradient.
+
+``B`` is drawn once from ``seed``: for the ETP equation at index ``i`` of the
+compiled step and its ``k``-th trainable operand (in the primitive's layout
+order), ``B = scale · N(0, 1) / sqrt(fan_in)`` with key
+``fold_in(fold_in(key(seed), i), k)`` and ``fan_in`` the product of all but the
+last axis (LeCun normal, the scale of a freshly initialised kernel; ``1`` for
+vectors and scalars). The same model, seed and scale always give the same
+``B``. Random feedback is a single-step rule: windowed mode (which uses the
+exact reverse pass inside windows) rejects it.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import jax
+import jax.extend.core as jex_core
+import jax.numpy as jnp
 
-from braintrace._algorithms._base import AbstractAlgorithm, group_signal
+from braintrace._algorithms._base import AbstractAlgorithm, check_rules, group_signal
 from braintrace._algorithms._d_rtrl import (
     drtrl_contribution,
     drtrl_finalize,
     drtrl_init,
+    drtrl_rules,
     drtrl_update,
 )
+from braintrace._compiler._graph import ETraceGraph
+from braintrace._compiler._interpret import bind_equation
 
-__all__ = ["EProp"]
+__all__ = ["EProp", "FilteredTrace", "feedback_signal", "random_feedback_operands"]
+
+FEEDBACKS = ("symmetric", "random")
 
 
 class FilteredTrace(NamedTuple):
@@ -33,31 +66,153 @@ class FilteredTrace(NamedTuple):
     filtered: object
 
 
+def _hidden_out_vars(graph: ETraceGraph) -> list[Any]:
+    start = graph.num_outputs + graph.num_params
+    return list(graph.jaxpr.outvars[start:start + graph.num_hidden])
+
+
+def feedback_equations(graph: ETraceGraph) -> list[int]:
+    """ETP equations with an input ``x`` that depends on the new hidden state ``h^t``."""
+    jaxpr = graph.jaxpr
+    depends = {v for v in _hidden_out_vars(graph) if not isinstance(v, jex_core.Literal)}
+    found = []
+    for index, eqn in enumerate(jaxpr.eqns):
+        reads = [not isinstance(v, jex_core.Literal) and v in depends for v in eqn.invars]
+        if not any(reads):
+            continue
+        depends.update(v for v in eqn.outvars if not isinstance(v, jex_core.DropVar))
+        prim = eqn.primitive
+        if index in graph.etp_eqns and prim.x_invar_index is not None and reads[prim.x_invar_index]:
+            found.append(index)
+    return found
+
+
+def random_feedback_operands(graph: ETraceGraph, seed: int = 0,
+                             scale: float = 1.0) -> dict[int, dict[int, jax.Array]]:
+    """The fixed random operands ``{eqn index: {operand position: B}}`` (module docstring)."""
+    feedback = {}
+    base = jax.random.key(seed)
+    for index in feedback_equations(graph):
+        eqn = graph.jaxpr.eqns[index]
+        layout = eqn.primitive.trainable_invars(eqn.params)
+        key = jax.random.fold_in(base, index)
+        operands = {}
+        for k, position in enumerate(layout.values()):
+            aval = eqn.invars[position].aval
+            shape = tuple(aval.shape)
+            fan_in = math.prod(shape[:-1]) if len(shape) >= 2 else 1
+            b = jax.random.normal(jax.random.fold_in(key, k), shape, aval.dtype)
+            operands[position] = (b * (scale / math.sqrt(fan_in))).astype(aval.dtype)
+        feedback[index] = operands
+    return feedback
+
+
+def feedback_signal(
+    graph: ETraceGraph,
+    feedback: dict[int, dict[int, jax.Array]],
+    params: Sequence[jax.Array],
+    hidden: Sequence[jax.Array],
+    other: Sequence[jax.Array],
+    x: Sequence[jax.Array],
+    output_loss: Callable[[list[jax.Array]], jax.Array],
+) -> list[jax.Array]:
+    """``∂L_t/∂h^t`` with the operands in ``feedback`` replacing the real ones on the way back.
+
+    The forward values are the real ones; only the derivative of each listed
+    equation is taken at its substituted operands (``y + f(x, B) - sg(f(x, B))``).
+    With the real operands substituted this is the exact learning signal.
+    """
+    jaxpr = graph.jaxpr
+    n_out = graph.num_outputs
+    hidden_out = _hidden_out_vars(graph)
+    args = [*params, *hidden, *other, *x]
+
+    def loss(perturbation):
+        perturb: dict[Any, jax.Array] = {}
+        for var, p in zip(hidden_out, perturbation):
+            if not isinstance(var, jex_core.Literal):
+                perturb[var] = perturb[var] + p if var in perturb else p
+        env: dict[Any, Any] = {}
+
+        def read(v):
+            return v.val if isinstance(v, jex_core.Literal) else env[v]
+
+        def write(v, value):
+            if isinstance(v, jex_core.DropVar):
+                return
+            env[v] = value + perturb[v] if v in perturb else value
+
+        for v, value in zip(jaxpr.constvars, graph.consts):
+            write(v, value)
+        for v, value in zip(jaxpr.invars, args):
+            write(v, value)
+        for index, eqn in enumerate(jaxpr.eqns):
+            invals = [read(v) for v in eqn.invars]
+            outs = bind_equation(eqn, invals)
+            if index in feedback:
+                alt_in = list(invals)
+                for position, value in feedback[index].items():
+                    alt_in[position] = value
+                alt = bind_equation(eqn, alt_in)
+                outs = [jax.lax.stop_gradient(o) + (a - jax.lax.stop_gradient(a))
+                        for o, a in zip(outs, alt)]
+            for v, value in zip(eqn.outvars, outs):
+                write(v, value)
+        return output_loss([read(v) for v in jaxpr.outvars[:n_out]])
+
+    return list(jax.grad(loss)([jnp.zeros_like(h) for h in hidden]))
+
+
 class EProp(AbstractAlgorithm):
-    """e-prop: filtered D-RTRL eligibility traces.
+    """e-prop: filtered D-RTRL eligibility traces, symmetric or random feedback.
 
     .. math::
 
         \\bar e^t = \\kappa \\bar e^{t-1} + \\epsilon^t, \\qquad
-        \\nabla_\\theta L = \\sum_t \\delta^t \\cdot \\bar e^t
+        \\nabla_\\theta L = \\sum_t L^t \\cdot \\bar e^t
 
     Args:
         kappa: The filter decay in ``[0, 1)``; ``0`` gives D-RTRL.
+        feedback: ``'symmetric'``: ``L^t`` is the exact ``∂L_t/∂h^t``.
+            ``'random'``: ETP operations reading the hidden state send the
+            error back through fixed random operands (see the module
+            docstring); single-step mode only.
+        seed: Seed of the random feedback operands.
+        feedback_scale: Multiplies the random operands (LeCun-normal scaled).
 
     Example:
         >>> import braintrace
         >>> braintrace.EProp(kappa=0.5).kappa
         0.5
+        >>> braintrace.EProp(feedback='random', seed=3).feedback
+        'random'
     """
 
     name = "eprop"
 
-    def __init__(self, kappa: float = 0.0):
+    def __init__(self, kappa: float = 0.0, *, feedback: str = "symmetric", seed: int = 0,
+                 feedback_scale: float = 1.0):
         if not 0.0 <= kappa < 1.0:
             raise ValueError(f"EProp: kappa must lie in [0, 1), got {kappa}.")
+        if feedback not in FEEDBACKS:
+            raise ValueError(f"EProp: feedback must be one of {FEEDBACKS}, got {feedback!r}.")
         self.kappa = float(kappa)
+        self.feedback = feedback
+        self.seed = int(seed)
+        self.feedback_scale = float(feedback_scale)
+        self.supports_windowed = feedback == "symmetric"
+
+    def required_rules(self, relation):
+        return drtrl_rules(relation)
+
+    def learning_signal(self, graph, delta, *, params, hidden, other, x, output_loss):
+        if self.feedback == "symmetric":
+            return delta
+        feedback = random_feedback_operands(graph, self.seed, self.feedback_scale)
+        return feedback_signal(graph, feedback, params, hidden, other, x, output_loss)
 
     def init(self, graph, operands):
+        check_rules(self, graph)
         traces = [drtrl_init(graph, r, theta) for r, theta in zip(graph.relations, operands)]
         return [FilteredTrace(t, t) for t in traces]
 
@@ -65,7 +220,8 @@ class EProp(AbstractAlgorithm):
         new = []
         for r, s, x, theta in zip(graph.relations, state, rel_x, operands):
             eps = drtrl_update(r, s.trace, jac.d[r.group], jac.df[r.index], x, theta)
-            filtered = jax.tree.map(lambda f, e: self.kappa * f + e, s.filtered, eps)
+            filtered = jax.tree.map(lambda f, e: (self.kappa * f + e).astype(f.dtype),
+                                    s.filtered, eps)
             new.append(FilteredTrace(eps, filtered))
         return new
 

@@ -29,18 +29,25 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from braintrace._algorithms._base import AbstractAlgorithm, group_signal, mix_states
+from braintrace._algorithms._base import (
+    AbstractAlgorithm,
+    check_rules,
+    group_signal,
+    mix_states,
+    param_dtypes,
+)
 from braintrace._algorithms._d_rtrl import (
     drtrl_contribution,
     drtrl_finalize,
     drtrl_init,
+    drtrl_rules,
     drtrl_update,
 )
 
 __all__ = ["ES_D_RTRL", "IOTrace", "decay_from", "pp_prop"]
 
 
-def decay_from(decay_or_rank: float | int) -> float:
+def decay_from(decay_or_rank: float) -> float:
     """``α`` from a decay in ``[0, 1)`` or an integer rank ``r >= 1``: ``(r-1)/(r+1)``.
 
     Example:
@@ -61,15 +68,24 @@ def decay_from(decay_or_rank: float | int) -> float:
 
 
 class IOTrace(NamedTuple):
-    """IO-dimension trace of one relation: x side, bias x side, output side, step."""
+    """IO-dimension trace of one relation, all in the Params' dtype.
+
+    Attributes:
+        x: ``ε_x`` ``(*x.shape)`` (batch axis included when batched).
+        ones: ``ε_1 = Σ_k α_x^k``, the x-side trace of a bias's constant input.
+        f: ``ε_f`` ``(*y.shape, S)``.
+        f_power: ``α_f^t``, so that the bias correction is ``c_t = 1 - α_f^t``
+            (kept as a power rather than a step count: no overflow, no
+            low-precision counting).
+    """
 
     x: jax.Array
     ones: jax.Array
     f: jax.Array
-    step: jax.Array
+    f_power: jax.Array
 
 
-class ES_D_RTRL(AbstractAlgorithm):  # noqa: N801
+class ES_D_RTRL(AbstractAlgorithm):
     """Exponentially smoothed D-RTRL (pp_prop): traces linear in the number of neurons.
 
     .. math::
@@ -93,12 +109,18 @@ class ES_D_RTRL(AbstractAlgorithm):  # noqa: N801
 
     name = "es_d_rtrl"
 
-    def __init__(self, decay_or_rank: float | int = 0.9, *,
-                 x_decay_or_rank: float | int | None = None):
+    def required_rules(self, relation):
+        if not relation.has_input:
+            return drtrl_rules(relation)
+        return ("init_pp", "xy_to_dw")
+
+    def __init__(self, decay_or_rank: float = 0.9, *,
+                 x_decay_or_rank: float | None = None):
         self.f_decay = decay_from(decay_or_rank)
         self.x_decay = decay_from(decay_or_rank if x_decay_or_rank is None else x_decay_or_rank)
 
     def init(self, graph, operands):
+        check_rules(self, graph)
         state = []
         for r, theta in zip(graph.relations, operands):
             if not r.has_input:
@@ -109,9 +131,10 @@ class ES_D_RTRL(AbstractAlgorithm):  # noqa: N801
             x_one = r.x_shape[1:] if r.batched else r.x_shape
             f = r.primitive.rule("init_pp")(jnp.zeros(x_one, g.dtype), jnp.zeros(y_one, g.dtype),
                                              theta, g.num_states)
-            f = jnp.broadcast_to(f, (*r.y_shape, g.num_states))
+            dtype = jnp.result_type(*param_dtypes(graph, r).values())
+            f = jnp.broadcast_to(f, (*r.y_shape, g.num_states)).astype(dtype)
             state.append(IOTrace(x=jnp.zeros(r.x_shape, f.dtype), ones=jnp.zeros((), f.dtype),
-                                 f=f, step=jnp.zeros((), f.dtype)))
+                                 f=f, f_power=jnp.ones((), f.dtype)))
         return state
 
     def update(self, graph, state, jac, rel_x, operands):
@@ -123,10 +146,12 @@ class ES_D_RTRL(AbstractAlgorithm):  # noqa: N801
             a_x, a_f = self.x_decay, self.f_decay
             d_y = r.gather_hidden(jac.d[r.group])
             df = jac.df[r.index]
-            dt_to_t = lambda d, t: d * t  # noqa: E731  (y-shaped trace: plain scaling)
+            dt_to_t = lambda d, t: d * t
             f = a_f * mix_states(dt_to_t, d_y, s.f) + (1.0 - a_f) * df.astype(s.f.dtype)
-            new.append(IOTrace(x=a_x * s.x + x.astype(s.x.dtype), ones=a_x * s.ones + 1.0,
-                               f=f, step=s.step + 1.0))
+            new.append(IOTrace(x=(a_x * s.x + x.astype(s.x.dtype)).astype(s.x.dtype),
+                               ones=(a_x * s.ones + 1.0).astype(s.ones.dtype),
+                               f=f.astype(s.f.dtype),
+                               f_power=(a_f * s.f_power).astype(s.f_power.dtype)))
         return new
 
     def contribution(self, graph, state, delta, operands):
@@ -138,12 +163,15 @@ class ES_D_RTRL(AbstractAlgorithm):  # noqa: N801
                 continue
             xy_to_dw = r.primitive.rule("xy_to_dw")
             signal = r.gather_hidden(signal)
-            # c_t = 1 - α_f^t; before the first step the trace is zero and c is irrelevant.
-            correction = jnp.where(s.step > 0, 1.0 - self.f_decay ** s.step, 1.0)
+            # c_t = 1 - α_f^t; before the first step (α_f^0 = 1) the trace is zero and c is
+            # irrelevant.
+            correction = jnp.where(s.f_power < 1.0, 1.0 - s.f_power, 1.0)
             d = jnp.sum(s.f * signal, axis=-1) / correction
             grad = xy_to_dw(s.x, d, theta, **r.params)
             bias_part = xy_to_dw(jnp.zeros_like(s.x), d, theta, **r.params)
-            terms.append(jax.tree.map(lambda g, b: g + (s.ones - 1.0) * b, grad, bias_part))
+            ones = s.ones
+            terms.append(jax.tree.map(lambda g, b, ones=ones: g + (ones - 1.0) * b, grad,
+                                      bias_part))
         return terms
 
     def finalize(self, graph, summed, operands):
@@ -151,8 +179,8 @@ class ES_D_RTRL(AbstractAlgorithm):  # noqa: N801
                 for r, total, theta in zip(graph.relations, summed, operands)]
 
 
-def pp_prop(decay_or_rank: float | int = 0.9, *,
-            x_decay_or_rank: float | int | None = None) -> ES_D_RTRL:
+def pp_prop(decay_or_rank: float = 0.9, *,
+            x_decay_or_rank: float | None = None) -> ES_D_RTRL:
     """Alias of :class:`ES_D_RTRL` (the name used by BrainScale's pp-prop).
 
     Example:

@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from braintrace._algorithms._base import AbstractAlgorithm, Jacobians
-from braintrace._compiler._interpret import evaluate
 from braintrace._compiler._graph import ETraceGraph
+from braintrace._compiler._interpret import evaluate
 
 __all__ = [
     "ScanCarry",
@@ -82,6 +82,10 @@ def online_step(
     _, pullback, (loss, h_out, o_out, rel_x) = jax.vjp(
         weighted_loss, list(params), zeros, has_aux=True)
     same_step, delta = pullback(jnp.ones((), dtype=jnp.result_type(loss)))
+    delta = algorithm.learning_signal(
+        graph, delta, params=params, hidden=hidden, other=other, x=x_leaves,
+        output_loss=lambda out: loss_fn(jax.tree.unflatten(graph.out_treedef, out), y_t)
+        * weight_t)
     jac = step_jacobians(graph, algorithm, params, hidden, other, x_leaves)
     traces = algorithm.update(graph, carry.traces, jac, rel_x, operands)
     term = algorithm.contribution(graph, traces, delta, operands)
@@ -185,9 +189,13 @@ def windowed_gradients(
     then the traces advance through the window step by step. Memory grows with
     ``chunk_size``, not with the sequence length.
     """
+    if not algorithm.supports_windowed:
+        raise ValueError(
+            f"{type(algorithm).__name__} with these settings is a single-step rule (e.g. "
+            "EProp(feedback='random')); call etrace_grad without chunk_size.")
     length = weights.shape[0]
     windows = length // chunk_size
-    split = lambda a: a.reshape(windows, chunk_size, *a.shape[1:])  # noqa: E731
+    split = lambda a: a.reshape(windows, chunk_size, *a.shape[1:])
     xs_w, ys_w, w_w = jax.tree.map(split, xs), jax.tree.map(split, ys), split(weights)
     operands = graph.operands(params)
     carry = init_carry(graph, algorithm, params, hidden, other, traces)

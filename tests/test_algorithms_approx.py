@@ -1,0 +1,268 @@
+"""ES-D-RTRL (pp_prop) and e-prop's random feedback (float64).
+
+* ES-D-RTRL: the rank ↔ decay mapping; its update equals an independent
+  implementation of the equations (separate α for the x and f sides, bias
+  correction ``c_t = 1 - α_f^t``); a bias learns exactly like a weight row fed
+  by a constant 1; trace sizes are ``O(B·(I + O·S))``; on a GRU and a
+  recurrent ALIF network its gradient is direction-aligned with BPTT, with
+  negative controls showing the threshold can fail.
+* EProp(feedback='random'): the signal is e-prop's ``B e`` through the exact
+  local derivatives, the readout keeps its exact gradient, it is deterministic
+  per seed, and windowed mode rejects it.
+"""
+
+import functools
+import importlib.util
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import braintrace
+from braintrace._algorithms import get_algorithm
+from braintrace._algorithms._eprop import (
+    feedback_equations,
+    feedback_signal,
+    random_feedback_operands,
+)
+from braintrace._algorithms._es_d_rtrl import IOTrace, decay_from
+
+_spec = importlib.util.spec_from_file_location(
+    "algorithms_support", pathlib.Path(__file__).with_name("test_algorithms_support.py"))
+S = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(S)
+
+
+@pytest.fixture(autouse=True)
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+# -- ES-D-RTRL -----------------------------------------------------------------------------
+
+
+def test_rank_decay_mapping():
+    assert [decay_from(r) for r in (1, 2, 3, 7)] == [0.0, 1 / 3, 0.5, 0.75]
+    assert decay_from(0.9) == 0.9 and decay_from(0.0) == 0.0
+    alg = braintrace.ES_D_RTRL(3, x_decay_or_rank=0.2)
+    assert (alg.f_decay, alg.x_decay) == (0.5, 0.2)
+    alg = braintrace.pp_prop(7)
+    assert isinstance(alg, braintrace.ES_D_RTRL) and (alg.f_decay, alg.x_decay) == (0.75, 0.75)
+    assert type(get_algorithm("pp_prop")) is braintrace.ES_D_RTRL
+    assert braintrace.OSTLFeedforward().f_decay == braintrace.OSTLFeedforward().x_decay == 0.0
+    for bad, error in [(0, ValueError), (-2, ValueError), (1.0, ValueError), (-0.1, ValueError),
+                       (True, TypeError)]:
+        with pytest.raises(error):
+            decay_from(bad)
+
+
+def _es_reference(model, xs, ys, a_f, a_x):
+    """The ES-D-RTRL equations, written out for ``h' = a ⊙ h + x W + b`` (``D = a``, ``Df = 1``)."""
+    a, w, b, wo = model.a, model.w[...], model.b[...], model.wo[...]
+    h = model.h[...]
+    eps_x = jnp.zeros_like(xs[0])
+    eps_1 = 0.0
+    eps_f = jnp.zeros_like(h)
+    grads = {"w": jnp.zeros_like(w), "b": jnp.zeros_like(b), "wo": jnp.zeros_like(wo)}
+    for t in range(xs.shape[0]):
+        h = a * h + xs[t] @ w + b
+        step_loss = lambda h, wo, y=ys[t]: S.mse(jnp.tanh(h) @ wo, y)
+        delta, d_wo = jax.grad(step_loss, argnums=(0, 1))(h, wo)
+        eps_x = a_x * eps_x + xs[t]
+        eps_1 = a_x * eps_1 + 1.0
+        eps_f = a_f * a * eps_f + (1.0 - a_f)
+        signal = eps_f * delta / (1.0 - a_f ** (t + 1))
+        grads["w"] += jnp.einsum("bi,bh->ih", eps_x, signal)
+        grads["b"] += eps_1 * jnp.sum(signal, axis=0)
+        grads["wo"] += d_wo
+    return grads
+
+
+def test_es_d_rtrl_follows_its_equations():
+    """Separate α_x, α_f and the bias correction, against a hand-written loop."""
+    xs, ys = S.data(6, 2)
+    model = S.randomize_hidden(S.DenseLeaky(2, 1))
+    want = _es_reference(model, xs, ys, a_f=0.6, a_x=0.3)
+    got = S.leaves(S.online_grads(model, braintrace.ES_D_RTRL(0.6, x_decay_or_rank=0.3), xs, ys))
+    for key in ("w", "b", "wo"):
+        np.testing.assert_allclose(got[f"{key}/value"], want[key], rtol=1e-10, atol=1e-12)
+    # the approximation is real here: this is not the BPTT gradient
+    bptt = S.leaves(S.bptt_grads(S.randomize_hidden(S.DenseLeaky(2, 1)), xs, ys))
+    assert np.max(np.abs(bptt["w/value"] - want["w"])) > 1e-2 * np.max(np.abs(want["w"]))
+
+
+@pytest.mark.parametrize("algorithm", [
+    braintrace.ES_D_RTRL(0.7, x_decay_or_rank=0.4), braintrace.pp_prop(3), braintrace.EProp(0.5),
+], ids=["es_d_rtrl-0.7-x0.4", "pp_prop-rank3", "eprop-0.5"])
+def test_bias_learns_like_a_weight_row_fed_by_one(algorithm):
+    """Same model with ``b``, or with ``x`` augmented by a 1 column and ``b`` as the last row."""
+    xs, ys = S.data(8, 2)
+    with_bias = S.randomize_hidden(S.DenseLeaky(2, 1))
+    w_aug = jnp.concatenate([with_bias.w[...], with_bias.b[...][None]], axis=0)
+    augmented = S.randomize_hidden(S.DenseLeaky(2, 1, bias=False, w=w_aug, in_features=S.I + 1))
+    xs_aug = jnp.concatenate([xs, jnp.ones((*xs.shape[:-1], 1))], axis=-1)
+    got = S.leaves(S.online_grads(with_bias, algorithm, xs, ys))
+    row = S.leaves(S.online_grads(augmented, algorithm, xs_aug, ys))
+    np.testing.assert_allclose(got["b/value"], row["w/value"][-1], rtol=1e-10)
+    np.testing.assert_allclose(got["w/value"], row["w/value"][:-1], rtol=1e-10)
+    np.testing.assert_allclose(got["wo/value"], row["wo/value"], rtol=1e-10)
+
+
+@pytest.mark.parametrize("make, num_states", [(S.GRUNet, 1), (S.RecurrentSNN, 2)],
+                         ids=["gru", "recurrent-alif"])
+def test_es_d_rtrl_trace_sizes_are_linear_in_neurons(make, num_states):
+    batch = 3
+    model = make()
+    braintrace.init_states(model, batch)
+    x = jnp.ones((batch, S.I))
+    learner = braintrace.compile(model, braintrace.ES_D_RTRL(), x)
+    graph = learner.graph
+    expected = 0
+    for r, state in zip(graph.relations, learner.traces):
+        assert graph.groups[r.group].num_states == num_states
+        if r.has_input:
+            assert isinstance(state, IOTrace)
+            (b, i), (b2, o) = r.x_shape, r.y_shape
+            assert b == b2 == batch
+            assert state.x.shape == (batch, i)
+            assert state.f.shape == (batch, o, num_states)
+            assert state.ones.shape == state.f_power.shape == ()
+            expected += batch * (i + o * num_states) + 2
+        else:  # elementwise (time constant): its trace is shaped like the hidden group
+            (leaf,) = jax.tree.leaves(state)
+            assert leaf.shape == (*graph.groups[r.group].shape, num_states)
+            expected += leaf.size
+    es_size = sum(leaf.size for leaf in jax.tree.leaves(learner.traces))
+    assert es_size == expected
+    d_rtrl = braintrace.compile(make(), braintrace.D_RTRL(), jnp.ones(S.I))  # per sample
+    per_sample_d_rtrl = sum(leaf.size for leaf in jax.tree.leaves(d_rtrl.traces))
+    assert es_size < batch * per_sample_d_rtrl
+
+
+def _traced_cosine(a, b):
+    """Cosine over the traced Params (the readout ``out`` learns exactly by same-step gradients)."""
+    la, lb = S.leaves(a), S.leaves(b)
+    keys = sorted(k for k in la if not k.startswith("out/"))
+    return S.cosine(np.concatenate([la[k].ravel() for k in keys]),
+                    np.concatenate([lb[k].ravel() for k in keys]))
+
+
+def _batched(make, batch, scale=0.5):
+    model = make()
+    braintrace.init_states(model, batch)
+    return S.randomize_hidden(model, scale=scale)
+
+
+# measured cosines with BPTT over traced Params (T = 20, B = 3):
+#   GRU: ES-D-RTRL 0.784; time-reversed targets 0.629; time-shuffled inputs 0.522
+#   recurrent LIF: ES-D-RTRL 0.967; time-reversed targets -0.140; time-shuffled inputs 0.636
+#   recurrent ALIF: ES-D-RTRL 0.987; time-reversed targets 0.381; time-shuffled inputs -0.243
+@pytest.mark.parametrize("make, input_scale, threshold", [
+    (S.GRUNet, 1.0, 0.70),
+    (functools.partial(S.RecurrentSNN, neuron="lif"), 2.0, 0.92),
+    (S.RecurrentSNN, 2.0, 0.95),
+], ids=["gru", "recurrent-lif", "recurrent-alif"])
+def test_es_d_rtrl_direction_aligned_with_bptt(make, input_scale, threshold):
+    xs, ys = S.data(20, 3, scale=input_scale)
+    ys = 3.0 * ys  # targets dominate the error, so a wrong signal points elsewhere
+    want = S.bptt_grads(_batched(make, 3), xs, ys)
+    S.assert_live(want)
+    runner = S.Runner(_batched(make, 3), braintrace.ES_D_RTRL(), xs[0])
+    assert _traced_cosine(runner.grads(xs, ys), want) >= threshold
+    # negative controls, same algorithm and threshold: a wrong learning signal fails the check
+    assert _traced_cosine(runner.grads(xs, ys[::-1]), want) < threshold
+    shuffled = xs[jax.random.permutation(jax.random.key(3), xs.shape[0])]
+    assert _traced_cosine(runner.grads(shuffled, ys), want) < threshold
+
+
+# -- e-prop with random feedback -------------------------------------------------------------
+
+
+def _step_inputs(learner, x):
+    _, params, hidden, other = S.split_model(learner.model)
+    return jax.tree.leaves(params), jax.tree.leaves(hidden), jax.tree.leaves(other), [x]
+
+
+def test_feedback_signal_is_exact_with_real_weights_and_random_otherwise():
+    xs, ys = S.data(1, 3)
+    model = _batched(S.GRUNet, 3)
+    learner = braintrace.compile(model, braintrace.EProp(feedback="random"), xs[0])
+    graph = learner.graph
+    params, hidden, other, x = _step_inputs(learner, xs[0])
+
+    def output_loss(out):
+        return S.mse(jax.tree.unflatten(graph.out_treedef, out), ys[0])
+
+    _, pullback = jax.vjp(
+        lambda p: output_loss(graph.forward(params, hidden, other, x, p)[0]),
+        [jnp.zeros_like(h) for h in hidden])
+    (exact,) = pullback(jnp.ones(()))
+    # only the readout reads the new hidden state (not dense_i / dense_h, which read x, h^{t-1})
+    (readout,) = feedback_equations(graph)
+    kernel = params[graph.param_paths.index("out.kernel")]
+    with_real = feedback_signal(graph, {readout: {1: kernel}}, params, hidden, other, x,
+                                output_loss)
+    np.testing.assert_allclose(with_real[0], exact[0], rtol=1e-12)
+    operands = random_feedback_operands(graph, seed=0)
+    assert set(operands) == {readout} and operands[readout][1].shape == kernel.shape
+    with_random = feedback_signal(graph, operands, params, hidden, other, x, output_loss)
+    assert S.cosine(np.ravel(with_random[0]), np.ravel(exact[0])) < 0.9
+
+
+def test_random_feedback_is_eprop_learning_signal_on_leaky_model():
+    """``L^t = (1 - tanh²h^t) ⊙ (e^t Bᵀ)``, ``e^t = ∂L_t/∂y^t``; filtered D-RTRL traces
+    ``ē^t = κ ē^{t-1} + ε^t``; exact readout."""
+    kappa = 0.4
+    xs, ys = S.data(6, 2)
+    model = S.randomize_hidden(S.DenseLeaky(2, 1))
+    a, w, b, wo, h = model.a, model.w[...], model.b[...], model.wo[...], model.h[...]
+    bptt = S.leaves(S.bptt_grads(model, xs, ys))
+    learner = braintrace.compile(model, braintrace.EProp(kappa, feedback="random", seed=3),
+                                 xs[0])
+    (readout,) = feedback_equations(learner.graph)
+    fb = random_feedback_operands(learner.graph, seed=3)[readout][1]
+    assert fb.shape == wo.shape and not np.allclose(fb, wo)
+    got = S.leaves(learner.etrace_grad(xs, ys, S.mse, reduction="sum"))
+
+    eps_w, eps_b = jnp.zeros((2, *w.shape)), jnp.zeros((2, *b.shape))
+    bar_w, bar_b = eps_w, eps_b
+    want_w, want_b = jnp.zeros_like(w), jnp.zeros_like(b)
+    for t in range(xs.shape[0]):
+        h = a * h + xs[t] @ w + b
+        error = jax.grad(S.mse)(jnp.tanh(h) @ wo, ys[t])
+        signal = (1.0 - jnp.tanh(h) ** 2) * (error @ fb.T)
+        eps_w = a * eps_w + xs[t][:, :, None]
+        eps_b = a * eps_b + 1.0
+        bar_w, bar_b = kappa * bar_w + eps_w, kappa * bar_b + eps_b
+        want_w += jnp.einsum("bih,bh->ih", bar_w, signal)
+        want_b += jnp.sum(bar_b * signal, axis=0)
+    np.testing.assert_allclose(got["w/value"], want_w, rtol=1e-10)
+    np.testing.assert_allclose(got["b/value"], want_b, rtol=1e-10)
+    np.testing.assert_allclose(got["wo/value"], bptt["wo/value"], rtol=1e-10)  # exact readout
+    assert np.max(np.abs(got["w/value"] - bptt["w/value"])) > 1e-2 * np.max(np.abs(want_w))
+
+
+def test_random_feedback_is_deterministic_per_seed():
+    xs, ys = S.data(5, 3, scale=2.0)
+    runs = []
+    for seed in (0, 1):
+        runner = S.Runner(_batched(S.RecurrentSNN, 3, 1.5),
+                          braintrace.EProp(0.3, feedback="random", seed=seed), xs[0])
+        runs.append([S.leaves(runner.grads(xs, ys)) for _ in range(1 + (seed == 0))])
+    (first, again), (other,) = runs
+    for k in first:
+        np.testing.assert_array_equal(first[k], again[k])
+    assert not np.allclose(first["rec/dense_i/kernel/value"], other["rec/dense_i/kernel/value"])
+    np.testing.assert_allclose(first["out/kernel/value"], other["out/kernel/value"], rtol=1e-12)
+
+
+def test_random_feedback_options_are_checked():
+    with pytest.raises(ValueError, match="feedback"):
+        braintrace.EProp(feedback="transposed")
+    xs, ys = S.data(4, None)
+    learner = braintrace.compile(S.DenseLeaky(), braintrace.EProp(feedback="random"), xs[0])
+    with pytest.raises(ValueError, match="single-step"):
+        learner.etrace_grad(xs, ys, S.mse, chunk_size=2)
