@@ -33,6 +33,7 @@ from braintrace._primitive import register_primitive as register_primitive
 from braintrace._states import init_states as init_states
 from braintrace._trainer import OnlineTrainer as OnlineTrainer
 from braintrace._version import __version__ as __version__
+from braintrace import tasks as tasks  # noqa: E402  (a public submodule)
 
 __all__ = [
     "AbstractAlgorithm",
@@ -63,4 +64,5 @@ __all__ = [
     "matmul",
     "register_batched_counterpart",
     "register_primitive",
+    "tasks",
 ]

@@ -70,6 +70,21 @@ def dense_dt_to_t(d, trace, **params) -> dict[str, jax.Array]:
     return {key: value * d for key, value in trace.items()}
 
 
+def output_axis_contract(d, trace, **params) -> dict[str, jax.Array]:
+    """``Σ_{lead} Σ_s trace[..., o, s] · d[..., o, s]`` per key, as one einsum each.
+
+    The closed form of contracting a trace scaled along its output axis (the
+    ``dt_to_t`` of dense and LoRA) with a signal ``d: (*lead, O, S)``; traces are
+    ``(*lead, O, S)`` or ``(*lead, X, O, S)``.
+    """
+    del params
+    out = {}
+    for key, value in trace.items():
+        spec = "...os,...os->o" if value.ndim == d.ndim else "...xos,...os->xo"
+        out[key] = jnp.einsum(spec, value, d.astype(value.dtype))
+    return out
+
+
 def dense_init_drtrl(x, y, theta, num_states: int) -> dict[str, jax.Array]:
     """Per-sample D-RTRL trace: ``(*θ_key.shape, S)`` zeros for each key."""
     del x, y
@@ -90,6 +105,7 @@ register_batched_counterpart(etp_dense_p, etp_dense_batched_p)
 for _p in (etp_dense_p, etp_dense_batched_p):
     _p.register_etp_rules(dt_to_t=dense_dt_to_t, xy_to_dw=dense_xy_to_dw,
                           init_drtrl=dense_init_drtrl, init_pp=dense_init_pp)
+    _p.register_contract(output_axis_contract)
 
 
 def matmul(

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from braintrace._dense import output_axis_contract
 from braintrace._primitive import ETPPrimitive, register_batched_counterpart, register_primitive
 
 __all__ = ["etp_lora_batched_p", "etp_lora_p", "lora_matmul"]
@@ -120,6 +121,7 @@ for _p in (etp_lora_p, etp_lora_batched_p):
     _p.register_etp_rules(dt_to_t=lora_dt_to_t, xy_to_dw=lora_xy_to_dw,
                           init_drtrl=lora_init_drtrl, init_pp=lora_init_pp)
     _p.register_trace_space_rules(xy_to_trace=lora_xy_to_trace, trace_to_dw=lora_trace_to_dw)
+    _p.register_contract(output_axis_contract)
 
 
 def lora_matmul(

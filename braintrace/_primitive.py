@@ -33,6 +33,9 @@ RULE_NAMES = ("dt_to_t", "xy_to_dw", "init_drtrl", "init_pp")
 TRACE_SPACE_RULE_NAMES = ("xy_to_trace", "trace_to_dw")
 """Optional rules for primitives whose D-RTRL trace is not shaped like ``θ``."""
 
+FAST_RULE_NAMES = ("contract",)
+"""Optional closed-form versions of what the algorithms otherwise build from ``dt_to_t``."""
+
 _REGISTRY: dict[str, ETPPrimitive] = {}
 
 
@@ -222,6 +225,17 @@ class ETPPrimitive(jex_core.Primitive):
         self._rules[name] = fn
         return fn
 
+    def register_contract(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Registers a closed-form ``contract(d, trace, **params) -> trace``; returns ``fn``.
+
+        ``contract`` must equal ``Σ_{lead} Σ_s dt_to_t(d[..., s], trace[..., s])``: the
+        trace contracted with a signal ``d`` ``(*lead, *y, S)`` over its states and
+        over the leading (batch) axes it shares with ``d``. Without it, the
+        algorithms build the same sum from ``dt_to_t``; with it, one einsum
+        replaces a materialised product and a reduction over the batch axis.
+        """
+        return self._register_rule("contract", fn)
+
     def has_rule(self, name: str) -> bool:
         """Whether the rule ``name`` was registered."""
         return name in self._rules
@@ -233,9 +247,9 @@ class ETPPrimitive(jex_core.Primitive):
             MissingRuleError: The rule was never registered; the message names
                 the primitive, the rule and the method that registers it.
         """
-        if name not in RULE_NAMES + TRACE_SPACE_RULE_NAMES:
+        if name not in RULE_NAMES + TRACE_SPACE_RULE_NAMES + FAST_RULE_NAMES:
             raise ValueError(f"Unknown ETP rule '{name}'; known rules: "
-                             f"{RULE_NAMES + TRACE_SPACE_RULE_NAMES}.")
+                             f"{RULE_NAMES + TRACE_SPACE_RULE_NAMES + FAST_RULE_NAMES}.")
         try:
             return self._rules[name]
         except KeyError:

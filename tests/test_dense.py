@@ -335,3 +335,24 @@ def test_registered_in_registry():
     prims = braintrace.etp_primitives()
     assert prims["etp_dense"] is etp_dense_p
     assert prims["etp_dense_batched"] is etp_dense_batched_p
+
+
+@pytest.mark.parametrize("primitive", ["dense", "lora"])
+@pytest.mark.parametrize("num_states", [1, 3])
+@pytest.mark.parametrize("lead", [(), (4,)])
+def test_closed_form_contract_equals_general_form(primitive, num_states, lead):
+    from braintrace._algorithms._base import contract_states
+
+    prim = braintrace.etp_dense_p if primitive == "dense" else braintrace.etp_lora_p
+    rng = np.random.default_rng(0)
+    shapes = ({"kernel": (3, 5), "bias": (5,)} if primitive == "dense"
+              else {"lora_a": (3, 5), "lora_b": (2, 5), "bias": (5,)})
+    trace = {k: jnp.asarray(rng.normal(size=(*lead, *s, num_states))) for k, s in shapes.items()}
+    d = jnp.asarray(rng.normal(size=(*lead, 5, num_states)))
+    per_sample = lambda d, t: contract_states(prim.rule("dt_to_t"), d, t)  # noqa: E731
+    general = jax.vmap(per_sample)(d, trace) if lead else per_sample(d, trace)
+    if lead:
+        general = jax.tree.map(lambda a: a.sum(0), general)
+    closed = prim.rule("contract")(d, trace)
+    for key in shapes:
+        np.testing.assert_allclose(closed[key], general[key], rtol=1e-5, atol=1e-5)

@@ -107,9 +107,12 @@ def drtrl_contribution(r: Relation, eps: Any, signal: jax.Array) -> Any:
     """``Σ_b Σ_s δ_{b,·,s} · ε_{b,…,s}`` for relation ``r``; ``signal`` is ``δ_g (*V, S)``."""
     if not r.has_input:
         return r.scatter_to_y(jnp.sum(signal * eps["weight"], axis=-1))
+    signal = r.gather_hidden(signal)
+    if r.primitive.has_rule("contract"):
+        return r.primitive.rule("contract")(signal, eps, **r.params)
     dt_to_t = r.primitive.rule("dt_to_t")
     contract = per_sample(lambda e, s: contract_states(dt_to_t, s, e, **r.params), r)
-    term = contract(eps, r.gather_hidden(signal))
+    term = contract(eps, signal)
     if r.batched:
         term = jax.tree.map(lambda a: jnp.sum(a, axis=0), term)
     return term

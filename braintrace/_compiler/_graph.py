@@ -332,9 +332,14 @@ class ETraceGraph:
     def operand_pullback(
         self, params: Sequence[jax.Array], cotangents: Sequence[dict[str, jax.Array]]
     ) -> list[jax.Array]:
-        """Maps gradients of the relations' operands to gradients of the Params."""
-        _, pullback = jax.vjp(self._operand_fn, list(params))
-        (grads,) = pullback(list(cotangents))
+        """Maps gradients of the relations' operands to gradients of the Params.
+
+        Each cotangent is cast to its operand's dtype (traces keep the Params'
+        dtype, while an operand may be promoted, e.g. by Flax's ``dtype``).
+        """
+        operands, pullback = jax.vjp(self._operand_fn, list(params))
+        cotangents = jax.tree.map(lambda c, o: c.astype(o.dtype), list(cotangents), operands)
+        (grads,) = pullback(cotangents)
         return grads
 
     def jacobians(
