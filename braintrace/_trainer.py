@@ -70,8 +70,12 @@ class OnlineTrainer:
         self.opt_state = tx.init(params)
         self._run = jax.jit(self._run_impl)
 
-    def step(self, xs: Any, ys: Any) -> jax.Array:
+    def step(self, xs: Any, ys: Any, mask: jax.Array | None = None) -> jax.Array:
         """Learns online from one batch of sequences (time axis leading).
+
+        Each update applies the mean gradient of the steps since the last one,
+        each step weighted by ``mask[t]`` (all ones by default: steps outside
+        a scored window can be given weight 0).
 
         Hidden state and traces continue from where they are; Params, the
         optimiser state, hidden state and traces are written back.
@@ -90,7 +94,11 @@ class OnlineTrainer:
                 f"The sequence length {length} must be a multiple of update_every="
                 f"{self.update_every}.")
         params, hidden, other = learner._leaves()  # noqa: SLF001
-        out = self._run(params, self.opt_state, hidden, other, learner.traces, xs, ys)
+        mask = jnp.ones((length,)) if mask is None else jnp.asarray(mask)
+        if mask.shape != (length,):
+            raise ValueError(f"mask must have shape ({length},), got {mask.shape}.")
+        weights = (mask / self.update_every).astype(jnp.result_type(*params))
+        out = self._run(params, self.opt_state, hidden, other, learner.traces, xs, ys, weights)
         params, opt_state, hidden, other, traces, losses, failed_at = out
         failed_at = int(failed_at)
         if failed_at >= 0:
@@ -120,7 +128,9 @@ class OnlineTrainer:
         """Trains over an iterable of ``(xs, ys)`` batches for ``epochs`` passes.
 
         Args:
-            batches: ``(xs, ys)`` pairs, time axis leading. Re-iterated each epoch.
+            batches: ``(xs, ys)`` or ``(xs, ys, mask)`` tuples (e.g. the
+                :class:`braintrace.tasks.Batch` of a built-in task), time axis
+                leading.
             epochs: Number of passes.
             reset_each_batch: Start every batch from fresh hidden state and traces
                 (independent sequences).
@@ -135,37 +145,36 @@ class OnlineTrainer:
         batches = list(batches)
         bar = tqdm(total=epochs * len(batches), disable=not progress, desc="online training")
         for _ in range(epochs):
-            for xs, ys in batches:
+            for batch in batches:
                 if reset_each_batch:
                     self.learner.reset()
-                history.append(float(jnp.mean(self.step(xs, ys))))
+                history.append(float(jnp.mean(self.step(*batch))))
                 bar.set_postfix(loss=f"{history[-1]:.4g}")
                 bar.update()
         bar.close()
         return history
 
-    def _run_impl(self, params, opt_state, hidden, other, traces, xs, ys):
+    def _run_impl(self, params, opt_state, hidden, other, traces, xs, ys, weights):
         graph, algorithm = self.learner.graph, self.learner.algorithm
         k = self.update_every
         length = jax.tree.leaves(xs)[0].shape[0]
         windows = length // k
         split = lambda a: a.reshape(windows, k, *a.shape[1:])  # noqa: E731
-        weight = jnp.asarray(1.0 / k, jnp.result_type(*params))
         carry = _TrainCarry(list(params), opt_state,
                             init_carry(graph, algorithm, params, hidden, other, traces),
                             jnp.asarray(-1, jnp.int32))
 
         def window(carry: _TrainCarry, inputs):
-            xw, yw, t0 = inputs
+            xw, yw, ww, t0 = inputs
             operands = graph.operands(carry.params)
             fresh = init_carry(graph, algorithm, carry.params, carry.step_carry.hidden,
                                carry.step_carry.other, carry.step_carry.traces)
 
             def body(c, xy):
                 return online_step(graph, algorithm, self.loss_fn, carry.params, operands, c,
-                                   xy[0], xy[1], weight)
+                                   xy[0], xy[1], xy[2])
 
-            step_carry, losses = jax.lax.scan(body, fresh, (xw, yw))
+            step_carry, losses = jax.lax.scan(body, fresh, (xw, yw, ww))
             operand_grads = algorithm.finalize(graph, step_carry.summed, operands)
             traced = graph.operand_pullback(carry.params, operand_grads)
             grads = [s + t.astype(s.dtype) for s, t in zip(step_carry.same_step, traced)]
@@ -182,7 +191,8 @@ class OnlineTrainer:
 
         starts = jnp.arange(windows, dtype=jnp.int32) * k
         carry, losses = jax.lax.scan(
-            window, carry, (jax.tree.map(split, xs), jax.tree.map(split, ys), starts))
+            window, carry, (jax.tree.map(split, xs), jax.tree.map(split, ys), split(weights),
+                            starts))
         sc = carry.step_carry
         return (carry.params, carry.opt_state, sc.hidden, sc.other, sc.traces,
                 losses.reshape(length), carry.failed_at)

@@ -278,3 +278,18 @@ def test_per_sample_model_under_nnx_vmap_learns_exactly():
         learner = braintrace.compile(model, "d_rtrl", xs[0])
         assert learner.graph.traced_param_paths == ("inner.lin.bias", "inner.lin.kernel")
         assert max_rel_error(learner.etrace_grad(xs, ys, mse), reference) < 1e-8
+
+
+def test_trainer_mask_zero_weights_leave_params_unchanged_and_batches_may_carry_masks():
+    xs, ys = data(4)
+    model = LeakyNet(nnx.Rngs(0))
+    learner = braintrace.compile(model, "d_rtrl", xs[0], batch_size=B)
+    trainer = braintrace.OnlineTrainer(learner, optax.sgd(0.1), loss_fn=mse)
+    before = [np.asarray(p) for p in jax.tree.leaves(nnx.state(model, nnx.Param))]
+    trainer.step(xs, ys, jnp.zeros(4))
+    for a, b in zip(before, jax.tree.leaves(nnx.state(model, nnx.Param))):
+        np.testing.assert_array_equal(a, b)
+    history = trainer.fit([(xs, ys, jnp.array([0.0, 0.0, 1.0, 1.0]))], progress=False)
+    assert len(history) == 1
+    assert any(not np.array_equal(a, b)
+               for a, b in zip(before, jax.tree.leaves(nnx.state(model, nnx.Param))))
