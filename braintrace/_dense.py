@@ -71,16 +71,16 @@ def dense_dt_to_t(d, trace, **params) -> dict[str, jax.Array]:
 
 
 def output_axis_contract(d, trace, **params) -> dict[str, jax.Array]:
-    """``Σ_{lead} Σ_s trace[..., o, s] · d[..., o, s]`` per key, as one einsum each.
+    """``Σ_{lead} dt_to_t(d, trace)``: a trace contracted with a signal, as one einsum per key.
 
-    The closed form of contracting a trace scaled along its output axis (the
-    ``dt_to_t`` of dense and LoRA) with a signal ``d: (*lead, O, S)``; traces are
-    ``(*lead, O, S)`` or ``(*lead, X, O, S)``.
+    The closed form for traces scaled along their output axis (the ``dt_to_t``
+    of dense and LoRA): ``d`` is ``(*lead, O)``, each trace ``(*lead, O)`` or
+    ``(*lead, X, O)``; the shared leading (batch) axes are summed.
     """
     del params
     out = {}
     for key, value in trace.items():
-        spec = "...os,...os->o" if value.ndim == d.ndim else "...xos,...os->xo"
+        spec = "...o,...o->o" if value.ndim == d.ndim else "...xo,...o->xo"
         out[key] = jnp.einsum(spec, value, d.astype(value.dtype))
     return out
 

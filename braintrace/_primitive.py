@@ -228,9 +228,9 @@ class ETPPrimitive(jex_core.Primitive):
     def register_contract(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Registers a closed-form ``contract(d, trace, **params) -> trace``; returns ``fn``.
 
-        ``contract`` must equal ``Σ_{lead} Σ_s dt_to_t(d[..., s], trace[..., s])``: the
-        trace contracted with a signal ``d`` ``(*lead, *y, S)`` over its states and
-        over the leading (batch) axes it shares with ``d``. Without it, the
+        ``contract`` must equal ``Σ_{lead} dt_to_t(d, trace)``: one state's trace
+        (``(*lead, *θ)``) contracted with a signal ``d`` (``(*lead, *y)``) and
+        summed over the leading (batch) axes they share. Without it, the
         algorithms build the same sum from ``dt_to_t``; with it, one einsum
         replaces a materialised product and a reduction over the batch axis.
         """

@@ -144,16 +144,17 @@ def per_sample(fn: Callable[..., Any], relation: Relation) -> Callable[..., Any]
     return jax.vmap(fn) if relation.batched else fn
 
 
-def mix_states(dt_to_t: Callable[..., Any], d: jax.Array, trace: Any, **params: Any) -> Any:
-    """``out[..., s] = Σ_{s'} dt_to_t(d[..., s, s'], trace[..., s'])``.
+def mix_states(dt_to_t: Callable[..., Any], d: jax.Array, trace: Any, *,
+               state_axis: int = -1, **params: Any) -> Any:
+    """``out[s] = Σ_{s'} dt_to_t(d[..., s, s'], trace[s'])``, states on ``state_axis``.
 
-    Applies an ``(S, S)`` per-unit matrix to a trace whose last axis holds the
-    ``S`` states, through the primitive's ``dt_to_t`` rule. The result keeps
+    Applies an ``(S, S)`` per-unit matrix to a trace whose ``state_axis`` holds
+    the ``S`` states, through the primitive's ``dt_to_t`` rule. The result keeps
     the trace's dtype (``D`` may be wider, e.g. float32 hidden state and
     bfloat16 Params).
     """
     num_states = d.shape[-1]
-    take = lambda s: jax.tree.map(lambda e: e[..., s], trace)
+    take = lambda s: jax.tree.map(lambda e: jnp.take(e, s, axis=state_axis), trace)  # noqa: E731
     rows = []
     for s in range(num_states):
         total = None
@@ -161,16 +162,17 @@ def mix_states(dt_to_t: Callable[..., Any], d: jax.Array, trace: Any, **params: 
             term = dt_to_t(d[..., s, s2], take(s2), **params)
             total = term if total is None else jax.tree.map(jnp.add, total, term)
         rows.append(total)
-    mixed = jax.tree.map(lambda *r: jnp.stack(r, axis=-1), *rows)
+    mixed = jax.tree.map(lambda *r: jnp.stack(r, axis=state_axis), *rows)
     return jax.tree.map(lambda m, t: m.astype(t.dtype), mixed, trace)
 
 
-def contract_states(dt_to_t: Callable[..., Any], delta: jax.Array, trace: Any,
-                    **params: Any) -> Any:
-    """``Σ_s dt_to_t(δ[..., s], trace[..., s])``: a trace contracted with a signal."""
+def contract_states(dt_to_t: Callable[..., Any], delta: jax.Array, trace: Any, *,
+                    state_axis: int = -1, **params: Any) -> Any:
+    """``Σ_s dt_to_t(δ[..., s], trace[s])``: a trace contracted with a signal."""
     total = None
     for s in range(delta.shape[-1]):
-        term = dt_to_t(delta[..., s], jax.tree.map(lambda e, s=s: e[..., s], trace), **params)
+        state = jax.tree.map(lambda e, s=s: jnp.take(e, s, axis=state_axis), trace)
+        term = dt_to_t(delta[..., s], state, **params)
         total = term if total is None else jax.tree.map(jnp.add, total, term)
     return total
 
