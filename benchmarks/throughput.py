@@ -1,0 +1,291 @@
+"""Time per step and compile time: BPTT vs online learning, measured in the same run.
+
+For each model, one training pass over ``T`` steps is compiled and then run
+``--repeats`` times; the methods are run round-robin (BPTT, D_RTRL, ES_D_RTRL,
+BPTT, ...) so that a change in machine load hits all of them alike. Reported:
+
+* ``compile_s``: tracing + lowering + XLA compilation of the pass, timed on
+  ``.lower(...).compile()`` (for the online methods also ``braintrace.compile``,
+  which builds the trace graph: ``graph_compile_s``);
+* ``step_us``: median (and min) wall time of a pass / ``T``, after compilation,
+  outputs blocked on (``block_until_ready``);
+* ``ratio_to_bptt``: median step time / BPTT's median step time.
+
+``--profile`` (on by default, off with ``--quick``) also splits one online step
+into its parts, inside the fused scan: the forward pass with the learning
+signal (VJP), the hidden Jacobians, the trace update and the gradient
+contribution (see :func:`profile_step`).
+
+Usage::
+
+    python benchmarks/throughput.py                 # hidden 256, input 64, batch 16
+    python benchmarks/throughput.py --quick         # seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from _models import (
+    FULL,
+    MODELS,
+    QUICK,
+    block,
+    bptt_grad_fn,
+    build,
+    count_params,
+    data,
+    environment,
+    mse,
+    timed,
+    write_json,
+)
+
+import braintrace
+
+NAME = "throughput"
+METHODS = ("bptt", "d_rtrl", "es_d_rtrl")
+TARGETS = {"es_d_rtrl": 1.5, "d_rtrl": 3.0}
+
+
+def prepare(model_name: str, method: str, cfg: dict, xs, ys):
+    """Compiles one training pass; returns ``(run, compile_s, extra)``."""
+    H, I, O, B = cfg["hidden"], cfg["inputs"], cfg["outputs"], cfg["batch"]
+    model = build(model_name, I, H, O, B)
+    start = time.perf_counter()
+    if method == "bptt":
+        grad_fn, params, hidden = bptt_grad_fn(model)
+        lowered = grad_fn.lower(params, hidden, xs, ys)
+        lower_s = time.perf_counter() - start
+        compiled = lowered.compile()
+        xla_s = time.perf_counter() - start - lower_s
+
+        def run():
+            return compiled(params, hidden, xs, ys)
+
+        extra = {"graph_compile_s": 0.0}
+    else:
+        learner = braintrace.compile(model, method, xs[0], batch_size=B)
+        graph_s = time.perf_counter() - start
+        lowered = learner.lower_etrace_grad(xs, ys, mse)
+        lower_s = time.perf_counter() - start - graph_s
+        lowered.compile()
+        xla_s = time.perf_counter() - start - graph_s - lower_s
+        trace_bytes = sum(int(np.size(a)) * jnp.dtype(a.dtype).itemsize
+                          for a in jax.tree.leaves(learner.traces))
+
+        def run():
+            return learner.etrace_grad(xs, ys, mse)
+
+        extra = {"graph_compile_s": graph_s, "trace_bytes": trace_bytes}
+    extra.update({"trace_lower_s": lower_s, "xla_compile_s": xla_s})
+    compile_s = time.perf_counter() - start
+    return run, compile_s, extra
+
+
+def profile_step(model_name: str, method: str, cfg: dict, xs, ys, repeats: int) -> dict:
+    """Where the time of one online step goes, measured inside the fused scan.
+
+    Four scans over the same ``T`` steps, each adding one part of
+    ``online_step`` (``braintrace/_algorithms/_scan.py``): (1) forward pass and
+    learning signal (VJP), (2) + hidden Jacobians ``D``, ``Df``, (3) + trace
+    update, (4) + gradient contribution (= the full step). The differences are
+    each part's marginal cost per step (microseconds). Every stage keeps its
+    results alive (summed into the carry) so XLA cannot drop them.
+    """
+    from braintrace._algorithms._scan import init_carry, step_jacobians
+
+    H, I, O, B = cfg["hidden"], cfg["inputs"], cfg["outputs"], cfg["batch"]
+    learner = braintrace.compile(build(model_name, I, H, O, B), method, xs[0], batch_size=B)
+    graph, alg = learner.graph, learner.algorithm
+    params, hidden, other = learner._leaves()
+    operands = graph.operands(params)
+    carry0 = init_carry(graph, alg, params, hidden, other, learner.traces)
+    T = xs.shape[0]
+
+    def make(stage: int):
+        def body(c, xy):
+            h, o, traces, summed, keep = c
+            x_t, y_t = xy
+            x_leaves = [x_t]
+            zeros = [jnp.zeros_like(a) for a in h]
+
+            def loss(p, pert):
+                out, h2, o2, rel_x = graph.forward(p, h, o, x_leaves, pert)
+                return mse(jax.tree.unflatten(graph.out_treedef, out), y_t), (h2, o2, rel_x)
+
+            _, pullback, (h2, o2, rel_x) = jax.vjp(loss, list(params), zeros, has_aux=True)
+            same, delta = pullback(jnp.ones((), jnp.float32))
+            keep = keep + sum(jnp.sum(a) for a in jax.tree.leaves((same, delta)))
+            if stage >= 2:
+                jac = step_jacobians(graph, alg, params, h, o, x_leaves)
+                if stage == 2:
+                    keep = keep + sum(jnp.sum(a) for a in jax.tree.leaves((jac.d, jac.df)))
+            if stage >= 3:
+                traces = alg.update(graph, traces, jac, rel_x, operands)
+            if stage >= 4:
+                term = alg.contribution(graph, traces, delta, operands)
+                summed = jax.tree.map(jnp.add, summed, term)
+            return (list(h2), list(o2), traces, summed, keep), None
+
+        def run(xs, ys):
+            c = (carry0.hidden, carry0.other, carry0.traces, carry0.summed, jnp.zeros(()))
+            return jax.lax.scan(body, c, (xs, ys))[0]
+
+        return jax.jit(run)
+
+    labels = ("forward_and_learning_signal_vjp", "jacobians", "trace_update", "contribution")
+    cumulative = {}
+    for stage, label in enumerate(labels, start=1):
+        fn = make(stage)
+        block(fn(xs, ys))
+        cumulative[label] = float(np.median([timed(lambda fn=fn: fn(xs, ys))
+                                             for _ in range(repeats)]) / T * 1e6)
+    marginal, previous = {}, 0.0
+    for label in labels:
+        marginal[label] = cumulative[label] - previous
+        previous = cumulative[label]
+    return {"cumulative_us_per_step": cumulative, "marginal_us_per_step": marginal,
+            "full_step_us": cumulative[labels[-1]]}
+
+
+def plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(results)
+    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4), squeeze=False)
+    colours = {"bptt": "tab:red", "d_rtrl": "tab:blue", "es_d_rtrl": "tab:green"}
+    for ax, model in zip(axes[0], models):
+        methods = list(results[model]["methods"])
+        vals = [results[model]["methods"][m]["step_us_median"] for m in methods]
+        bars = ax.bar(methods, vals, color=[colours.get(m, "grey") for m in methods])
+        for bar, m in zip(bars, methods):
+            ratio = results[model]["methods"][m]["ratio_to_bptt"]
+            ax.annotate(f"{ratio:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        ha="center", va="bottom", fontsize=8)
+        for m, target in TARGETS.items():
+            if m in methods:
+                ax.axhline(target * results[model]["methods"]["bptt"]["step_us_median"],
+                           color=colours[m], ls=":", lw=1, label=f"{m} target {target}x")
+        ax.set_yscale("log")
+        ax.set_ylabel("µs per step (median)")
+        ax.set_title(f"{model}: time per step")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny sizes, seconds")
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--models", default=None,
+                   help="comma-separated (default snn,gru; gru with --quick)")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--length", type=int, default=None, help="steps per pass (T)")
+    p.add_argument("--repeats", type=int, default=None, help="timed passes per method")
+    p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=None,
+                   help="also time the parts of one online step (default: on, off with --quick)")
+    args = p.parse_args(argv)
+    cfg = QUICK if args.quick else FULL
+    T = args.length or (20 if args.quick else 200)
+    repeats = args.repeats or (3 if args.quick else 7)
+    methods = args.methods.split(",")
+    do_profile = (not args.quick) if args.profile is None else args.profile
+    if "bptt" not in methods:
+        methods = ["bptt", *methods]
+    start_all = time.perf_counter()
+    results = {}
+    models = args.models.split(",") if args.models else (["gru"] if args.quick else list(MODELS))
+    for model_name in models:
+        xs, ys = data(model_name, T, cfg["inputs"], cfg["outputs"], cfg["batch"])
+        runs, entry = {}, {}
+        for method in methods:
+            run, compile_s, extra = prepare(model_name, method, cfg, xs, ys)
+            block(run())  # warm
+            runs[method] = run
+            entry[method] = {"compile_s": compile_s, **extra}
+        times = {m: [] for m in methods}
+        for _ in range(repeats):  # round-robin: load changes hit every method alike
+            for m in methods:
+                times[m].append(timed(runs[m]))
+        for m in methods:
+            t = np.asarray(times[m]) / T * 1e6
+            entry[m].update({"step_us_median": float(np.median(t)), "step_us_min": float(t.min()),
+                             "step_us_all": t.tolist()})
+        base = entry["bptt"]["step_us_median"]
+        base_min = entry["bptt"]["step_us_min"]
+        for m in methods:
+            entry[m]["ratio_to_bptt"] = entry[m]["step_us_median"] / base
+            entry[m]["ratio_to_bptt_min"] = entry[m]["step_us_min"] / base_min
+            if m in TARGETS:
+                entry[m]["target_ratio"] = TARGETS[m]
+                entry[m]["meets_target"] = bool(entry[m]["ratio_to_bptt"] <= TARGETS[m])
+        model_params = count_params(build(model_name, cfg["inputs"], cfg["hidden"],
+                                          cfg["outputs"], cfg["batch"]))
+        results[model_name] = {"num_params": model_params, "methods": entry}
+        if do_profile:
+            prof = {}
+            for m in methods:
+                if m == "bptt":
+                    continue
+                try:
+                    prof[m] = profile_step(model_name, m, cfg, xs, ys, max(repeats, 5))
+                except Exception as e:  # noqa: BLE001  (internals may move; keep the timings)
+                    prof[m] = {"error": f"{type(e).__name__}: {e}"}
+            results[model_name]["profile_us"] = prof
+        for m in methods:
+            e = entry[m]
+            print(f"{model_name:4s} {m:10s} step {e['step_us_median']:10.1f} us (min "
+                  f"{e['step_us_min']:.1f})  x{e['ratio_to_bptt']:.2f} BPTT  compile "
+                  f"{e['compile_s']:.2f}s", flush=True)
+        if do_profile:
+            for m, parts in results[model_name]["profile_us"].items():
+                shown = parts.get("marginal_us_per_step", parts)
+                print(f"     profile {m} (us/step, marginal): " + ", ".join(
+                    f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in shown.items()), flush=True)
+
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    payload = {
+        "benchmark": NAME,
+        "quick": args.quick,
+        "config": {**cfg, "T": T, "repeats": repeats, "dtype": "float32", "loss": "mse"},
+        "environment": {**environment(), "loadavg_at_end": load},
+        "notes": [
+            ("step_us = wall time of one compiled pass over T steps / T (median over repeats, "
+             "methods run round-robin)."),
+            ("online passes go through learner.etrace_grad (includes its Python-side checks and "
+             "the NaN check that syncs on the losses); BPTT calls the compiled program directly."),
+            ("profile_us: marginal cost per step of each part of online_step, from four scans "
+             "that add one part at a time (forward+VJP, +jacobians, +trace update, "
+             "+contribution)."),
+        ],
+        "targets": TARGETS,
+        "results": results,
+        "total_wall_s": time.perf_counter() - start_all,
+    }
+    os.makedirs(args.out, exist_ok=True)
+    write_json(os.path.join(args.out, f"{NAME}.json"), payload)
+    plot(results, os.path.join(args.out, f"{NAME}.png"))
+    return payload
+
+
+if __name__ == "__main__":
+    main()

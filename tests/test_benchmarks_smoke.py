@@ -1,0 +1,96 @@
+"""Smoke test of the benchmarks: each script's ``--quick`` mode runs and writes its results.
+
+The three scripts run at once, each in its own process (the memory benchmark
+starts one more process per configuration). Only the shape of the output is
+checked here (keys present, numbers finite); the measured numbers are in
+``benchmarks/results`` and ``benchmarks/README.md``.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = ("memory_vs_length", "throughput", "fidelity")
+
+
+def finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+@pytest.fixture(scope="module")
+def quick_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    start = time.perf_counter()
+    procs = {name: subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "benchmarks", f"{name}.py"), "--quick", "--out",
+         str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+        for name in SCRIPTS}
+    logs = {}
+    for name, proc in procs.items():
+        try:
+            logs[name] = proc.communicate(timeout=600)[0]
+        except subprocess.TimeoutExpired:
+            for p in procs.values():
+                p.kill()
+            pytest.fail(f"{name} --quick did not finish within 600 s")
+        assert proc.returncode == 0, f"{name} --quick failed:\n{logs[name][-4000:]}"
+    elapsed = time.perf_counter() - start
+    print(f"benchmarks --quick, all three at once: {elapsed:.1f} s")
+    results = {}
+    for name in SCRIPTS:
+        assert (out / f"{name}.png").stat().st_size > 0
+        results[name] = json.loads((out / f"{name}.json").read_text())
+    return results
+
+
+def test_memory_quick_writes_analysis_and_rss_per_configuration(quick_results):
+    payload = quick_results["memory_vs_length"]
+    assert payload["benchmark"] == "memory_vs_length" and payload["quick"] is True
+    records = payload["results"]
+    methods = {r["method"] for r in records}
+    assert "bptt" in methods and len(methods) >= 2
+    assert len({r["T"] for r in records}) >= 2
+    for r in records:
+        assert r["executed"] is True, r.get("skipped_reason")
+        for key in ("argument_bytes", "output_bytes", "temp_bytes", "peak_bytes"):
+            assert finite(r["xla"][key]) and r["xla"][key] >= 0
+        assert finite(r["rss"]["peak_bytes"]) and r["rss"]["peak_bytes"] > 0
+        assert finite(r["compile_s"]) and finite(r["exec_s"])
+    for entry in payload["summary"].values():
+        assert all(v is None or isinstance(v, bool) or finite(v) for v in entry.values())
+        assert finite(entry[next(k for k in entry if k.startswith("xla_temp_ratio"))])
+        assert finite(entry[next(k for k in entry if k.startswith("rss_peak_ratio"))])
+
+
+def test_throughput_quick_writes_step_times_and_ratios(quick_results):
+    payload = quick_results["throughput"]
+    assert payload["benchmark"] == "throughput" and payload["quick"] is True
+    assert payload["results"]
+    for model in payload["results"].values():
+        methods = model["methods"]
+        assert {"bptt", "d_rtrl", "es_d_rtrl"} <= set(methods)
+        assert methods["bptt"]["ratio_to_bptt"] == pytest.approx(1.0)
+        for entry in methods.values():
+            for key in ("step_us_median", "step_us_min", "compile_s", "ratio_to_bptt"):
+                assert finite(entry[key]) and entry[key] > 0, key
+
+
+def test_fidelity_quick_writes_cosines_against_a_live_bptt_reference(quick_results):
+    payload = quick_results["fidelity"]
+    assert payload["benchmark"] == "fidelity" and payload["quick"] is True
+    for config in payload["results"].values():
+        assert config["models"]
+        for model in config["models"].values():
+            assert finite(model["bptt_grad_norm"]) and model["bptt_grad_norm"] > 0
+            assert finite(model["control_random_direction"]["cosine"])
+            assert model["algorithms"]
+            for alg in model["algorithms"].values():
+                for key in ("cosine", "relative_error", "norm_ratio", "sign_agreement"):
+                    assert finite(alg[key]), key
+                assert -1.0 <= alg["cosine"] <= 1.0
