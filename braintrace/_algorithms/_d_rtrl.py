@@ -118,12 +118,22 @@ def drtrl_contribution(r: Relation, eps: Any, signal: jax.Array) -> Any:
     signal = r.gather_hidden(signal)
     if r.primitive.has_rule("contract"):
         contract = r.primitive.rule("contract")
-        state_axis = 1 if r.batched else 0
-        terms = [contract(signal[..., s],
-                          jax.tree.map(lambda e, s=s: jnp.take(e, s, axis=state_axis), eps),
-                          **r.params)
-                 for s in range(signal.shape[-1])]
-        return jax.tree.map(lambda *t: sum(t[1:], t[0]), *terms)
+
+        def one(eps, signal):  # per sample: eps (S, *θ), signal (*y, S)
+            terms = [contract(signal[..., s], jax.tree.map(lambda e, s=s: e[s], eps),
+                              **r.params) for s in range(signal.shape[-1])]
+            return jax.tree.map(lambda *t: sum(t[1:], t[0]), *terms)
+
+        if not r.batched:
+            return one(eps, signal)
+        # Accumulating sample by sample is several times faster on CPU than letting
+        # XLA reduce over the leading batch axis of the whole trace.
+        first = one(jax.tree.map(lambda e: e[0], eps), signal[0])
+        return jax.lax.fori_loop(
+            1, signal.shape[0],
+            lambda b, acc: jax.tree.map(
+                jnp.add, acc, one(jax.tree.map(lambda e: e[b], eps), signal[b])),
+            first)
     dt_to_t = r.primitive.rule("dt_to_t")
     contract = per_sample(
         lambda e, s: contract_states(dt_to_t, s, e, state_axis=0, **r.params), r)
