@@ -7,11 +7,10 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 
-from braintrace._algorithms._scan import init_carry, online_step
+from braintrace._algorithms._scan import init_carry, online_step, param_gradients
 from braintrace._checkpoint import restore_leaves, save_leaves
 from braintrace._compiler._step import split_model
 from braintrace._learner import OnlineLearner
@@ -175,9 +174,7 @@ class OnlineTrainer:
                                    xy[0], xy[1], xy[2])
 
             step_carry, losses = jax.lax.scan(body, fresh, (xw, yw, ww))
-            operand_grads = algorithm.finalize(graph, step_carry.summed, operands)
-            traced = graph.operand_pullback(carry.params, operand_grads)
-            grads = [s + t.astype(s.dtype) for s, t in zip(step_carry.same_step, traced)]
+            grads = param_gradients(graph, algorithm, carry.params, operands, step_carry)
             updates, opt_state = self.tx.update(grads, carry.opt_state, carry.params)
             new_params = optax.apply_updates(carry.params, updates)
             nan = jnp.isnan(losses)

@@ -31,6 +31,7 @@ __all__ = [
     "init_carry",
     "online_gradients",
     "online_step",
+    "param_gradients",
     "windowed_gradients",
 ]
 
@@ -110,6 +111,15 @@ def _zero_contribution(graph, algorithm, params, hidden, other, traces, operands
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
+def param_gradients(graph: ETraceGraph, algorithm: AbstractAlgorithm, params, operands,
+                    carry: ScanCarry) -> list[jax.Array]:
+    """Gradients per Param leaf: same-step ones plus the traced sums, finalised and
+    mapped through the weight programs."""
+    operand_grads = algorithm.finalize(graph, carry.summed, operands)
+    traced = graph.operand_pullback(params, operand_grads)
+    return [s + t.astype(s.dtype) for s, t in zip(carry.same_step, traced)]
+
+
 def online_gradients(
     graph: ETraceGraph,
     algorithm: AbstractAlgorithm,
@@ -136,10 +146,7 @@ def online_gradients(
         return online_step(graph, algorithm, loss_fn, params, operands, carry, x_t, y_t, w_t)
 
     carry, losses = jax.lax.scan(body, carry, (xs, ys, weights))
-    operand_grads = algorithm.finalize(graph, carry.summed, operands)
-    traced = graph.operand_pullback(params, operand_grads)
-    grads = [s + t.astype(s.dtype) for s, t in zip(carry.same_step, traced)]
-    return grads, carry, losses
+    return param_gradients(graph, algorithm, params, operands, carry), carry, losses
 
 
 def evolve_step(graph: ETraceGraph, algorithm: AbstractAlgorithm, params, operands, hidden,
@@ -233,7 +240,5 @@ def windowed_gradients(
         return ScanCarry(h, o, tr, summed, same), losses
 
     carry, losses = jax.lax.scan(window, carry, (xs_w, ys_w, w_w))
-    operand_grads = algorithm.finalize(graph, carry.summed, operands)
-    traced = graph.operand_pullback(params, operand_grads)
-    grads = [s + t.astype(s.dtype) for s, t in zip(carry.same_step, traced)]
+    grads = param_gradients(graph, algorithm, params, operands, carry)
     return grads, carry, losses.reshape(length)
