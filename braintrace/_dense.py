@@ -50,6 +50,13 @@ def _transform_pullback(kernel: jax.Array, dkernel: jax.Array, kernel_transform)
     return pullback(dkernel.astype(kernel.dtype))[0]
 
 
+def outer_sum(x: jax.Array, d: jax.Array) -> jax.Array:
+    """``Σ_lead x[..., i] d[..., o]``; per sample a broadcast product XLA can fuse."""
+    if x.ndim == 1 and d.ndim == 1:
+        return x[:, None] * d[None, :]
+    return jnp.einsum("...i,...o->io", x, d)
+
+
 def dense_xy_to_dw(x, d, theta, *, kernel_transform=None, **params) -> dict[str, jax.Array]:
     """Pullback of the dense map at ``(x, θ)`` with output cotangent ``d``.
 
@@ -57,7 +64,7 @@ def dense_xy_to_dw(x, d, theta, *, kernel_transform=None, **params) -> dict[str,
     """
     del params
     kernel = theta["kernel"]
-    dkernel = jnp.einsum("...i,...o->io", x, d).astype(kernel.dtype)
+    dkernel = outer_sum(x, d).astype(kernel.dtype)
     grads = {"kernel": _transform_pullback(kernel, dkernel, kernel_transform)}
     if "bias" in theta:
         grads["bias"] = jnp.sum(d.reshape(-1, d.shape[-1]), axis=0).astype(theta["bias"].dtype)

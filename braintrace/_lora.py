@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from braintrace._dense import output_axis_contract
+from braintrace._dense import outer_sum, output_axis_contract
 from braintrace._primitive import ETPPrimitive, register_batched_counterpart, register_primitive
 
 __all__ = ["etp_lora_batched_p", "etp_lora_p", "lora_matmul"]
@@ -70,7 +70,7 @@ def lora_xy_to_trace(x, d, theta, *, scaling: float, **params) -> dict[str, jax.
     del params
     a = theta["lora_a"]
     terms = {
-        "lora_a": jnp.einsum("...i,...o->io", x, d).astype(a.dtype),
+        "lora_a": outer_sum(x, d).astype(a.dtype),
         "lora_b": (scaling * jnp.einsum("...r,...o->ro", x @ a, d)).astype(theta["lora_b"].dtype),
     }
     if "bias" in theta:
