@@ -28,6 +28,7 @@ from flax import nnx
 import braintrace
 from braintrace import layers
 from braintrace._algorithms import ALGORITHMS
+from braintrace._compiler._step import split_model
 from braintrace.tasks import Batch, SpikePatterns, accuracy
 
 FULL = {"seq_len": 100, "hidden": 64, "steps": 150, "batch_size": 32}
@@ -52,21 +53,17 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
-def _split(model: nnx.Module):
-    return nnx.split(model, nnx.Param, braintrace.HiddenState, ...)
-
-
 def _scan_model(model: nnx.Module, batch_size: int) -> Callable:
     """``run(params, xs) -> outputs``: the model from fresh hidden state over ``xs``."""
     model = nnx.clone(model)
     braintrace.init_states(model, batch_size)
-    graphdef, _, hidden, other = _split(model)
+    graphdef, _, hidden, other = split_model(model)
 
     def run(params, xs):
         def body(h, x):
             m = nnx.merge(graphdef, params, h, other, copy=True)
             y = m(x)
-            return _split(m)[2], y
+            return split_model(m)[2], y
 
         return jax.lax.scan(body, hidden, xs)[1]
 

@@ -85,6 +85,13 @@ class IOTrace(NamedTuple):
     f_power: jax.Array
 
 
+class IOTerm(NamedTuple):
+    """One step's gradient term of a relation: ``xy_to_dw(ε_x, d)`` and ``(ε_1 - 1)·d``."""
+
+    grad: dict
+    bias_signal: jax.Array
+
+
 class ES_D_RTRL(AbstractAlgorithm):
     """Exponentially smoothed D-RTRL (pp_prop): traces linear in the number of neurons.
 
@@ -167,16 +174,22 @@ class ES_D_RTRL(AbstractAlgorithm):
             # irrelevant.
             correction = jnp.where(s.f_power < 1.0, 1.0 - s.f_power, 1.0)
             d = jnp.sum(s.f * signal, axis=-1) / correction
-            grad = xy_to_dw(s.x, d, theta, **r.params)
-            bias_part = xy_to_dw(jnp.zeros_like(s.x), d, theta, **r.params)
-            ones = s.ones
-            terms.append(jax.tree.map(lambda g, b, ones=ones: g + (ones - 1.0) * b, grad,
-                                      bias_part))
+            # The x-independent (bias) part of xy_to_dw is linear in d, so its correction
+            # by ε_1 - 1 is summed in output space and mapped once, in finalize.
+            terms.append(IOTerm(grad=xy_to_dw(s.x, d, theta, **r.params),
+                                bias_signal=(s.ones - 1.0) * d))
         return terms
 
     def finalize(self, graph, summed, operands):
-        return [drtrl_finalize(r, total, theta) if not r.has_input else dict(total)
-                for r, total, theta in zip(graph.relations, summed, operands)]
+        grads = []
+        for r, total, theta in zip(graph.relations, summed, operands):
+            if not r.has_input:
+                grads.append(drtrl_finalize(r, total, theta))
+                continue
+            zeros = jnp.zeros(r.x_shape, total.bias_signal.dtype)
+            bias = r.primitive.rule("xy_to_dw")(zeros, total.bias_signal, theta, **r.params)
+            grads.append(jax.tree.map(jnp.add, dict(total.grad), bias))
+        return grads
 
 
 def pp_prop(decay_or_rank: float = 0.9, *,
