@@ -81,6 +81,20 @@ class OnlineLearner:
         algorithm: The learning algorithm.
         graph: The compiled :class:`~braintrace.ETraceGraph`.
         traces: The algorithm's current trace state.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> import braintrace
+        >>> from braintrace import layers
+        >>> model = layers.Stateful(layers.GRUCell(2, 3, rngs=nnx.Rngs(0)))
+        >>> learner = braintrace.compile(model, 'es_d_rtrl', jnp.ones((4, 2)), batch_size=4)
+        >>> xs, ys = jnp.ones((5, 4, 2)), jnp.zeros((5, 4, 3))
+        >>> grads = learner.etrace_grad(xs, ys, lambda y, t: jnp.mean((y - t) ** 2))
+        >>> grads['cell']['dense_i']['kernel'].shape
+        (2, 9)
+        >>> learner.etrace_evolve(xs).shape
+        (5, 4, 3)
     """
 
     def __init__(self, model: nnx.Module, algorithm: AbstractAlgorithm, example_x: Any):

@@ -40,7 +40,17 @@ _REGISTRY: dict[str, ETPPrimitive] = {}
 
 
 class MissingRuleError(LookupError):
-    """An algorithm needs an ETP rule that the primitive never registered."""
+    """An algorithm needs an ETP rule that the primitive never registered.
+
+    Example:
+        >>> import braintrace
+        >>> p = braintrace.register_primitive('doc_norules', lambda x, w: x * w)
+        >>> try:
+        ...     p.rule('dt_to_t')
+        ... except braintrace.MissingRuleError as err:
+        ...     print('dt_to_t' in str(err))
+        True
+    """
 
 
 class ETPPrimitive(jex_core.Primitive):

@@ -189,6 +189,19 @@ class ETraceGraph:
     The step's jaxpr takes ``[*params, *hidden, *other, *x]`` leaves and returns
     ``[*y, *params, *hidden, *other]`` leaves.
 
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> import braintrace
+        >>> from braintrace import layers
+        >>> model = layers.Stateful(layers.GRUCell(2, 3, rngs=nnx.Rngs(0)))
+        >>> braintrace.init_states(model, 4)
+        >>> graph = braintrace.compile_graph(model, jnp.ones((4, 2)))
+        >>> [(g.paths, g.num_states) for g in graph.groups]
+        [(('carry',), 1)]
+        >>> [r.num_colours for r in graph.relations]
+        [3, 3]
+
     Attributes:
         jaxpr: The flat jaxpr of one step.
         consts: Values of its constvars.
