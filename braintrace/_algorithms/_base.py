@@ -38,7 +38,7 @@ from braintrace._compiler._graph import ETraceGraph, Relation
 from braintrace._primitive import MissingRuleError
 
 __all__ = ["AbstractAlgorithm", "Jacobians", "check_rules", "mix_states", "param_dtypes",
-           "per_sample"]
+           "per_sample", "sum_over_samples"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +142,54 @@ def param_dtypes(graph: ETraceGraph, relation: Relation) -> dict[str, Any]:
 def per_sample(fn: Callable[..., Any], relation: Relation) -> Callable[..., Any]:
     """``jax.vmap(fn)`` over the leading batch axis when the relation is batched."""
     return jax.vmap(fn) if relation.batched else fn
+
+
+#: Samples summed in one unrolled expression by :func:`sum_over_samples`.
+SAMPLE_BLOCK = 16
+
+
+def _tree_sum(terms: list[Any]) -> Any:
+    """Pairwise sum of a list of pytrees (a balanced tree of adds)."""
+    while len(terms) > 1:
+        pairs = [jax.tree.map(jnp.add, terms[k], terms[k + 1]) for k in range(0, len(terms) - 1, 2)]
+        terms = pairs + ([terms[-1]] if len(terms) % 2 else [])
+    return terms[0]
+
+
+def sum_over_samples(fn: Callable[..., Any], *batched: Any) -> Any:
+    """``Σ_b fn(*[a[b] for a in batched])``: a per-sample function summed over the batch.
+
+    Every leaf of ``batched`` carries the batch on its leading axis. Samples are
+    summed in blocks of :data:`SAMPLE_BLOCK` written out as one expression,
+    which XLA fuses into a single elementwise pass over the block; blocks are
+    accumulated by a loop. On CPU this is several times faster than a
+    reduction over the leading axis of a large trace (which XLA:CPU walks
+    with a stride of the whole sample) and than a loop over single samples
+    (whose per-iteration overhead dominates).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from braintrace._algorithms._base import sum_over_samples
+        >>> a = jnp.arange(40.0).reshape(20, 2)
+        >>> sum_over_samples(lambda row: row * 2, a).tolist()
+        [760.0, 800.0]
+    """
+    size = jax.tree.leaves(batched)[0].shape[0]
+    take = lambda b: jax.tree.map(lambda a: a[b], batched)
+
+    def block(start: int | jax.Array, count: int) -> Any:
+        rows = jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, start, count), batched)
+        return _tree_sum([fn(*jax.tree.map(lambda a, k=k: a[k], rows)) for k in range(count)])
+
+    if size <= SAMPLE_BLOCK:
+        return _tree_sum([fn(*take(b)) for b in range(size)])
+    blocks, rest = divmod(size, SAMPLE_BLOCK)
+    total = jax.lax.fori_loop(
+        1, blocks, lambda i, acc: jax.tree.map(jnp.add, acc, block(i * SAMPLE_BLOCK, SAMPLE_BLOCK)),
+        block(0, SAMPLE_BLOCK))
+    if rest:
+        total = jax.tree.map(jnp.add, total, block(blocks * SAMPLE_BLOCK, rest))
+    return total
 
 
 def mix_states(dt_to_t: Callable[..., Any], d: jax.Array, trace: Any, *,

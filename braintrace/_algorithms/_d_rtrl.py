@@ -35,11 +35,11 @@ import jax.numpy as jnp
 from braintrace._algorithms._base import (
     AbstractAlgorithm,
     check_rules,
-    contract_states,
     group_signal,
     mix_states,
     param_dtypes,
     per_sample,
+    sum_over_samples,
 )
 from braintrace._compiler._graph import ETraceGraph, Relation
 
@@ -68,79 +68,79 @@ def _xy_to_trace(relation: Relation):
 def drtrl_init(graph: ETraceGraph, r: Relation, theta: dict[str, jax.Array]) -> Any:
     """A zero D-RTRL trace of relation ``r``, in the Params' dtype.
 
-    For an operation with an input, each key's trace is stored ``(B?, S, *θ_key)``:
-    the rule's per-sample ``(*θ_key, S)`` with the state axis moved in front of
-    the weight axes, so the large weight axes stay minor in memory (a trailing
-    ``S`` axis makes the per-step trace update several times slower on CPU).
-    The elementwise primitive's hidden-shaped trace stays ``(*V, S)``.
+    For an operation with an input, the trace is a tuple over the group's ``S``
+    states, each ``{key: (B?, *θ_key)}`` (the rule's per-sample
+    ``(*θ_key, S)``, split along its state axis). One array per state keeps
+    the update, the contraction and the loop carry on the same buffer, which
+    XLA then updates in place; a stacked state axis makes XLA:CPU copy and
+    recompute the whole trace every step (several times slower). The
+    elementwise primitive's hidden-shaped trace stays ``(*V, S)``.
     """
     g = graph.groups[r.group]
     init = r.primitive.rule("init_drtrl")
-    if not r.has_input:
-        trace = init(None, jnp.zeros(g.shape, g.dtype), theta, g.num_states)
-    else:
-        x_shape = r.x_shape[1:] if r.batched else r.x_shape
-        y_shape = r.y_shape[1:] if r.batched else r.y_shape
-        trace = init(jnp.zeros(x_shape, g.dtype), jnp.zeros(y_shape, g.dtype), theta,
-                     g.num_states)
-        trace = jax.tree.map(lambda e: jnp.moveaxis(e, -1, 0), trace)
-        if r.batched:
-            trace = jax.tree.map(lambda e: jnp.broadcast_to(e, (r.y_shape[0], *e.shape)), trace)
     dtypes = param_dtypes(graph, r)
-    if isinstance(trace, dict):
-        return {key: jnp.asarray(value, dtypes.get(key, value.dtype))
-                for key, value in trace.items()}
-    return jax.tree.map(lambda e: e.astype(jnp.result_type(*dtypes.values())), trace)
+
+    def cast(trace):
+        if isinstance(trace, dict):
+            return {key: jnp.asarray(value, dtypes.get(key, value.dtype))
+                    for key, value in trace.items()}
+        return jax.tree.map(lambda e: e.astype(jnp.result_type(*dtypes.values())), trace)
+
+    if not r.has_input:
+        return cast(init(None, jnp.zeros(g.shape, g.dtype), theta, g.num_states))
+    x_shape = r.x_shape[1:] if r.batched else r.x_shape
+    y_shape = r.y_shape[1:] if r.batched else r.y_shape
+    trace = init(jnp.zeros(x_shape, g.dtype), jnp.zeros(y_shape, g.dtype), theta, g.num_states)
+    lead = (r.y_shape[0],) if r.batched else ()
+    return tuple(
+        cast(jax.tree.map(lambda e, s=s: jnp.broadcast_to(e[..., s], (*lead, *e.shape[:-1])),
+                          trace))
+        for s in range(g.num_states))
 
 
 def drtrl_update(r: Relation, eps: Any, d_g: jax.Array, df: jax.Array, x: jax.Array | None,
                  theta: dict[str, jax.Array]) -> Any:
-    """``ε^t = D^t ε^{t-1} + Df^t ⊗ x^t`` for relation ``r`` (per sample)."""
+    """``ε^t = D^t ε^{t-1} + Df^t ⊗ x^t`` for relation ``r`` (per sample).
+
+    For each state ``s``: ``ε_s ← Σ_{s'} dt_to_t(D_{s s'}, ε_{s'}) + xy_to_trace(x, Df_s)``,
+    each rule applied per sample.
+    """
     dt_to_t = r.primitive.rule("dt_to_t")
     if not r.has_input:
         mixed = mix_states(dt_to_t, d_g, eps, **r.params)
         return jax.tree.map(lambda m, i: m + i.astype(m.dtype), mixed, {"weight": df})
     xy_to_trace = _xy_to_trace(r)
-
-    def one(eps, x, df, d_y):
-        mixed = mix_states(dt_to_t, d_y, eps, state_axis=0, **r.params)
-        inst = [xy_to_trace(x, df[..., s], theta, **r.params) for s in range(df.shape[-1])]
-        inst = jax.tree.map(lambda *a: jnp.stack(a, axis=0), *inst)
-        return jax.tree.map(lambda m, i: m + i.astype(m.dtype), mixed, inst)
-
-    return per_sample(one, r)(eps, x, df, r.gather_hidden(d_g))
+    scale = per_sample(lambda d, e: dt_to_t(d, e, **r.params), r)
+    outer = per_sample(lambda x, d: xy_to_trace(x, d, theta, **r.params), r)
+    d_y = r.gather_hidden(d_g)
+    new = []
+    for s, old in enumerate(eps):
+        total = jax.tree.map(lambda i, e: i.astype(e.dtype), outer(x, df[..., s]), old)
+        for s2, source in enumerate(eps):
+            term = scale(d_y[..., s, s2], source)
+            total = jax.tree.map(lambda t, m, e: t + m.astype(e.dtype), total, term, old)
+        new.append(total)
+    return tuple(new)
 
 
 def drtrl_contribution(r: Relation, eps: Any, signal: jax.Array) -> Any:
-    """``Σ_b Σ_s δ_{b,·,s} · ε_{b,…,s}`` for relation ``r``; ``signal`` is ``δ_g (*V, S)``."""
+    """``Σ_b Σ_s δ_{b,·,s} · ε_{s,b,…}`` for relation ``r``; ``signal`` is ``δ_g (*V, S)``.
+
+    Per sample, ``Σ_s contract(δ_s, ε_s)`` (the primitive's closed-form
+    ``contract`` rule, or ``dt_to_t``, which it equals on one sample), summed
+    over the batch by :func:`sum_over_samples`.
+    """
     if not r.has_input:
         return r.scatter_to_y(jnp.sum(signal * eps["weight"], axis=-1))
     signal = r.gather_hidden(signal)
-    if r.primitive.has_rule("contract"):
-        contract = r.primitive.rule("contract")
+    prim = r.primitive
+    contract = prim.rule("contract") if prim.has_rule("contract") else prim.rule("dt_to_t")
 
-        def one(eps, signal):  # per sample: eps (S, *θ), signal (*y, S)
-            terms = [contract(signal[..., s], jax.tree.map(lambda e, s=s: e[s], eps),
-                              **r.params) for s in range(signal.shape[-1])]
-            return jax.tree.map(lambda *t: sum(t[1:], t[0]), *terms)
+    def one(states, signal):  # one sample: states[s] is ε_s (*θ), signal (*y, S)
+        terms = [contract(signal[..., s], e, **r.params) for s, e in enumerate(states)]
+        return jax.tree.map(lambda *t: sum(t[1:], t[0]), *terms)
 
-        if not r.batched:
-            return one(eps, signal)
-        # Accumulating sample by sample is several times faster on CPU than letting
-        # XLA reduce over the leading batch axis of the whole trace.
-        first = one(jax.tree.map(lambda e: e[0], eps), signal[0])
-        return jax.lax.fori_loop(
-            1, signal.shape[0],
-            lambda b, acc: jax.tree.map(
-                jnp.add, acc, one(jax.tree.map(lambda e: e[b], eps), signal[b])),
-            first)
-    dt_to_t = r.primitive.rule("dt_to_t")
-    contract = per_sample(
-        lambda e, s: contract_states(dt_to_t, s, e, state_axis=0, **r.params), r)
-    term = contract(eps, signal)
-    if r.batched:
-        term = jax.tree.map(lambda a: jnp.sum(a, axis=0), term)
-    return term
+    return sum_over_samples(one, eps, signal) if r.batched else one(eps, signal)
 
 
 def drtrl_finalize(r: Relation, total: Any, theta: dict[str, jax.Array]) -> dict[str, jax.Array]:
