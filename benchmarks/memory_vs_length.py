@@ -10,7 +10,12 @@ For every (model, method, T) a fresh Python process:
 
 BPTT is ``jax.grad`` through ``jax.lax.scan`` of the pure step; the online
 methods are ``learner.etrace_grad`` (one fused scan, hidden state and traces in
-the carry). A configuration that cannot execute within ``--exec-timeout``
+the carry) over the whole sequence at once. The ``*_streamed`` methods are how
+an online learner meets a long sequence: ``etrace_grad`` is called on
+consecutive chunks of ``--stream-chunk`` steps (hidden state and traces carry
+over between calls, gradients summed), each chunk's data drawn just before it
+is used, so neither the program nor the inputs grow with ``T``; their XLA
+analysis is that of the one chunk program. A configuration that cannot execute within ``--exec-timeout``
 keeps its compiled analysis and says why its RSS is missing.
 
 Usage::
@@ -31,13 +36,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NAME = "memory_vs_length"
-METHODS = ("bptt", "d_rtrl", "es_d_rtrl")
+STREAMED = ("d_rtrl_streamed", "es_d_rtrl_streamed")
+METHODS = ("bptt", "d_rtrl", "es_d_rtrl", *STREAMED)
+STREAM_CHUNK = 100
 FULL_LENGTHS = (100, 1000, 4000, 10000)
 QUICK_LENGTHS = (8, 64)
 # --quick keeps to one model and two methods: every configuration is a fresh process
 # (a JAX import and a compilation each).
 QUICK_MODELS = ("gru",)
-QUICK_METHODS = ("bptt", "es_d_rtrl")
+QUICK_METHODS = ("bptt", "es_d_rtrl", "es_d_rtrl_streamed")
 
 
 # -- child: one configuration in a fresh process ---------------------------------------------
@@ -74,21 +81,27 @@ def child(args: argparse.Namespace) -> None:
     cfg = json.loads(args.config)
     name, method, T = args.model, args.method, args.length
     H, I, O, B = cfg["hidden"], cfg["inputs"], cfg["outputs"], cfg["batch"]
+    streamed = method in STREAMED
+    chunk = min(args.stream_chunk, T) if streamed else T
+    if T % chunk:
+        raise SystemExit(f"T={T} is not a multiple of --stream-chunk={chunk}")
     # The data first, while little else is resident, so creating it does not set the peak.
-    xs_np, ys_np = data_numpy(name, T, I, O, B)
+    # Streamed: only the first chunk now; the others are drawn as they are used.
+    xs_np, ys_np = data_numpy(name, chunk, I, O, B)
     xs, ys = jnp.asarray(xs_np), jnp.asarray(ys_np)
     block((xs, ys))
     del xs_np, ys_np
     rss_data = _rss_bytes()
-    xs_spec = jax.ShapeDtypeStruct((T, B, I), jnp.float32)
-    ys_spec = jax.ShapeDtypeStruct((T, B, O), jnp.float32)
+    xs_spec = jax.ShapeDtypeStruct((chunk, B, I), jnp.float32)
+    ys_spec = jax.ShapeDtypeStruct((chunk, B, O), jnp.float32)
     model = build(name, I, H, O, B)
     start = time.perf_counter()
     if method == "bptt":
         grad_fn, params, hidden = bptt_grad_fn(model)
         lowered = grad_fn.lower(params, hidden, xs_spec, ys_spec)
     else:
-        learner = braintrace.compile(model, method, jnp.zeros((B, I)), batch_size=B)
+        algorithm = method.removesuffix("_streamed")
+        learner = braintrace.compile(model, algorithm, jnp.zeros((B, I)), batch_size=B)
         lowered = learner.lower_etrace_grad(xs_spec, ys_spec, mse)
     compiled = lowered.compile()
     compile_s = time.perf_counter() - start
@@ -103,7 +116,9 @@ def child(args: argparse.Namespace) -> None:
     xla["peak_bytes"] = (xla["argument_bytes"] + xla["output_bytes"] + xla["temp_bytes"]
                          - xla["alias_bytes"])
     record = {"model": name, "method": method, "T": T, "xla": xla,
-              "compile_s": compile_s, "input_bytes": 4 * T * B * (I + O)}
+              "compile_s": compile_s, "input_bytes": 4 * chunk * B * (I + O)}
+    if streamed:
+        record["stream_chunk"] = chunk
     _emit(record)  # the analysis survives even if execution is killed
 
     rss_before = _rss_bytes()
@@ -112,13 +127,21 @@ def child(args: argparse.Namespace) -> None:
     if method == "bptt":
         grads = compiled(params, hidden, xs, ys)
         via = "compiled BPTT program"
-    elif hasattr(learner, "_grad_args"):
+    elif streamed:
+        grads = None
+        for k in range(T // chunk):
+            if k:
+                xs_np, ys_np = data_numpy(name, chunk, I, O, B, seed=k)
+                xs, ys = jnp.asarray(xs_np), jnp.asarray(ys_np)
+                del xs_np, ys_np
+            g = learner.etrace_grad(xs, ys, mse, reduction="sum")
+            grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
+            block(grads)
+        via = f"learner.etrace_grad on {T // chunk} chunks of {chunk} steps"
+    else:
         # Run the very program that was analysed (etrace_grad would trace and compile it again).
         grads = compiled(*learner._grad_args(xs, ys, None, None, "mean"))
         via = "compiled etrace_grad program"
-    else:
-        grads = learner.etrace_grad(xs, ys, mse)
-        via = "learner.etrace_grad"
     block(grads)
     peak = _rss_bytes()
     record.update({
@@ -138,9 +161,11 @@ def child(args: argparse.Namespace) -> None:
 # -- parent ------------------------------------------------------------------------------------
 
 
-def run_config(model: str, method: str, T: int, config: dict, timeout: float) -> dict:
+def run_config(model: str, method: str, T: int, config: dict, timeout: float,
+               stream_chunk: int = STREAM_CHUNK) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--model", model, "--method",
-           method, "--length", str(T), "--config", json.dumps(config)]
+           method, "--length", str(T), "--config", json.dumps(config),
+           "--stream-chunk", str(stream_chunk)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     start = time.perf_counter()
     try:
@@ -218,7 +243,8 @@ def plot(records: list[dict], path: str) -> None:
 
     models = sorted({r["model"] for r in records})
     fig, axes = plt.subplots(2, len(models), figsize=(5.5 * len(models), 8), squeeze=False)
-    colours = {"bptt": "tab:red", "d_rtrl": "tab:blue", "es_d_rtrl": "tab:green"}
+    colours = {"bptt": "tab:red", "d_rtrl": "tab:blue", "es_d_rtrl": "tab:green",
+               "d_rtrl_streamed": "tab:cyan", "es_d_rtrl_streamed": "tab:olive"}
     for j, model in enumerate(models):
         for i, (key, title) in enumerate((("xla", "XLA compiled peak (arg+out+temp)"),
                                           ("rss", "process peak RSS"))):
@@ -256,6 +282,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--lengths", default=None, help="comma-separated T values")
     p.add_argument("--jobs", type=int, default=None,
                    help="configurations measured at once (each in its own process)")
+    p.add_argument("--stream-chunk", type=int, default=None,
+                   help=f"steps per etrace_grad call of the *_streamed methods (default "
+                        f"{STREAM_CHUNK}; 8 with --quick)")
     p.add_argument("--exec-timeout", type=float, default=3600.0,
                    help="seconds one configuration may take before its RSS is skipped")
     p.add_argument("--from-json", default=None,
@@ -291,11 +320,12 @@ def main(argv: list[str] | None = None) -> dict:
               else list(QUICK_MODELS if args.quick else ("snn", "gru")))
     methods = (args.methods.split(",") if args.methods
                else list(QUICK_METHODS if args.quick else METHODS))
+    stream_chunk = args.stream_chunk or (min(QUICK_LENGTHS) if args.quick else STREAM_CHUNK)
     todo = [(m, a, T) for m in models for a in methods for T in lengths]
     start = time.perf_counter()
 
     def one(job):
-        rec = run_config(*job, config, args.exec_timeout)
+        rec = run_config(*job, config, args.exec_timeout, stream_chunk)
         rss = rec.get("rss", {}).get("peak_bytes")
         print(f"{job[0]:4s} {job[1]:10s} T={job[2]:6d}  xla_peak="
               f"{rec.get('xla', {}).get('peak_bytes', 0) / 2**20:9.1f} MiB  temp="
@@ -310,6 +340,7 @@ def main(argv: list[str] | None = None) -> dict:
         "benchmark": NAME,
         "quick": args.quick,
         "config": {**config, "lengths": lengths, "dtype": "float32", "loss": "mse",
+                   "stream_chunk": stream_chunk,
                    "models": {"snn": "2x RecurrentSpiking(LIF) + LeakyReadout",
                               "gru": "Stateful(GRUCell) + ETPLinear readout"},
                    "jobs": jobs},
@@ -319,6 +350,8 @@ def main(argv: list[str] | None = None) -> dict:
              "arguments include xs and ys, which grow with T for every method (input_bytes)."),
             ("rss.peak_bytes is ru_maxrss of a fresh process after one executed pass; it also "
              "includes the JAX runtime, compilation and the input data."),
+            ("*_streamed: etrace_grad over consecutive chunks of stream_chunk steps, data drawn "
+             "per chunk; xla is the chunk program's analysis and input_bytes one chunk's data."),
         ],
         "results": records,
         "summary": summarise(records, lengths),

@@ -62,6 +62,13 @@ def test_memory_quick_writes_analysis_and_rss_per_configuration(quick_results):
             assert finite(r["xla"][key]) and r["xla"][key] >= 0
         assert finite(r["rss"]["peak_bytes"]) and r["rss"]["peak_bytes"] > 0
         assert finite(r["compile_s"]) and finite(r["exec_s"])
+    streamed = sorted((r for r in records if r["method"].endswith("_streamed")),
+                      key=lambda r: r["T"])
+    assert len(streamed) >= 2
+    # Streaming runs one chunk program whatever T is: its analysis cannot change with T.
+    assert len({r["xla"]["peak_bytes"] for r in streamed}) == 1
+    longest = streamed[-1]
+    assert f"{longest['T'] // longest['stream_chunk']} chunks" in longest["executed_via"]
     for entry in payload["summary"].values():
         assert all(v is None or isinstance(v, bool) or finite(v) for v in entry.values())
         assert finite(entry[next(k for k in entry if k.startswith("xla_temp_ratio"))])
