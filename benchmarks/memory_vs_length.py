@@ -6,7 +6,8 @@ For every (model, method, T) a fresh Python process:
    ``jax.ShapeDtypeStruct`` inputs, compiles it and reads XLA's memory analysis
    (argument, output, temporary bytes; ``peak = arg + out + temp - alias``);
 2. creates the data, executes the pass once and reads the process peak RSS
-   (``resource.getrusage(RUSAGE_SELF).ru_maxrss``).
+   (``resource.getrusage(RUSAGE_SELF).ru_maxrss``), with glibc's mmap threshold
+   fixed at 1 MiB (``MALLOC_MMAP_THRESHOLD_``) so that freed buffers leave the RSS.
 
 BPTT is ``jax.grad`` through ``jax.lax.scan`` of the pure step; the online
 methods are ``learner.etrace_grad`` (one fused scan, hidden state and traces in
@@ -166,7 +167,11 @@ def run_config(model: str, method: str, T: int, config: dict, timeout: float,
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--model", model, "--method",
            method, "--length", str(T), "--config", json.dumps(config),
            "--stream-chunk", str(stream_chunk)]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # glibc raises its mmap threshold after the first large free and then keeps later large
+    # buffers on its heap, where freed memory stays resident: peak RSS would then count the
+    # allocator's retention, which grows with the number of etrace_grad calls. A fixed
+    # threshold (1 MiB) returns every freed large buffer to the OS, so RSS follows live memory.
+    env = dict(os.environ, PYTHONUNBUFFERED="1", MALLOC_MMAP_THRESHOLD_=str(2**20))
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout, env=env)
