@@ -38,7 +38,7 @@ from braintrace._compiler._graph import ETraceGraph, Relation
 from braintrace._primitive import MissingRuleError
 
 __all__ = ["AbstractAlgorithm", "Jacobians", "check_rules", "mix_states", "param_dtypes",
-           "per_sample", "sum_over_samples"]
+           "per_sample", "sum_over_samples", "tree_sum"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +148,7 @@ def per_sample(fn: Callable[..., Any], relation: Relation) -> Callable[..., Any]
 SAMPLE_BLOCK = 16
 
 
-def _tree_sum(terms: list[Any]) -> Any:
+def tree_sum(terms: list[Any]) -> Any:
     """Pairwise sum of a list of pytrees (a balanced tree of adds)."""
     while len(terms) > 1:
         pairs = [jax.tree.map(jnp.add, terms[k], terms[k + 1]) for k in range(0, len(terms) - 1, 2)]
@@ -179,10 +179,10 @@ def sum_over_samples(fn: Callable[..., Any], *batched: Any) -> Any:
 
     def block(start: int | jax.Array, count: int) -> Any:
         rows = jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, start, count), batched)
-        return _tree_sum([fn(*jax.tree.map(lambda a, k=k: a[k], rows)) for k in range(count)])
+        return tree_sum([fn(*jax.tree.map(lambda a, k=k: a[k], rows)) for k in range(count)])
 
     if size <= SAMPLE_BLOCK:
-        return _tree_sum([fn(*take(b)) for b in range(size)])
+        return tree_sum([fn(*take(b)) for b in range(size)])
     blocks, rest = divmod(size, SAMPLE_BLOCK)
     total = jax.lax.fori_loop(
         1, blocks, lambda i, acc: jax.tree.map(jnp.add, acc, block(i * SAMPLE_BLOCK, SAMPLE_BLOCK)),
@@ -192,17 +192,16 @@ def sum_over_samples(fn: Callable[..., Any], *batched: Any) -> Any:
     return total
 
 
-def mix_states(dt_to_t: Callable[..., Any], d: jax.Array, trace: Any, *,
-               state_axis: int = -1, **params: Any) -> Any:
-    """``out[s] = Σ_{s'} dt_to_t(d[..., s, s'], trace[s'])``, states on ``state_axis``.
+def mix_states(dt_to_t: Callable[..., Any], d: jax.Array, trace: Any, **params: Any) -> Any:
+    """``out[..., s] = Σ_{s'} dt_to_t(d[..., s, s'], trace[..., s'])``, states on the last axis.
 
-    Applies an ``(S, S)`` per-unit matrix to a trace whose ``state_axis`` holds
+    Applies an ``(S, S)`` per-unit matrix to a trace whose last axis holds
     the ``S`` states, through the primitive's ``dt_to_t`` rule. The result keeps
     the trace's dtype (``D`` may be wider, e.g. float32 hidden state and
     bfloat16 Params).
     """
     num_states = d.shape[-1]
-    take = lambda s: jax.tree.map(lambda e: jnp.take(e, s, axis=state_axis), trace)  # noqa: E731
+    take = lambda s: jax.tree.map(lambda e: e[..., s], trace)  # noqa: E731
     rows = []
     for s in range(num_states):
         total = None
@@ -210,19 +209,8 @@ def mix_states(dt_to_t: Callable[..., Any], d: jax.Array, trace: Any, *,
             term = dt_to_t(d[..., s, s2], take(s2), **params)
             total = term if total is None else jax.tree.map(jnp.add, total, term)
         rows.append(total)
-    mixed = jax.tree.map(lambda *r: jnp.stack(r, axis=state_axis), *rows)
+    mixed = jax.tree.map(lambda *r: jnp.stack(r, axis=-1), *rows)
     return jax.tree.map(lambda m, t: m.astype(t.dtype), mixed, trace)
-
-
-def contract_states(dt_to_t: Callable[..., Any], delta: jax.Array, trace: Any, *,
-                    state_axis: int = -1, **params: Any) -> Any:
-    """``Σ_s dt_to_t(δ[..., s], trace[s])``: a trace contracted with a signal."""
-    total = None
-    for s in range(delta.shape[-1]):
-        state = jax.tree.map(lambda e, s=s: jnp.take(e, s, axis=state_axis), trace)
-        term = dt_to_t(delta[..., s], state, **params)
-        total = term if total is None else jax.tree.map(jnp.add, total, term)
-    return total
 
 
 def group_signal(graph: ETraceGraph, delta: Sequence[jax.Array], group: int) -> jax.Array:

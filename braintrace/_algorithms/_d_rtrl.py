@@ -40,6 +40,7 @@ from braintrace._algorithms._base import (
     param_dtypes,
     per_sample,
     sum_over_samples,
+    tree_sum,
 )
 from braintrace._compiler._graph import ETraceGraph, Relation
 
@@ -115,11 +116,9 @@ def drtrl_update(r: Relation, eps: Any, d_g: jax.Array, df: jax.Array, x: jax.Ar
     d_y = r.gather_hidden(d_g)
     new = []
     for s, old in enumerate(eps):
-        total = jax.tree.map(lambda i, e: i.astype(e.dtype), outer(x, df[..., s]), old)
-        for s2, source in enumerate(eps):
-            term = scale(d_y[..., s, s2], source)
-            total = jax.tree.map(lambda t, m, e: t + m.astype(e.dtype), total, term, old)
-        new.append(total)
+        mixed = tree_sum([scale(d_y[..., s, s2], source) for s2, source in enumerate(eps)])
+        new.append(jax.tree.map(lambda m, i, e: (m + i).astype(e.dtype),
+                                mixed, outer(x, df[..., s]), old))
     return tuple(new)
 
 
@@ -137,8 +136,7 @@ def drtrl_contribution(r: Relation, eps: Any, signal: jax.Array) -> Any:
     contract = prim.rule("contract") if prim.has_rule("contract") else prim.rule("dt_to_t")
 
     def one(states, signal):  # one sample: states[s] is ε_s (*θ), signal (*y, S)
-        terms = [contract(signal[..., s], e, **r.params) for s, e in enumerate(states)]
-        return jax.tree.map(lambda *t: sum(t[1:], t[0]), *terms)
+        return tree_sum([contract(signal[..., s], e, **r.params) for s, e in enumerate(states)])
 
     return sum_over_samples(one, eps, signal) if r.batched else one(eps, signal)
 
