@@ -1,9 +1,12 @@
 """Shared pieces of the benchmarks: models, data, the BPTT reference and timers.
 
-Two models, both one time step per call:
+Models, each one time step per call:
 
 * ``snn``: two recurrent LIF layers (``RecurrentSpiking``) and a leaky readout;
-* ``gru``: one GRU cell (``Stateful(GRUCell)``) and a linear readout.
+* ``gru``: one GRU cell (``Stateful(GRUCell)``) and a linear readout;
+* ``alif``: ``snn`` with adaptive LIF neurons, two coupled states per neuron
+  (``S = 2``: the D-RTRL trace is twice as large and mixes across states),
+  timed by the throughput benchmark only.
 
 ``bptt_grad_fn`` is the reference every benchmark compares against: ``jax.grad``
 of the mean loss through ``jax.lax.scan`` of the pure step (the model split
@@ -28,6 +31,7 @@ import braintrace
 from braintrace import layers
 
 MODELS = ("snn", "gru")
+SPIKING = ("snn", "alif")
 
 # Full-size configuration shared by the memory and throughput benchmarks.
 FULL = {"hidden": 256, "inputs": 64, "outputs": 10, "batch": 16}
@@ -35,13 +39,13 @@ QUICK = {"hidden": 16, "inputs": 8, "outputs": 3, "batch": 2}
 
 
 class SNN(nnx.Module):
-    """Two recurrent LIF layers and a leaky-integrator readout."""
+    """Two recurrent spiking layers (LIF by default) and a leaky-integrator readout."""
 
     def __init__(self, inputs: int, hidden: int, outputs: int, rngs: nnx.Rngs,
-                 dtype=jnp.float32):
-        self.l1 = layers.RecurrentSpiking(inputs, layers.LIF(hidden, param_dtype=dtype),
+                 dtype=jnp.float32, neuron=layers.LIF):
+        self.l1 = layers.RecurrentSpiking(inputs, neuron(hidden, param_dtype=dtype),
                                           rngs=rngs, param_dtype=dtype)
-        self.l2 = layers.RecurrentSpiking(hidden, layers.LIF(hidden, param_dtype=dtype),
+        self.l2 = layers.RecurrentSpiking(hidden, neuron(hidden, param_dtype=dtype),
                                           rngs=rngs, param_dtype=dtype)
         self.readout = layers.LeakyReadout(hidden, outputs, rngs=rngs, param_dtype=dtype)
 
@@ -64,8 +68,10 @@ class GRUNet(nnx.Module):
 def build(name: str, inputs: int, hidden: int, outputs: int, batch: int, seed: int = 0,
           dtype=jnp.float32) -> nnx.Module:
     """A fresh model with hidden states initialised for ``batch``."""
-    cls = {"snn": SNN, "gru": GRUNet}[name]
-    model = cls(inputs, hidden, outputs, nnx.Rngs(seed), dtype)
+    if name == "alif":
+        model = SNN(inputs, hidden, outputs, nnx.Rngs(seed), dtype, neuron=layers.ALIF)
+    else:
+        model = {"snn": SNN, "gru": GRUNet}[name](inputs, hidden, outputs, nnx.Rngs(seed), dtype)
     braintrace.init_states(model, batch)
     return model
 
@@ -78,7 +84,7 @@ def data(name: str, T: int, inputs: int, outputs: int, batch: int, key: int = 0,
          dtype=jnp.float32):
     """Inputs and targets, time axis leading. The SNN gets inputs that make it spike."""
     kx, ky = jax.random.split(jax.random.key(key))
-    scale = 2.0 if name == "snn" else 1.0
+    scale = 2.0 if name in SPIKING else 1.0
     xs = scale * jax.random.normal(kx, (T, batch, inputs), dtype)
     ys = jax.random.normal(ky, (T, batch, outputs), dtype)
     return xs, ys
@@ -190,7 +196,7 @@ def data_numpy(name: str, T: int, inputs: int, outputs: int, batch: int, seed: i
     """
     rng = np.random.default_rng(seed)
     xs = rng.standard_normal((T, batch, inputs), dtype=np.float32)
-    if name == "snn":
+    if name in SPIKING:
         xs *= 2.0
     ys = rng.standard_normal((T, batch, outputs), dtype=np.float32)
     return xs, ys

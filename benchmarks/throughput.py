@@ -16,10 +16,17 @@ into its parts, inside the fused scan: the forward pass with the learning
 signal (VJP), the hidden Jacobians, the trace update and the gradient
 contribution (see :func:`profile_step`).
 
+``--xla-multi-output-fusion`` runs everything (BPTT included) with XLA:CPU's
+multi-output fusion pass switched on (``XLA_FLAGS=--xla_backend_extra_options=
+xla_cpu_use_multi_output_fusion``; it is off by default in XLA:CPU) and writes
+``throughput_xla_mof.json``. It lets XLA update the coupled states of a neuron
+with ``S > 1`` (the ``alif`` model) in one loop, in place.
+
 Usage::
 
-    python benchmarks/throughput.py                 # hidden 256, input 64, batch 16
+    python benchmarks/throughput.py                 # snn, gru, alif; hidden 256, input 64, batch 16
     python benchmarks/throughput.py --quick         # seconds
+    python benchmarks/throughput.py --xla-multi-output-fusion
 """
 
 from __future__ import annotations
@@ -31,13 +38,15 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+MOF_FLAG = "--xla_backend_extra_options=xla_cpu_use_multi_output_fusion"
+if "--xla-multi-output-fusion" in sys.argv[1:]:  # XLA reads XLA_FLAGS once, at backend start
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {MOF_FLAG}".strip()
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from _models import (
     FULL,
-    MODELS,
     QUICK,
     block,
     bptt_grad_fn,
@@ -53,6 +62,7 @@ from _models import (
 import braintrace
 
 NAME = "throughput"
+MODELS = ("snn", "gru", "alif")
 METHODS = ("bptt", "d_rtrl", "es_d_rtrl")
 TARGETS = {"es_d_rtrl": 1.5, "d_rtrl": 3.0}
 
@@ -158,7 +168,7 @@ def profile_step(model_name: str, method: str, cfg: dict, xs, ys, repeats: int) 
             "full_step_us": cumulative[labels[-1]]}
 
 
-def plot(results: dict, path: str) -> None:
+def plot(results: dict, path: str, note: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -181,7 +191,7 @@ def plot(results: dict, path: str) -> None:
                            color=colours[m], ls=":", lw=1, label=f"{m} target {target}x")
         ax.set_yscale("log")
         ax.set_ylabel("µs per step (median)")
-        ax.set_title(f"{model}: time per step")
+        ax.set_title(f"{model}: time per step{note}")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -197,6 +207,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--length", type=int, default=None, help="steps per pass (T)")
     p.add_argument("--repeats", type=int, default=None, help="timed passes per method")
+    p.add_argument("--xla-multi-output-fusion", action="store_true",
+                   help="switch on XLA:CPU's multi-output fusion (for every method); writes "
+                        f"{NAME}_xla_mof.json")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=None,
                    help="also time the parts of one online step (default: on, off with --quick)")
     args = p.parse_args(argv)
@@ -266,7 +279,8 @@ def main(argv: list[str] | None = None) -> dict:
     payload = {
         "benchmark": NAME,
         "quick": args.quick,
-        "config": {**cfg, "T": T, "repeats": repeats, "dtype": "float32", "loss": "mse"},
+        "config": {**cfg, "T": T, "repeats": repeats, "dtype": "float32", "loss": "mse",
+                   "xla_flags": os.environ.get("XLA_FLAGS", "")},
         "environment": {**environment(), "loadavg_at_end": load},
         "notes": [
             ("step_us = wall time of one compiled pass over T steps / T (median over repeats, "
@@ -282,8 +296,10 @@ def main(argv: list[str] | None = None) -> dict:
         "total_wall_s": time.perf_counter() - start_all,
     }
     os.makedirs(args.out, exist_ok=True)
-    write_json(os.path.join(args.out, f"{NAME}.json"), payload)
-    plot(results, os.path.join(args.out, f"{NAME}.png"))
+    name = f"{NAME}_xla_mof" if args.xla_multi_output_fusion else NAME
+    write_json(os.path.join(args.out, f"{name}.json"), payload)
+    plot(results, os.path.join(args.out, f"{name}.png"),
+         " (XLA multi-output fusion)" if args.xla_multi_output_fusion else "")
     return payload
 
 
