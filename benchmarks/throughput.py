@@ -217,6 +217,9 @@ def main(argv: list[str] | None = None) -> dict:
     T = args.length or (20 if args.quick else 200)
     repeats = args.repeats or (3 if args.quick else 7)
     methods = args.methods.split(",")
+    if args.xla_multi_output_fusion and MOF_FLAG not in os.environ.get("XLA_FLAGS", ""):
+        p.error("--xla-multi-output-fusion only works on the command line (XLA reads XLA_FLAGS "
+                "when its backend starts, before main() runs)")
     do_profile = (not args.quick) if args.profile is None else args.profile
     if "bptt" not in methods:
         methods = ["bptt", *methods]
