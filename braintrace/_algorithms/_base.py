@@ -149,7 +149,13 @@ SAMPLE_BLOCK = 16
 
 
 def tree_sum(terms: list[Any]) -> Any:
-    """Pairwise sum of a list of pytrees (a balanced tree of adds)."""
+    """Pairwise sum of a list of pytrees (a balanced tree of adds).
+
+    Example:
+        >>> from braintrace._algorithms._base import tree_sum
+        >>> tree_sum([{"w": 1.0}, {"w": 2.0}, {"w": 4.0}])
+        {'w': 7.0}
+    """
     while len(terms) > 1:
         pairs = [jax.tree.map(jnp.add, terms[k], terms[k + 1]) for k in range(0, len(terms) - 1, 2)]
         terms = pairs + ([terms[-1]] if len(terms) % 2 else [])
