@@ -153,8 +153,8 @@ def tree_sum(terms: list[Any]) -> Any:
 
     Example:
         >>> from braintrace._algorithms._base import tree_sum
-        >>> tree_sum([{"w": 1.0}, {"w": 2.0}, {"w": 4.0}])
-        {'w': 7.0}
+        >>> float(tree_sum([{"w": 1.0}, {"w": 2.0}, {"w": 4.0}])["w"])
+        7.0
     """
     while len(terms) > 1:
         pairs = [jax.tree.map(jnp.add, terms[k], terms[k + 1]) for k in range(0, len(terms) - 1, 2)]
