@@ -16,8 +16,9 @@ an online learner meets a long sequence: ``etrace_grad`` is called on
 consecutive chunks of ``--stream-chunk`` steps (hidden state and traces carry
 over between calls, gradients summed), each chunk's data drawn just before it
 is used, so neither the program nor the inputs grow with ``T``; their XLA
-analysis is that of the one chunk program. A configuration that cannot execute within ``--exec-timeout``
-keeps its compiled analysis and says why its RSS is missing.
+analysis is that of the one chunk program. A configuration that cannot execute
+within ``--exec-timeout`` keeps its compiled analysis and says why its RSS is
+missing.
 
 Usage::
 

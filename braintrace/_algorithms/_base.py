@@ -181,14 +181,13 @@ def sum_over_samples(fn: Callable[..., Any], *batched: Any) -> Any:
         [760.0, 800.0]
     """
     size = jax.tree.leaves(batched)[0].shape[0]
-    take = lambda b: jax.tree.map(lambda a: a[b], batched)
 
     def block(start: int | jax.Array, count: int) -> Any:
         rows = jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, start, count), batched)
         return tree_sum([fn(*jax.tree.map(lambda a, k=k: a[k], rows)) for k in range(count)])
 
     if size <= SAMPLE_BLOCK:
-        return tree_sum([fn(*take(b)) for b in range(size)])
+        return block(0, size)
     blocks, rest = divmod(size, SAMPLE_BLOCK)
     total = jax.lax.fori_loop(
         1, blocks, lambda i, acc: jax.tree.map(jnp.add, acc, block(i * SAMPLE_BLOCK, SAMPLE_BLOCK)),
