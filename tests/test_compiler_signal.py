@@ -1,7 +1,10 @@
-"""The learning signal: ``∂L/∂perturbation`` of ``graph.forward`` equals ``∂L/∂h^t``.
+"""The learning signal and the same-step gradient from ``graph.forward``.
 
-The oracle differentiates the loss as a function of ``h^t`` written by hand
-(the readout part of the step), independently of the compiler.
+Differentiating the step loss through ``graph.forward`` with respect to
+``h^{t-1}`` gives ``∂L_t/∂h^{t-1}`` (every path, including a loss that reads
+the previous state), and with respect to the Params the exact same-step
+gradient. The oracle differentiates the step written by hand, independently
+of the compiler.
 """
 
 import jax
@@ -47,38 +50,42 @@ class Leaky(nnx.Module):
             return readout(self.h[...])
         if self.read == "local":  # use the local value
             return readout(h)
-        if self.read == "local_and_previous":  # also read h^{t-1}: not part of ∂L/∂h^t
+        if self.read == "local_and_previous":  # also read h^{t-1} directly
             return readout(h) + h_prev[:, :2] ** 2
         raise AssertionError(self.read)
 
 
-def signal(graph, model):
+def step_gradients(graph, model, x=X):
+    """``(∂L/∂params, ∂L/∂h^{t-1})`` of one step through ``graph.forward``."""
     _, params, hidden, other = split_model(model)
     P, Hs, O = jax.tree.leaves(params), jax.tree.leaves(hidden), jax.tree.leaves(other)
-    zeros = [jnp.zeros_like(h) for h in Hs]
 
-    def f(p):
-        y, _, _, _ = graph.forward(P, Hs, O, [X], p)
+    def f(p, h):
+        y, _, _, _ = graph.forward(p, h, O, [x])
         return loss(jax.tree.unflatten(graph.out_treedef, y))
 
-    return jax.grad(f)(zeros)
+    return jax.grad(f, argnums=(0, 1))(P, Hs)
 
 
 @pytest.mark.parametrize("read", ["variable", "local", "local_and_previous"])
-def test_perturbation_gradient_equals_gradient_with_respect_to_new_hidden(read):
+def test_signal_is_the_gradient_with_respect_to_the_previous_hidden_state(read):
     model = Leaky(read)
     braintrace.init_states(model, B)
     model.h[...] = H0
     graph = braintrace.compile_graph(model, X)
-    (got,) = signal(graph, model)
-    h_t = transition(H0, X, W_IN)
-    extra = H0[:, :2] ** 2 if read == "local_and_previous" else 0.0  # constant in h^t
-    want = jax.grad(lambda h: loss(readout(h) + extra))(h_t)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    assert float(jnp.max(jnp.abs(want))) > 1e-2
+    (got_w,), (got_h,) = step_gradients(graph, model)
+
+    def step_loss(h_prev, w):
+        extra = h_prev[:, :2] ** 2 if read == "local_and_previous" else 0.0
+        return loss(readout(transition(h_prev, X, w)) + extra)
+
+    want_h, want_w = jax.grad(step_loss, argnums=(0, 1))(H0, W_IN)
+    np.testing.assert_allclose(got_h, want_h, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_w, want_w, rtol=1e-5, atol=1e-6)
+    assert float(jnp.max(jnp.abs(want_h))) > 1e-2
 
 
-def test_perturbation_reaches_uses_of_the_value_before_a_dtype_cast():
+def test_signal_follows_uses_of_the_value_before_a_dtype_cast():
     """The state is written as ``h.astype(float32)`` while the output uses ``h`` (float64)."""
 
     class Cast(nnx.Module):
@@ -97,22 +104,16 @@ def test_perturbation_reaches_uses_of_the_value_before_a_dtype_cast():
         model.h[...] = H0
         x = X.astype(jnp.float64)
         graph = braintrace.compile_graph(model, x)
-        _, params, hidden, other = split_model(model)
-        P, Hs, O = jax.tree.leaves(params), jax.tree.leaves(hidden), jax.tree.leaves(other)
-
-        def f(p):
-            y, _, _, _ = graph.forward(P, Hs, O, [x], p)
-            return loss(y[0])
-
-        (got,) = jax.grad(f)([jnp.zeros((B, H), jnp.float32)])
-        h_t = 0.8 * H0.astype(jnp.float64) + x @ W_IN.astype(jnp.float64)
-        want = jax.grad(lambda h: loss(readout(h)))(h_t)
+        _, (got,) = step_gradients(graph, model, x)
+        want = jax.grad(lambda h: loss(readout(0.8 * h.astype(jnp.float64) + x @ W_IN)))(
+            H0.astype(jnp.float32))
+        assert got.dtype == jnp.float32
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         assert float(jnp.max(jnp.abs(want))) > 1e-2
 
 
-def test_perturbation_signal_of_a_two_layer_stack_is_the_total_signal():
-    """``∂L/∂h1^t`` includes the path through layer 2 (and its new state ``h2^t``)."""
+def test_signal_of_a_two_layer_stack_is_the_total_signal():
+    """``∂L/∂h1^{t-1}`` includes the path through layer 2 (and its new state ``h2^t``)."""
     w2 = jax.random.normal(jax.random.key(5), (H, H))
     h2_0 = jax.random.normal(jax.random.key(6), (B, H))
 
@@ -135,17 +136,18 @@ def test_perturbation_signal_of_a_two_layer_stack_is_the_total_signal():
     model.h2[...] = h2_0
     graph = braintrace.compile_graph(model, X)
     assert graph.hidden_paths == ("h1", "h2")
-    got_h1, got_h2 = signal(graph, model)
-    h1_t = transition(H0, X, W_IN)
-    layer2 = lambda h1: 0.6 * h2_0 + jnp.tanh(h1) @ w2
-    want_h2 = jax.grad(lambda h2: loss(readout(h2)))(layer2(h1_t))
-    want_h1 = jax.grad(lambda h1: loss(readout(layer2(h1))))(h1_t)
+    _, (got_h1, got_h2) = step_gradients(graph, model)
+
+    def step_loss(h1, h2):
+        return loss(readout(0.6 * h2 + jnp.tanh(transition(h1, X, W_IN)) @ w2))
+
+    want_h1, want_h2 = jax.grad(step_loss, argnums=(0, 1))(H0, h2_0)
     np.testing.assert_allclose(got_h2, want_h2, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got_h1, want_h1, rtol=1e-5, atol=1e-6)
     assert float(jnp.max(jnp.abs(want_h1))) > 1e-2
 
 
-def test_forward_without_perturbation_is_the_model_step():
+def test_forward_is_the_model_step():
     model = Leaky("variable")
     braintrace.init_states(model, B)
     model.h[...] = H0

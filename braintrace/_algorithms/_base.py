@@ -8,17 +8,20 @@ contribution:
 * ``update(graph, state, jac, rel_x, operands)`` -> next trace state, given
   this step's Jacobians (``jac.d[g]``, ``jac.df[r]``) and each relation's
   input ``x``;
-* ``contribution(graph, state, delta, operands)`` -> this step's gradient
-  term per relation, given the learning signal ``δ_g = ∂L_t/∂h_g^t``
-  ``(*V, S)``; terms are summed over time;
+* ``contribution(graph, state, delta, operands)`` -> this step's temporal
+  gradient term per relation: the learning signal
+  ``δ̄_g = ∂L_t/∂h_g^{t-1}`` ``(*V, S)`` contracted with the traces *before*
+  this step's update (``ε^{t-1}``); terms are summed over time, and the exact
+  same-step gradient is added by the driver (see ``_scan.py``);
 * ``finalize(graph, summed, operands)`` -> ``{key: dθ}`` per relation
   (linear, so it is applied once, after summing).
 
 Optional hooks: ``required_rules(relation)`` names the ETP rules the
 algorithm calls for a relation (checked by :func:`check_rules` when the
 traces are created, so a missing rule fails at ``braintrace.compile`` with a
-:class:`~braintrace.MissingRuleError`), and ``learning_signal`` may replace the
-exact signal ``δ`` (e.g. e-prop's random feedback).
+:class:`~braintrace.MissingRuleError`), and ``feedback_operands(graph)`` may
+name fixed operands through which ETP operations send derivatives back to
+their input (e.g. e-prop's random feedback).
 
 Traces are kept in the dtype of the Params they belong to: updates cast the
 mixed and instantaneous terms back to the trace's dtype.
@@ -66,18 +69,16 @@ class AbstractAlgorithm(abc.ABC):
         del relation
         return ()
 
-    def learning_signal(self, graph: ETraceGraph, delta: Sequence[jax.Array], *,
-                        params: Sequence[jax.Array], hidden: Sequence[jax.Array],
-                        other: Sequence[jax.Array], x: Sequence[jax.Array],
-                        output_loss: Callable[[list[jax.Array]], jax.Array]) -> Sequence[jax.Array]:
-        """The per-leaf learning signal of one step in single-step mode.
+    def feedback_operands(self, graph: ETraceGraph) -> dict[int, dict[int, jax.Array]] | None:
+        """``{eqn index: {operand position: B}}`` for feedback alignment, or ``None`` (exact).
 
-        The default is the exact ``δ = ∂L_t/∂h^t`` (``delta``). ``output_loss``
-        maps the step's output leaves to the weighted step loss, for
-        algorithms that build their own signal from the output error.
+        Listed ETP equations send the derivative to their input through ``B``
+        instead of their trainable operands, in the same-step gradient and in
+        the learning signal alike. Called while tracing each step: return
+        constants (computed once), not values built inside the trace.
         """
-        del graph, params, hidden, other, x, output_loss
-        return delta
+        del graph
+        return None
 
     @abc.abstractmethod
     def init(self, graph: ETraceGraph, operands: Sequence[dict[str, jax.Array]]) -> Any:

@@ -3,15 +3,17 @@
 .. math::
 
     \\bar e^t = \\kappa\\, \\bar e^{t-1} + \\epsilon^t, \\qquad
-    \\nabla_\\theta L = \\sum_t L^t \\cdot \\bar e^t
+    \\nabla_\\theta L = \\sum_t \\frac{\\partial L_t}{\\partial \\theta}\\Big|_{h^{t-1}}
+        + L^t \\cdot \\bar e^{t-1}
 
-where ``ε^t`` is the D-RTRL eligibility trace. ``κ = 0`` is D-RTRL. The filter
-matches e-prop's treatment of a leaky readout (Bellec et al. 2020).
+where ``ε^t`` is the D-RTRL eligibility trace and ``L^t = ∂L_t/∂h^{t-1}`` the
+learning signal. ``κ = 0`` is D-RTRL. The filter matches e-prop's treatment of
+a leaky readout (Bellec et al. 2020).
 
-The learning signal ``L^t`` is, with ``feedback='symmetric'`` (default), the
-exact ``δ^t = ∂L_t/∂h^t``. With ``feedback='random'`` it is the same reverse
-pass from the step loss to the new hidden state, except that every ETP
-operation whose input ``x`` depends on that hidden state (a readout, the input
+With ``feedback='symmetric'`` (default) the same-step gradient and ``L^t`` are
+exact. With ``feedback='random'`` they come from the same reverse pass of the
+step, except that every ETP operation whose input ``x`` depends on the new
+hidden state ``h^t`` (a readout, the input
 weights of a next layer) sends the error back to ``x`` through **fixed random
 operands** ``B`` of the shapes and dtypes of its trainable operands instead of
 its weights (feedback alignment, Lillicrap et al. 2016):
@@ -36,12 +38,10 @@ exact reverse pass inside windows) rejects it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.extend.core as jex_core
-import jax.numpy as jnp
 
 from braintrace._algorithms._base import AbstractAlgorithm, check_rules, group_signal
 from braintrace._algorithms._d_rtrl import (
@@ -52,9 +52,8 @@ from braintrace._algorithms._d_rtrl import (
     drtrl_update,
 )
 from braintrace._compiler._graph import ETraceGraph
-from braintrace._compiler._interpret import bind_equation
 
-__all__ = ["EProp", "FilteredTrace", "feedback_signal", "random_feedback_operands"]
+__all__ = ["EProp", "FilteredTrace", "feedback_equations", "random_feedback_operands"]
 
 FEEDBACKS = ("symmetric", "random")
 
@@ -107,75 +106,20 @@ def random_feedback_operands(graph: ETraceGraph, seed: int = 0,
     return feedback
 
 
-def feedback_signal(
-    graph: ETraceGraph,
-    feedback: dict[int, dict[int, jax.Array]],
-    params: Sequence[jax.Array],
-    hidden: Sequence[jax.Array],
-    other: Sequence[jax.Array],
-    x: Sequence[jax.Array],
-    output_loss: Callable[[list[jax.Array]], jax.Array],
-) -> list[jax.Array]:
-    """``∂L_t/∂h^t`` with the operands in ``feedback`` replacing the real ones on the way back.
-
-    The forward values are the real ones; only the derivative of each listed
-    equation is taken at its substituted operands (``y + f(x, B) - sg(f(x, B))``).
-    With the real operands substituted this is the exact learning signal.
-    """
-    jaxpr = graph.jaxpr
-    n_out = graph.num_outputs
-    hidden_out = _hidden_out_vars(graph)
-    args = [*params, *hidden, *other, *x]
-
-    def loss(perturbation):
-        perturb: dict[Any, jax.Array] = {}
-        for var, p in zip(hidden_out, perturbation):
-            if not isinstance(var, jex_core.Literal):
-                perturb[var] = perturb[var] + p if var in perturb else p
-        env: dict[Any, Any] = {}
-
-        def read(v):
-            return v.val if isinstance(v, jex_core.Literal) else env[v]
-
-        def write(v, value):
-            if isinstance(v, jex_core.DropVar):
-                return
-            env[v] = value + perturb[v] if v in perturb else value
-
-        for v, value in zip(jaxpr.constvars, graph.consts):
-            write(v, value)
-        for v, value in zip(jaxpr.invars, args):
-            write(v, value)
-        for index, eqn in enumerate(jaxpr.eqns):
-            invals = [read(v) for v in eqn.invars]
-            outs = bind_equation(eqn, invals)
-            if index in feedback:
-                alt_in = list(invals)
-                for position, value in feedback[index].items():
-                    alt_in[position] = value
-                alt = bind_equation(eqn, alt_in)
-                outs = [jax.lax.stop_gradient(o) + (a - jax.lax.stop_gradient(a))
-                        for o, a in zip(outs, alt)]
-            for v, value in zip(eqn.outvars, outs):
-                write(v, value)
-        return output_loss([read(v) for v in jaxpr.outvars[:n_out]])
-
-    return list(jax.grad(loss)([jnp.zeros_like(h) for h in hidden]))
-
-
 class EProp(AbstractAlgorithm):
     """e-prop: filtered D-RTRL eligibility traces, symmetric or random feedback.
 
     .. math::
 
         \\bar e^t = \\kappa \\bar e^{t-1} + \\epsilon^t, \\qquad
-        \\nabla_\\theta L = \\sum_t L^t \\cdot \\bar e^t
+        \\nabla_\\theta L = \\sum_t \\partial L_t/\\partial\\theta|_{h^{t-1}}
+            + L^t \\cdot \\bar e^{t-1}
 
     Args:
         kappa: The filter decay in ``[0, 1)``; ``0`` gives D-RTRL.
-        feedback: ``'symmetric'``: ``L^t`` is the exact ``∂L_t/∂h^t``.
-            ``'random'``: ETP operations reading the hidden state send the
-            error back through fixed random operands (see the module
+        feedback: ``'symmetric'``: ``L^t`` is the exact ``∂L_t/∂h^{t-1}``.
+            ``'random'``: ETP operations reading the new hidden state send
+            the error back through fixed random operands (see the module
             docstring); single-step mode only.
         seed: Seed of the random feedback operands.
         feedback_scale: Multiplies the random operands (LeCun-normal scaled).
@@ -201,15 +145,20 @@ class EProp(AbstractAlgorithm):
         self.seed = int(seed)
         self.feedback_scale = float(feedback_scale)
         self.supports_windowed = feedback == "symmetric"
+        self._feedback_cache: dict[int, tuple[ETraceGraph, dict]] = {}
 
     def required_rules(self, relation):
         return drtrl_rules(relation)
 
-    def learning_signal(self, graph, delta, *, params, hidden, other, x, output_loss):
+    def feedback_operands(self, graph):
         if self.feedback == "symmetric":
-            return delta
-        feedback = random_feedback_operands(graph, self.seed, self.feedback_scale)
-        return feedback_signal(graph, feedback, params, hidden, other, x, output_loss)
+            return None
+        key = id(graph)
+        if key not in self._feedback_cache:
+            with jax.ensure_compile_time_eval():
+                self._feedback_cache[key] = (graph, random_feedback_operands(
+                    graph, self.seed, self.feedback_scale))
+        return self._feedback_cache[key][1]
 
     def init(self, graph, operands):
         check_rules(self, graph)

@@ -1,13 +1,23 @@
 """The online gradient loop: one fused ``lax.scan`` over time.
 
-Per step ``t`` (memory independent of ``T``):
+Per step ``t`` (memory independent of ``T``), with traces ``ε^{t-1}`` of the
+influence of the traced Params on the hidden state ``h^{t-1}``:
 
-1. run the step with a zero perturbation ``p`` at every ``h^t``; the VJP of
-   ``w_t·L_t`` gives the learning signal ``δ^t = ∂L_t/∂p`` and the same-step
-   gradient of every Param that is not traced;
-2. compute ``D^t`` and ``Df^t`` at ``(h^{t-1}, x^t)``;
-3. update the traces and add the algorithm's gradient contribution.
+.. math::
 
+    \\nabla_\\theta L_t = \\frac{\\partial L_t}{\\partial \\theta}\\Big|_{h^{t-1}}
+        + \\frac{\\partial L_t}{\\partial h^{t-1}} \\cdot \\epsilon^{t-1}
+
+1. the VJP of the step's weighted loss ``w_t·L_t`` with respect to the
+   Params and ``h^{t-1}`` gives the exact same-step gradient of every Param
+   (every path of the step: nothing is ever dropped from it) and the learning
+   signal ``δ̄^t = ∂L_t/∂h^{t-1}``, which covers both a loss that reads the new
+   state and one that reads the previous state;
+2. the algorithm contracts ``δ̄^t`` with ``ε^{t-1}`` (its temporal credit);
+3. ``D^t`` and ``Df^t`` at ``(h^{t-1}, x^t)`` advance the traces to ``ε^t``.
+
+When the traces are exact (D-RTRL on a position-diagonal model) this is
+exactly BPTT; at ``T = 1`` it is BPTT for every algorithm and every model.
 After the scan, the summed contributions are mapped to the operands
 (``finalize``) and through the weight programs to the Params.
 """
@@ -66,13 +76,13 @@ def online_step(
     y_t: Any,
     weight_t: jax.Array,
 ) -> tuple[ScanCarry, jax.Array]:
-    """One time step of online learning; returns the new carry and ``L_t``."""
+    """One time step of online learning (module docstring); returns the new carry and ``L_t``."""
     x_leaves = jax.tree.leaves(x_t)
     hidden, other = carry.hidden, carry.other
-    zeros = [jnp.zeros_like(h) for h in hidden]
+    feedback = algorithm.feedback_operands(graph)
 
-    def weighted_loss(params, perturbation):
-        out, h_out, o_out, rel_x = graph.forward(params, hidden, other, x_leaves, perturbation)
+    def weighted_loss(params, hidden):
+        out, h_out, o_out, rel_x = graph.forward(params, hidden, other, x_leaves, feedback)
         loss = loss_fn(jax.tree.unflatten(graph.out_treedef, out), y_t)
         if jnp.ndim(loss) != 0:
             raise ValueError(
@@ -81,15 +91,11 @@ def online_step(
         return loss * weight_t, (loss, h_out, o_out, rel_x)
 
     _, pullback, (loss, h_out, o_out, rel_x) = jax.vjp(
-        weighted_loss, list(params), zeros, has_aux=True)
-    same_step, delta = pullback(jnp.ones((), dtype=jnp.result_type(loss)))
-    delta = algorithm.learning_signal(
-        graph, delta, params=params, hidden=hidden, other=other, x=x_leaves,
-        output_loss=lambda out: loss_fn(jax.tree.unflatten(graph.out_treedef, out), y_t)
-        * weight_t)
+        weighted_loss, list(params), list(hidden), has_aux=True)
+    same_step, signal = pullback(jnp.ones((), dtype=jnp.result_type(loss)))
+    term = algorithm.contribution(graph, carry.traces, signal, operands)
     jac = step_jacobians(graph, algorithm, params, hidden, other, x_leaves)
     traces = algorithm.update(graph, carry.traces, jac, rel_x, operands)
-    term = algorithm.contribution(graph, traces, delta, operands)
     summed = jax.tree.map(jnp.add, carry.summed, term)
     same = [a + b.astype(a.dtype) for a, b in zip(carry.same_step, same_step)]
     return ScanCarry(list(h_out), list(o_out), traces, summed, same), loss

@@ -51,9 +51,6 @@ from braintrace._primitive import ETPPrimitive
 
 __all__ = ["ETraceGraph", "Exclusion", "HiddenGroup", "Relation", "build_graph"]
 
-_CASTS = frozenset({"convert_element_type", "copy", "copy_p"})
-
-
 @dataclasses.dataclass(frozen=True)
 class HiddenGroup:
     """Hidden states whose transitions couple elementwise.
@@ -267,21 +264,6 @@ class ETraceGraph:
         start = self.num_outputs + self.num_params
         return list(self.jaxpr.outvars[start:start + self.num_hidden])
 
-    def _definition_vars(self) -> list[Any]:
-        """Where each ``h^t`` is defined: its output variable, before dtype casts.
-
-        A model may write ``h.astype(dtype)`` to the state and keep using ``h``;
-        perturbing ``h`` reaches both uses.
-        """
-        producer = {v: eqn for eqn in self.jaxpr.eqns for v in eqn.outvars}
-        out = []
-        for var in self._hidden_out_vars():
-            while (var in producer and producer[var].primitive.name in _CASTS
-                   and not isinstance(producer[var].invars[0], jex_core.Literal)):
-                var = producer[var].invars[0]
-            out.append(var)
-        return out
-
     def _args(self, params, hidden, other, x) -> list[Any]:
         return [*params, *hidden, *other, *x]
 
@@ -293,34 +275,29 @@ class ETraceGraph:
         hidden: Sequence[jax.Array],
         other: Sequence[jax.Array],
         x: Sequence[jax.Array],
-        perturbation: Sequence[jax.Array] | None = None,
+        feedback: dict[int, dict[int, jax.Array]] | None = None,
     ) -> tuple[list[jax.Array], list[jax.Array], list[jax.Array], list[jax.Array]]:
-        """One step with a perturbation added at the definition of every ``h^t``.
+        """One step of the model, also returning each relation's input ``x``.
 
-        The definition is the value written to the state before any dtype cast,
-        so uses of the local value and reads of the Variable both see it.
+        Differentiating its output with respect to ``params`` and ``hidden``
+        gives the exact same-step gradient ``∂L_t/∂θ`` (every path of the
+        step) and the learning signal ``∂L_t/∂h^{t-1}``.
 
-        Trainable operands of traced equations are read through
-        ``stop_gradient``, so differentiating the result with respect to
-        ``params`` gives only the same-step gradient of untraced sites, and with
-        respect to ``perturbation`` the learning signal ``∂L/∂h^t``.
+        Args:
+            params, hidden, other, x: The step's leaves.
+            feedback: ``{eqn index: {operand position: B}}``: those ETP
+                equations send derivatives to their input through ``B``
+                instead of their trainable operands (e-prop's random feedback);
+                values and derivatives with respect to the operands stay exact.
 
         Returns:
             ``(y_leaves, hidden_out, other_out, relation_inputs)`` where
             ``relation_inputs[r]`` is relation ``r``'s ``x`` (or ``None``).
         """
-        perturb = {}
-        if perturbation is not None:
-            for var, p in zip(self._definition_vars(), perturbation):
-                perturb[var] = perturb[var] + p if var in perturb else p
-        stop_operands = {
-            eqn: tuple(self.jaxpr.eqns[eqn].primitive.trainable_invars(
-                self.jaxpr.eqns[eqn].params).values())
-            for eqn in self.traced_eqns}
         record = [self._x_var(r) for r in self.relations if r.has_input]
         outs, recorded = evaluate(
-            self.jaxpr, self.consts, self._args(params, hidden, other, x),
-            stop_operands=stop_operands, perturb=perturb, record=record)
+            self.jaxpr, self.consts, self._args(params, hidden, other, x), feedback=feedback,
+            record=record)
         recorded = iter(recorded)
         rel_x = [next(recorded) if r.has_input else None for r in self.relations]
         n_out, n_p, n_h = self.num_outputs, self.num_params, self.num_hidden

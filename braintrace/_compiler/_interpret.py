@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import jax.extend.core as jex_core
 
-__all__ = ["bind_equation", "evaluate"]
+__all__ = ["bind_equation", "evaluate", "feedback_outputs"]
 
 
 def bind_equation(eqn: jex_core.JaxprEqn, invals: Sequence[Any]) -> list[Any]:
@@ -27,9 +27,8 @@ def evaluate(
     args: Sequence[Any],
     *,
     stop_eqns: frozenset[int] = frozenset(),
-    stop_operands: Mapping[int, Sequence[int]] | None = None,
     injections: Mapping[int, tuple[int, Any]] | None = None,
-    perturb: Mapping[jex_core.Var, Any] | None = None,
+    feedback: Mapping[int, Mapping[int, Any]] | None = None,
     record: Sequence[Any] = (),
 ) -> tuple[list[Any], list[Any]]:
     """Evaluates ``jaxpr`` like ``jax.core.eval_jaxpr``, with hooks.
@@ -39,32 +38,27 @@ def evaluate(
         consts: Values of its constvars.
         args: Values of its invars.
         stop_eqns: Equations whose outputs pass through ``lax.stop_gradient``.
-        stop_operands: ``{eqn_index: operand positions}`` read through
-            ``lax.stop_gradient`` by that equation only.
         injections: ``{eqn_index: (output position, value)}`` added to that
             output right after it is computed (zero-valued tangent entry points).
-        perturb: ``{var: value}`` added to a variable right at its definition
-            (cast to its dtype), so every later use (and the jaxpr output) sees
-            the sum.
+        feedback: ``{eqn_index: {operand position: B}}``: that equation keeps its
+            value and its derivative with respect to every operand but its
+            input ``x`` (operand ``x_position``), whose derivative is taken at the
+            substituted operands ``B`` instead (see :func:`feedback_outputs`).
         record: Variables (or literals) whose values to return as well.
 
     Returns:
         The jaxpr outputs and the recorded values.
     """
-    stop_operands = stop_operands or {}
     injections = injections or {}
-    perturb = perturb or {}
+    feedback = feedback or {}
     env: dict[jex_core.Var, Any] = {}
 
     def read(v: Any) -> Any:
         return v.val if isinstance(v, jex_core.Literal) else env[v]
 
     def write(v: Any, value: Any) -> None:
-        if isinstance(v, jex_core.DropVar):
-            return
-        if v in perturb:
-            value = value + jax.lax.convert_element_type(perturb[v], jax.numpy.result_type(value))
-        env[v] = value
+        if not isinstance(v, jex_core.DropVar):
+            env[v] = value
 
     for v, value in zip(jaxpr.constvars, consts):
         write(v, value)
@@ -72,9 +66,10 @@ def evaluate(
         write(v, value)
     for index, eqn in enumerate(jaxpr.eqns):
         invals = [read(v) for v in eqn.invars]
-        for position in stop_operands.get(index, ()):
-            invals[position] = jax.lax.stop_gradient(invals[position])
-        outs = bind_equation(eqn, invals)
+        if index in feedback:
+            outs = feedback_outputs(eqn, invals, feedback[index])
+        else:
+            outs = bind_equation(eqn, invals)
         if index in stop_eqns:
             outs = [jax.lax.stop_gradient(o) for o in outs]
         if index in injections:
@@ -83,3 +78,24 @@ def evaluate(
         for v, value in zip(eqn.outvars, outs):
             write(v, value)
     return [read(v) for v in jaxpr.outvars], [read(v) for v in record]
+
+
+def feedback_outputs(eqn: jex_core.JaxprEqn, invals: Sequence[Any],
+                     substitutes: Mapping[int, Any]) -> list[Any]:
+    """``f(sg(x), θ) + f(x, B) - f(sg(x), B)``: the value ``f(x, θ)``, derivatives mixed.
+
+    The derivative with respect to the trainable operands ``θ`` is the real one;
+    the derivative with respect to the input ``x`` is taken at the substituted
+    operands ``B`` (feedback alignment). ``eqn`` is an ETP equation with an input.
+    """
+    x_position = eqn.primitive.x_invar_index
+    stopped = list(invals)
+    stopped[x_position] = jax.lax.stop_gradient(invals[x_position])
+    alt, alt_stopped = list(invals), list(stopped)
+    for position, value in substitutes.items():
+        alt[position] = value
+        alt_stopped[position] = value
+    real = bind_equation(eqn, stopped)
+    through_b = bind_equation(eqn, alt)
+    through_b_stopped = bind_equation(eqn, alt_stopped)
+    return [r + (b - s) for r, b, s in zip(real, through_b, through_b_stopped)]

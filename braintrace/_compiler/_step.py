@@ -42,9 +42,20 @@ class TracedStep:
     warnings: tuple[str, ...]
 
 
+def differentiable_hidden(path: Any, node: Any) -> bool:
+    """Whether ``node`` is a :class:`HiddenState` with a floating (or complex) value.
+
+    Integer and boolean hidden states (step counters, refractory flags) carry
+    no gradient: they are kept with the other, non-differentiable state.
+    """
+    del path
+    return isinstance(node, HiddenState) and jax.numpy.issubdtype(
+        jax.numpy.result_type(node.get_value()), jax.numpy.inexact)
+
+
 def split_model(model: nnx.Module) -> tuple[Any, nnx.State, nnx.State, nnx.State]:
-    """``nnx.split(model, nnx.Param, HiddenState, ...)``."""
-    return nnx.split(model, nnx.Param, HiddenState, ...)
+    """``nnx.split`` into Params, differentiable hidden states and everything else."""
+    return nnx.split(model, nnx.Param, differentiable_hidden, ...)
 
 
 def leaf_paths(state: Any, root: str = "") -> tuple[str, ...]:
@@ -100,16 +111,18 @@ def trace_model_step(model: nnx.Module, example_x: Any) -> TracedStep:
     y_shape = out_shape[0]
     out_leaves, out_treedef = jax.tree_util.tree_flatten(y_shape)
     n_out = len(out_leaves)
-    jaxpr = closed.jaxpr
+    _check_hidden_out(name, hidden_paths, hidden, out_shape[2])
+    traced = _flatten(closed, graphdef, param_paths, hidden_paths, other_paths, n_out,
+                      out_treedef, example_x, caught_messages)
+    # After inlining (nnx.jit, nnx.remat pass Params through a call and out again).
+    jaxpr = traced.closed_jaxpr.jaxpr
     for k, path in enumerate(param_paths):
         if jaxpr.outvars[n_out + k] is not jaxpr.invars[k]:
             raise ValueError(
                 f"{name} writes the Param '{path}' inside its step. Params must stay constant "
                 "within a step (the optimiser updates them); keep changing values in a "
                 "HiddenState or another nnx.Variable.")
-    _check_hidden_out(name, hidden_paths, hidden, out_shape[2])
-    return _flatten(closed, graphdef, param_paths, hidden_paths, other_paths, n_out,
-                    out_treedef, example_x, caught_messages)
+    return traced
 
 
 def trace_function_step(fn: Callable[..., Any], params: Any, hidden: Any,

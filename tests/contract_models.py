@@ -1,0 +1,270 @@
+"""The models of the gradient contract (float64; see ``test_gradient_contract.py``).
+
+Every entry of :data:`MODELS` is a :class:`ModelCase`: a builder of a batched
+model with random hidden state (so ``T = 1`` exercises ``h^0``), the input
+width, and whether D-RTRL is exact on it over time (``exact``, which is also
+what ``compile(..., strict=True)`` must accept). A new layer joins the
+contract by one line here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import braintrace
+from braintrace import layers
+
+F64 = jnp.float64
+BATCH, IN, HID, OUT = 2, 3, 4, 2
+
+
+def _normal(key: int, shape: tuple[int, ...], scale: float = 1.0) -> jax.Array:
+    return scale * jax.random.normal(jax.random.key(key), shape, F64)
+
+
+def randomize_hidden(model: nnx.Module, seed: int = 7, scale: float = 0.5) -> nnx.Module:
+    """Sets every floating hidden state to a random value."""
+    for i, (_, node) in enumerate(nnx.iter_graph(model)):
+        if isinstance(node, braintrace.HiddenState) and jnp.issubdtype(node.dtype, jnp.floating):
+            node.set_value(_normal(seed + i, node[...].shape, scale))
+    return model
+
+
+def _linear(i: int, o: int, seed: int, **kw) -> layers.ETPLinear:
+    return layers.ETPLinear(i, o, param_dtype=F64, rngs=nnx.Rngs(seed), **kw)
+
+
+class Readout(nnx.Module):
+    """``cell`` (one step, keeps its state) followed by an ``ETPLinear`` readout."""
+
+    def __init__(self, cell: nnx.Module, hidden: int, seed: int = 11):
+        self.cell = cell
+        self.out = _linear(hidden, OUT, seed)
+
+    def __call__(self, x):
+        return self.out(jnp.tanh(self.cell(x)))
+
+
+class Leaky(nnx.Module):
+    """``h' = 0.8 h + drive(x)``, read out by ``tanh(h) W_o``; ``drive`` is a module."""
+
+    def __init__(self, drive: nnx.Module, hidden: int = HID):
+        self.drive = drive
+        self.h = braintrace.HiddenState(jnp.zeros((hidden,), F64))
+        self.out = _linear(hidden, OUT, 12)
+
+    def __call__(self, x):
+        self.h[...] = 0.8 * self.h[...] + self.drive(x)
+        return self.out(jnp.tanh(self.h[...]))
+
+
+class Sequential(nnx.Module):
+    def __init__(self, *modules: nnx.Module):
+        self.modules = nnx.List(modules)
+
+    def __call__(self, x):
+        for m in self.modules:
+            x = m(x)
+        return x
+
+
+class LayerNormDrive(nnx.Module):
+    """``LayerNorm(W x)``: a normalisation between the ETP op and the state."""
+
+    def __init__(self):
+        self.lin = _linear(IN, HID, 1)
+        self.norm = nnx.LayerNorm(HID, param_dtype=F64, rngs=nnx.Rngs(2))
+
+    def __call__(self, x):
+        return self.norm(self.lin(x))
+
+
+class BatchNormDrive(nnx.Module):
+    """``BatchNorm(W x)`` with batch statistics (mixes samples; a bias would cancel)."""
+
+    def __init__(self):
+        self.lin = _linear(IN, HID, 1, use_bias=False)
+        self.norm = nnx.BatchNorm(HID, use_running_average=False, param_dtype=F64,
+                                  rngs=nnx.Rngs(2))
+        for stat in (self.norm.mean, self.norm.var):  # Flax keeps batch stats in float32
+            stat.set_value(stat[...].astype(F64))
+
+    def __call__(self, x):
+        return self.norm(self.lin(x))
+
+
+class TwiceDrive(nnx.Module):
+    """One ``ETPLinear`` applied twice: ``W x + W (x²)``."""
+
+    def __init__(self):
+        self.lin = _linear(IN, HID, 1)
+
+    def __call__(self, x):
+        return self.lin(x) + self.lin(x ** 2)
+
+
+class PlainNextToETP(nnx.Module):
+    """``W x + nnx.Linear(x)``: a plain Param feeds the state beside a traced one."""
+
+    def __init__(self):
+        self.lin = _linear(IN, HID, 1)
+        self.plain = nnx.Linear(IN, HID, param_dtype=F64, rngs=nnx.Rngs(3))
+
+    def __call__(self, x):
+        return self.lin(x) + self.plain(x)
+
+
+class SharedWithPlainOps(nnx.Module):
+    """``W x + sin(W).sum(0)``: a traced Param also used by plain operations."""
+
+    def __init__(self):
+        self.lin = _linear(IN, HID, 1)
+
+    def __call__(self, x):
+        return self.lin(x) + jnp.sin(self.lin.kernel[...]).sum(0)
+
+
+class RematDrive(nnx.Module):
+    """An ``ETPLinear`` under ``nnx.remat``."""
+
+    def __init__(self):
+        self.lin = _linear(IN, HID, 1)
+
+    def __call__(self, x):
+        return nnx.remat(lambda m, x: m(x))(self.lin, x)
+
+
+class JitDrive(nnx.Module):
+    """An ``ETPLinear`` under ``nnx.jit``."""
+
+    def __init__(self):
+        self.lin = _linear(IN, HID, 1)
+
+    def __call__(self, x):
+        return nnx.jit(lambda m, x: m(x))(self.lin, x)
+
+
+class PreviousStateReadout(nnx.Module):
+    """``y_t = R tanh(h_{t-1}) + S x_t``, ``h_t = λ h_{t-1} + W x_t`` (λ fixed)."""
+
+    def __init__(self):
+        self.w = _linear(IN, HID, 1)
+        self.r = nnx.Linear(HID, OUT, param_dtype=F64, rngs=nnx.Rngs(2))
+        self.s = nnx.Linear(IN, OUT, param_dtype=F64, rngs=nnx.Rngs(3))
+        self.h = braintrace.HiddenState(jnp.zeros((HID,), F64))
+
+    def __call__(self, x):
+        h_prev = self.h[...]
+        self.h[...] = 0.7 * h_prev + self.w(x)
+        return self.r(jnp.tanh(h_prev)) + self.s(x)
+
+
+class CellStateAndOutput(nnx.Module):
+    """``c = 0.5 c + W x``, ``h = tanh(c)``: one new state computed from another."""
+
+    def __init__(self):
+        self.w = _linear(IN, HID, 1)
+        self.c = braintrace.HiddenState(jnp.zeros((HID,), F64))
+        self.h = braintrace.HiddenState(jnp.zeros((HID,), F64))
+        self.out = _linear(HID, OUT, 2)
+
+    def __call__(self, x):
+        self.c[...] = 0.5 * self.c[...] + self.w(x)
+        self.h[...] = jnp.tanh(self.c[...])
+        return self.out(self.h[...])
+
+
+class StepCounter(nnx.Module):
+    """A leaky layer that also counts its steps in an integer HiddenState."""
+
+    def __init__(self):
+        self.leaky = Leaky(_linear(IN, HID, 1))
+        self.count = braintrace.HiddenState(jnp.zeros((), jnp.int32))
+
+    def __call__(self, x):
+        self.count[...] = self.count[...] + 1
+        return self.leaky(x)
+
+
+def _cell(cls, **kw):
+    return lambda: Readout(layers.Stateful(cls(IN, HID, param_dtype=F64, rngs=nnx.Rngs(0),
+                                               **kw)), HID)
+
+
+def _lora():
+    layer = layers.ETPLoRALinear(IN, HID, lora_rank=2, param_dtype=F64, lora_param_dtype=F64,
+                                 rngs=nnx.Rngs(1))
+    layer.lora.lora_b.set_value(_normal(5, layer.lora.lora_b[...].shape))  # zero at init
+    return layer
+
+
+def _lif_synapse():
+    return Sequential(_linear(IN, HID, 1), layers.LIF(HID, tau=4.0, v_th=0.3, param_dtype=F64),
+                      layers.ExpSynapse(HID, tau=3.0, param_dtype=F64), _linear(HID, OUT, 2))
+
+
+def _alif_taus():
+    return Sequential(_linear(IN, HID, 1),
+                      layers.ALIF(HID, tau=4.0, v_th=0.3, learn_tau=True, learn_tau_a=True,
+                                  param_dtype=F64),
+                      layers.LeakyReadout(HID, OUT, tau=3.0, learn_tau=True, param_dtype=F64,
+                                          rngs=nnx.Rngs(2)))
+
+
+def _recurrent_lif():
+    return Sequential(layers.RecurrentSpiking(IN, layers.LIF(HID, tau=4.0, v_th=0.3,
+                                                             param_dtype=F64),
+                                              param_dtype=F64, rngs=nnx.Rngs(1)),
+                      _linear(HID, OUT, 2))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCase:
+    """A contract model: ``build()`` gives it batched, with random hidden state."""
+
+    make: Callable[[], nnx.Module]
+    exact: bool
+    input_scale: float = 1.0
+
+    def build(self) -> nnx.Module:
+        model = self.make()
+        braintrace.init_states(model, BATCH)
+        return randomize_hidden(model)
+
+
+MODELS: dict[str, ModelCase] = {
+    "dense": ModelCase(lambda: Leaky(_linear(IN, HID, 1)), exact=True),
+    "lora": ModelCase(lambda: Leaky(_lora()), exact=True),
+    "elementwise-tau": ModelCase(_alif_taus, exact=True, input_scale=2.0),
+    "lif-expsynapse": ModelCase(_lif_synapse, exact=True, input_scale=2.0),
+    "cell-state-and-output": ModelCase(CellStateAndOutput, exact=True),
+    "weight-used-twice": ModelCase(lambda: Leaky(TwiceDrive()), exact=True),
+    "remat": ModelCase(lambda: Leaky(RematDrive()), exact=True),
+    "nnx-jit": ModelCase(lambda: Leaky(JitDrive()), exact=True),
+    "previous-state-readout": ModelCase(PreviousStateReadout, exact=True),
+    "integer-state": ModelCase(StepCounter, exact=True),
+    "min-gru": ModelCase(_cell(layers.MinGRUCell), exact=True),
+    "simple-cell": ModelCase(_cell(layers.SimpleCell), exact=False),
+    "gru": ModelCase(_cell(layers.GRUCell), exact=False),
+    "lstm": ModelCase(_cell(layers.LSTMCell), exact=False),
+    "recurrent-lif": ModelCase(_recurrent_lif, exact=False, input_scale=2.0),
+    "layernorm": ModelCase(lambda: Leaky(LayerNormDrive()), exact=False),
+    "batchnorm": ModelCase(lambda: Leaky(BatchNormDrive()), exact=False),
+    "plain-linear-beside-etp": ModelCase(lambda: Leaky(PlainNextToETP()), exact=False),
+    "traced-param-in-plain-ops": ModelCase(lambda: Leaky(SharedWithPlainOps()), exact=False),
+}
+"""Every built-in layer and model shape of the contract; ``exact``: D-RTRL equals BPTT."""
+
+ALGORITHMS: dict[str, Callable[[], braintrace.AbstractAlgorithm]] = {
+    "d_rtrl": braintrace.D_RTRL,
+    "es_d_rtrl": lambda: braintrace.ES_D_RTRL(0.7, x_decay_or_rank=0.4),
+    "eprop": lambda: braintrace.EProp(0.5),
+    "ostl_recurrent": braintrace.OSTLRecurrent,
+    "ostl_feedforward": braintrace.OSTLFeedforward,
+}
+"""Every algorithm of the contract (each equals BPTT at ``T = 1`` on every model)."""

@@ -1,0 +1,110 @@
+"""The gradient contract: every algorithm on every built-in model shape (float64).
+
+* ``T = 1``: every algorithm equals BPTT to ``1e-10`` relative on every model,
+  whatever its structure (no path is dropped from the same-step gradient).
+* Over time: where the compiler finds no approximation (``strict=True``
+  compiles), D-RTRL equals BPTT to ``1e-8``; where it finds one, ``strict=True``
+  refuses the model, the report lists the approximation, and D-RTRL really
+  differs from BPTT (the approximation is not a false alarm).
+
+A new model shape joins by one line in ``contract_models.MODELS``, a new
+algorithm by one line in ``contract_models.ALGORITHMS``.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from contract_models import ALGORITHMS, BATCH, IN, MODELS, OUT
+from flax import nnx
+
+import braintrace
+from braintrace._compiler._step import split_model
+
+T_LONG = 6
+
+
+@pytest.fixture(autouse=True)
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+def data(T, scale, seed=1):
+    xs = scale * jax.random.normal(jax.random.key(seed), (T, BATCH, IN), jnp.float64)
+    ys = jax.random.normal(jax.random.key(seed + 100), (T, BATCH, OUT), jnp.float64)
+    return xs, ys
+
+
+def mse(y, t):
+    return jnp.mean((y - t) ** 2)
+
+
+def bptt(model, xs, ys):
+    """``∇ Σ_t L_t`` by ``jax.grad`` through a ``lax.scan`` of the pure step."""
+    graphdef, params, hidden, other = split_model(model)
+
+    def total(params):
+        def body(state, inputs):
+            h, o = state
+            m = nnx.merge(graphdef, params, h, o, copy=True)
+            loss = mse(m(inputs[0]), inputs[1])
+            _, _, h, o = split_model(m)
+            return (h, o), loss
+
+        return jnp.sum(jax.lax.scan(body, (hidden, other), (xs, ys))[1])
+
+    return jax.grad(total)(params)
+
+
+def relative_errors(got, want):
+    flat = lambda s: {jax.tree_util.keystr(p): np.asarray(v)
+                      for p, v in jax.tree_util.tree_flatten_with_path(s)[0]}
+    g, w = flat(got), flat(want)
+    assert g.keys() == w.keys()
+    return {k: float(np.max(np.abs(g[k] - w[k])) / max(np.max(np.abs(w[k])), 1e-300))
+            for k in w}
+
+
+def online(case, algorithm, xs, ys, **compile_kw):
+    model = case.build()
+    learner = braintrace.compile(model, algorithm, xs[0], **compile_kw)
+    return learner, learner.etrace_grad(xs, ys, mse, reduction="sum")
+
+
+def assert_live(grads):
+    for path, v in jax.tree_util.tree_flatten_with_path(grads)[0]:
+        assert np.max(np.abs(np.asarray(v))) > 1e-10, f"BPTT gradient of {path} is zero"
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_algorithm_equals_bptt_at_t1(name, algorithm):
+    case = MODELS[name]
+    xs, ys = data(1, case.input_scale)
+    want = bptt(case.build(), xs, ys)
+    assert np.max(np.abs(np.concatenate([np.ravel(v) for v in jax.tree.leaves(want)]))) > 1e-3
+    _, got = online(case, ALGORITHMS[algorithm](), xs, ys)
+    errors = relative_errors(got, want)
+    assert max(errors.values()) <= 1e-10, errors
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_d_rtrl_equals_bptt_over_time_exactly_where_strict_compiles(name):
+    case = MODELS[name]
+    xs, ys = data(T_LONG, case.input_scale)
+    want = bptt(case.build(), xs, ys)
+    assert_live(want)
+    if case.exact:
+        learner, got = online(case, braintrace.D_RTRL(), xs, ys, strict=True)
+        assert not learner.graph.approximations
+        errors = relative_errors(got, want)
+        assert max(errors.values()) <= 1e-8, errors
+        return
+    with pytest.raises(ValueError, match="strict"):
+        braintrace.compile(case.build(), "d_rtrl", xs[0], strict=True)
+    learner, got = online(case, braintrace.D_RTRL(), xs, ys)
+    assert learner.graph.approximations
+    assert "approximat" in learner.report()
+    errors = relative_errors(got, want)
+    assert max(errors.values()) > 1e-6, errors  # the approximation is real
