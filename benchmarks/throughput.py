@@ -127,20 +127,19 @@ def profile_step(model_name: str, method: str, cfg: dict, xs, ys, repeats: int) 
             h, o, traces, summed, keep = c
             x_t, y_t = xy
             x_leaves = [x_t]
-            zeros = [jnp.zeros_like(a) for a in h]
 
-            def loss(p, pert):
-                out, h2, o2, rel_x = graph.forward(p, h, o, x_leaves, pert)
+            def loss(p, h):
+                out, h2, o2, rel_x = graph.forward(p, h, o, x_leaves)
                 return mse(jax.tree.unflatten(graph.out_treedef, out), y_t), (h2, o2, rel_x)
 
-            _, pullback, (h2, o2, rel_x) = jax.vjp(loss, list(params), zeros, has_aux=True)
+            _, pullback, (h2, o2, rel_x) = jax.vjp(loss, list(params), list(h), has_aux=True)
             same, delta = pullback(jnp.ones((), jnp.float32))
             keep = keep + sum(jnp.sum(a) for a in jax.tree.leaves((same, delta)))
             if stage >= 2:
                 jac = step_jacobians(graph, alg, params, h, o, x_leaves)
                 if stage == 2:
                     keep = keep + sum(jnp.sum(a) for a in jax.tree.leaves((jac.d, jac.df)))
-            if stage >= 3:
+            if stage >= 3:  # the scan applies the update before the next contribution
                 traces = alg.update(graph, traces, jac, rel_x, operands)
             if stage >= 4:
                 term = alg.contribution(graph, traces, delta, operands)

@@ -291,19 +291,21 @@ def test_mixing_path_from_etp_output_is_cut_in_df_and_reported():
         _, Df = graph.jacobians(jax.tree.leaves(params), jax.tree.leaves(hidden),
                                 jax.tree.leaves(other), [x])
         np.testing.assert_allclose(Df[0], 3.0)
-        assert any("reduce_sum" in w and "ignored" in w for w in graph.warnings)
+        (approx,) = graph.approximations
+        assert approx.kind == "output-mixing" and approx.param_paths == ("w",)
+        assert "reduce_sum" in approx.detail
 
 
-def test_position_moving_step_is_coloured_and_warned():
+def test_position_moving_step_is_coloured_and_reported_as_an_approximation():
     with jax.enable_x64(True):
         _, graph, *_ = setup("roll")
         (g,) = graph.groups
         assert g.num_colours > 1
-        assert any("moves values between positions" in w for w in graph.warnings)
+        assert "moved-positions" in {a.kind for a in graph.approximations}
     with jax.enable_x64(True):
         _, graph, *_ = setup("leaky")
         assert graph.groups[0].colours is None
-        assert graph.warnings == ()
+        assert graph.warnings == () and graph.approximations == ()
 
 
 def test_fixed_recurrent_matrix_is_cut_in_diagonal_scope_and_kept_in_coupled_scope():
@@ -333,4 +335,5 @@ def test_fixed_recurrent_matrix_is_cut_in_diagonal_scope_and_kept_in_coupled_sco
         diagonal = braintrace.compile_graph(model, x)
         (d,), _ = diagonal.jacobians(P, Hs, O, [x])
         np.testing.assert_allclose(d, 0.0)
-        assert any("dot_general" in w for w in diagonal.warnings)
+        (approx,) = diagonal.approximations
+        assert approx.kind == "hidden-coupling" and "dot_general" in approx.detail

@@ -16,6 +16,13 @@ influence of the traced Params on the hidden state ``h^{t-1}``:
 2. the algorithm contracts ``δ̄^t`` with ``ε^{t-1}`` (its temporal credit);
 3. ``D^t`` and ``Df^t`` at ``(h^{t-1}, x^t)`` advance the traces to ``ε^t``.
 
+Step 3 is deferred: the carry holds this step's Jacobians and relation inputs
+(small, ``O(B·(I + O·S))``) and the next step applies them to the traces
+*before* contracting. So the large traces are written once and then read,
+which XLA does in place; contracting the old traces and writing the new ones
+in one step makes XLA copy every loop-carried buffer each step. A sequence
+ends with :func:`finish_carry`, which applies the last pending update.
+
 When the traces are exact (D-RTRL on a position-diagonal model) this is
 exactly BPTT; at ``T = 1`` it is BPTT for every algorithm and every model.
 After the scan, the summed contributions are mapped to the operands
@@ -35,7 +42,10 @@ from braintrace._compiler._graph import ETraceGraph
 from braintrace._compiler._interpret import evaluate
 
 __all__ = [
+    "Pending",
     "ScanCarry",
+    "apply_pending",
+    "finish_carry",
     "evolve",
     "evolve_step",
     "init_carry",
@@ -46,14 +56,28 @@ __all__ = [
 ]
 
 
+class Pending(NamedTuple):
+    """A trace update not yet applied: one step's Jacobians and relation inputs."""
+
+    d: list[jax.Array]
+    df: list[jax.Array]
+    rel_x: list[jax.Array | None]
+
+
 class ScanCarry(NamedTuple):
-    """What the time loop carries: model state, traces and gradient sums."""
+    """What the time loop carries: model state, traces and gradient sums.
+
+    ``traces`` are ``ε^{t-2}`` until ``pending`` (step ``t-1``'s update) is
+    applied; ``fresh`` says there is nothing pending yet.
+    """
 
     hidden: list[jax.Array]
     other: list[jax.Array]
     traces: Any
     summed: Any
     same_step: list[jax.Array]
+    pending: Pending
+    fresh: jax.Array
 
 
 def step_jacobians(graph: ETraceGraph, algorithm: AbstractAlgorithm, params, hidden, other,
@@ -93,21 +117,52 @@ def online_step(
     _, pullback, (loss, h_out, o_out, rel_x) = jax.vjp(
         weighted_loss, list(params), list(hidden), has_aux=True)
     same_step, signal = pullback(jnp.ones((), dtype=jnp.result_type(loss)))
-    term = algorithm.contribution(graph, carry.traces, signal, operands)
+    traces = apply_pending(graph, algorithm, operands, carry)
+    term = algorithm.contribution(graph, traces, signal, operands)
     jac = step_jacobians(graph, algorithm, params, hidden, other, x_leaves)
-    traces = algorithm.update(graph, carry.traces, jac, rel_x, operands)
     summed = jax.tree.map(jnp.add, carry.summed, term)
     same = [a + b.astype(a.dtype) for a, b in zip(carry.same_step, same_step)]
-    return ScanCarry(list(h_out), list(o_out), traces, summed, same), loss
+    return ScanCarry(list(h_out), list(o_out), traces, summed, same,
+                     Pending(list(jac.d), list(jac.df), list(rel_x)),
+                     jnp.zeros((), bool)), loss
+
+
+def apply_pending(graph: ETraceGraph, algorithm: AbstractAlgorithm,
+                  operands: Sequence[dict[str, jax.Array]], carry: ScanCarry) -> Any:
+    """The traces with the carry's pending update applied (unchanged when ``fresh``)."""
+    pending = carry.pending
+    new = algorithm.update(graph, carry.traces, Jacobians(d=pending.d, df=pending.df),
+                           pending.rel_x, operands)
+    return jax.tree.map(lambda old, upd: jnp.where(carry.fresh, old, upd), carry.traces, new)
+
+
+def finish_carry(graph: ETraceGraph, algorithm: AbstractAlgorithm,
+                 operands: Sequence[dict[str, jax.Array]], carry: ScanCarry) -> ScanCarry:
+    """Applies the pending update: the carry's traces become ``ε^T``."""
+    return carry._replace(traces=apply_pending(graph, algorithm, operands, carry),
+                          fresh=jnp.ones((), bool))
 
 
 def init_carry(graph: ETraceGraph, algorithm: AbstractAlgorithm, params, hidden, other,
                traces) -> ScanCarry:
-    """A carry with zero gradient sums (shapes found by abstract evaluation)."""
+    """A carry with zero gradient sums and nothing pending (shapes by abstract evaluation)."""
     operands = graph.operands(params)
     zero_sums = _zero_contribution(graph, algorithm, params, hidden, other, traces, operands)
     same = [jnp.zeros_like(p) for p in params]
-    return ScanCarry(list(hidden), list(other), traces, zero_sums, same)
+    return ScanCarry(list(hidden), list(other), traces, zero_sums, same,
+                     _zero_pending(graph, algorithm, params, hidden, other), jnp.ones((), bool))
+
+
+def _zero_pending(graph, algorithm, params, hidden, other) -> Pending:
+    """A pending update of the right shapes (never applied: the carry is ``fresh``)."""
+    x_leaves = [jnp.zeros(shape, dtype) for shape, dtype in graph.input_avals]
+
+    def shapes():
+        jac = step_jacobians(graph, algorithm, params, hidden, other, x_leaves)
+        return Pending(list(jac.d), list(jac.df),
+                       graph.forward(params, hidden, other, x_leaves)[3])
+
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(shapes))
 
 
 def _zero_contribution(graph, algorithm, params, hidden, other, traces, operands):
@@ -152,6 +207,7 @@ def online_gradients(
         return online_step(graph, algorithm, loss_fn, params, operands, carry, x_t, y_t, w_t)
 
     carry, losses = jax.lax.scan(body, carry, (xs, ys, weights))
+    carry = finish_carry(graph, algorithm, operands, carry)
     return param_gradients(graph, algorithm, params, operands, carry), carry, losses
 
 
@@ -243,7 +299,7 @@ def windowed_gradients(
             return (h, o, tr), None
 
         (h, o, tr), _ = jax.lax.scan(advance, (carry.hidden, carry.other, carry.traces), xw)
-        return ScanCarry(h, o, tr, summed, same), losses
+        return carry._replace(hidden=h, other=o, traces=tr, summed=summed, same_step=same), losses
 
     carry, losses = jax.lax.scan(window, carry, (xs_w, ys_w, w_w))
     grads = param_gradients(graph, algorithm, params, operands, carry)

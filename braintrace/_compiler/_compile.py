@@ -21,6 +21,7 @@ def compile_graph(
     scope: str = "diagonal",
     params: Any = None,
     hidden: Any = None,
+    strict: bool = False,
 ) -> ETraceGraph:
     """Compiles one time step of ``model`` into an eligibility-trace graph.
 
@@ -42,13 +43,16 @@ def compile_graph(
             (used by OSTL).
         params: The trainable parameters of a pure step function.
         hidden: The hidden state of a pure step function.
+        strict: Refuse a model whose traces would be approximate
+            (``graph.approximations`` not empty), so that D-RTRL equals BPTT.
 
     Returns:
         The graph; ``print(graph.report())`` describes it.
 
     Raises:
         ValueError: No hidden state; no Param read by an ETP primitive; a Param
-            written in the step; a step that changes a hidden state's shape.
+            written in the step; a step that changes a hidden state's shape;
+            with ``strict=True``, any approximation of the traces.
             Errors of the model itself (a layer's input-shape check) propagate
             with a note naming the example's shapes and the hidden states.
 
@@ -100,6 +104,14 @@ def compile_graph(
             f"{type(model).__name__}.")
     graph = _build(step, scope)
     _check_traceable(name, graph)
+    if strict and graph.approximations:
+        listing = "\n".join(f"  - {a.describe()}" for a in graph.approximations)
+        raise ValueError(
+            f"{name}: strict=True, but the eligibility traces of this model are approximate "
+            f"(the same-step gradient stays exact; the credit over time does not):\n{listing}\n"
+            "Change these parts of the model (route trainable operations through ETP layers, "
+            "keep recurrent coupling elementwise), or compile with strict=False to accept the "
+            "approximation.")
     return graph
 
 

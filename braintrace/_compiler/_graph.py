@@ -46,6 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from braintrace._compiler import _positions as positions
+from braintrace._compiler._approximations import Approximation, find_approximations
+from braintrace._compiler._approximations import reached as reached_from
 from braintrace._compiler._interpret import bind_equation, evaluate
 from braintrace._primitive import ETPPrimitive
 
@@ -209,6 +211,10 @@ class ETraceGraph:
         relations: The traced relations.
         exclusions: ETP operations (or targets) not traced, with reasons.
         cut_eqns: Equations whose derivative is ignored in ``D`` and ``Df``.
+        etp_eqns: Every ETP equation.
+        approximations: Where the traces are not the exact influence of a
+            Param on the hidden state (see :class:`Approximation`); empty
+            when D-RTRL equals BPTT.
         scope: ``'diagonal'`` or ``'coupled'``.
         notes: What the normalisation pass changed.
         warnings: Approximations a person should know about.
@@ -226,6 +232,7 @@ class ETraceGraph:
     exclusions: tuple[Exclusion, ...]
     cut_eqns: frozenset[int]
     etp_eqns: frozenset[int]
+    approximations: tuple[Approximation, ...]
     scope: str
     notes: tuple[str, ...]
     warnings: tuple[str, ...]
@@ -248,6 +255,12 @@ class ETraceGraph:
     @property
     def num_hidden(self) -> int:
         return len(self.hidden_paths)
+
+    @property
+    def input_avals(self) -> list[tuple[tuple[int, ...], Any]]:
+        """``(shape, dtype)`` of each input leaf ``x`` of one step."""
+        start = self.num_params + self.num_hidden + len(self.other_paths)
+        return [(tuple(v.aval.shape), v.aval.dtype) for v in self.jaxpr.invars[start:]]
 
     @property
     def traced_eqns(self) -> frozenset[int]:
@@ -595,24 +608,10 @@ def build_graph(
             own = np.arange(g.size)[:, None]
             if not np.all((deps == own) | (deps < 0)):
                 colours = _colour_positions(deps)
-                warnings.append(
-                    f"Hidden group {list(g.paths)}: the step moves values between positions "
-                    "(a roll, flip, transpose or broadcast of hidden state); D keeps only the "
-                    "same-position part of that dependence (diagonal approximation), using "
-                    f"{int(colours.max()) + 1} JVPs per state.")
         group_list.append(dataclasses.replace(g, colours=colours))
     groups = group_list
-    for i in sorted(cut_eqns):
-        name = jaxpr.eqns[i].primitive.name
-        warnings.append(
-            f"'{name}' (eqn {i}) mixes positions of hidden-derived values; its derivative is "
-            "ignored by the diagonal hidden Jacobian (recurrent coupling is approximated)."
-            if scope == "diagonal" else
-            f"'{name}' (eqn {i}) mixes positions; the coupled scope keeps only per-position "
-            "blocks of its Jacobian.")
-
     # Pass 3: relations.
-    df_cut_eqns: set[int] = set()
+    output_mixing: dict[int, list[int]] = {}
     relations: list[Relation] = []
     exclusions: list[Exclusion] = []
     kinds = ["Param"] * n_p + ["hidden state"] * n_h + ["non-Param Variable"] * len(other_paths)
@@ -650,7 +649,7 @@ def build_graph(
         env_y = positions.propagate(
             jaxpr, {y_var: positions.source_map(y_shape)}, cut=cut, on_mixing=on_mixing)
         # Df follows the structural paths only: the mixing ones are cut (and reported).
-        df_cut_eqns.update(y_mixing)
+        output_mixing[e] = y_mixing
         reached = False
         for g in groups:
             maps = [env_y.get(hidden_out[k]) if not isinstance(hidden_out[k], jex_core.Literal)
@@ -679,19 +678,26 @@ def build_graph(
             else:
                 reason = "reaches no hidden state (a readout)"
             exclusions.append(Exclusion(e, prim.name, all_paths, reason))
-        elif mixing:
-            warnings.append(
-                f"'{prim.name}' (eqn {e}) with Params {list(all_paths)} also reaches hidden "
-                f"state through {', '.join(sorted(set(mixing)))}; that path is ignored.")
 
     exclusions.extend(_opaque_exclusions(jaxpr, etp_eqns, invar_kinds))
+    stops = cut_eqns | {i for i in etp_eqns if stops_at_etp(i, jaxpr.eqns[i])}
+    from_hidden, _ = reached_from(jaxpr, hidden_in,
+                             {(i, k) for i in stops for k in range(len(jaxpr.eqns[i].invars))})
+    coupling = {i for i in stops
+                if any(not isinstance(v, jex_core.Literal) and v in from_hidden
+                       for v in jaxpr.eqns[i].invars)}
+    approximations = find_approximations(
+        jaxpr, num_outputs=num_outputs, param_paths=param_paths, hidden_paths=hidden_paths,
+        other_paths=other_paths, groups=groups, relations=relations, exclusions=exclusions,
+        coupling_eqns=coupling, output_mixing=output_mixing)
 
     return ETraceGraph(
         jaxpr=jaxpr, consts=tuple(closed.consts), param_paths=tuple(param_paths),
         hidden_paths=tuple(hidden_paths), other_paths=tuple(other_paths),
         num_outputs=num_outputs, out_treedef=out_treedef, groups=tuple(groups),
         relations=tuple(relations), exclusions=tuple(exclusions),
-        cut_eqns=frozenset(cut_eqns | df_cut_eqns), etp_eqns=etp_eqns, scope=scope,
+        cut_eqns=frozenset(cut_eqns.union(*output_mixing.values())), etp_eqns=etp_eqns,
+        approximations=approximations, scope=scope,
         notes=tuple(notes), warnings=tuple(dict.fromkeys(warnings)))
 
 

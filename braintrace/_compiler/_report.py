@@ -53,6 +53,12 @@ def graph_report(graph: ETraceGraph) -> str:
     for x in graph.exclusions:
         if not x.param_paths:
             lines.append(f"    (no Param) {x.primitive} (eqn {x.eqn_index}): {x.reason}")
+    if graph.approximations:
+        lines.append(f"  approximations of the temporal credit ({len(graph.approximations)}; the "
+                     "same-step gradient stays exact; strict=True refuses them):")
+        lines.extend(f"    - {a.describe()}" for a in graph.approximations)
+    else:
+        lines.append("  approximations: none (D-RTRL equals BPTT on this model)")
     if graph.warnings:
         lines.append("  warnings:")
         lines.extend(f"    - {w}" for w in graph.warnings)
