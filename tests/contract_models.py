@@ -179,6 +179,28 @@ class CellStateAndOutput(nnx.Module):
         return self.out(self.h[...])
 
 
+@jax.custom_vjp
+def soft_tanh(x):
+    """``tanh`` with a hand-written backward rule (forward mode is undefined for it)."""
+    return jnp.tanh(x)
+
+
+soft_tanh.defvjp(lambda x: (jnp.tanh(x), x), lambda x, g: (g * (1.0 - jnp.tanh(x) ** 2),))
+
+
+class CustomVJPActivation(nnx.Module):
+    """``h' = soft_tanh(0.8 h + W x)`` with a ``jax.custom_vjp`` activation."""
+
+    def __init__(self):
+        self.lin = _linear(IN, HID, 1)
+        self.h = braintrace.HiddenState(jnp.zeros((HID,), F64))
+        self.out = _linear(HID, OUT, 2)
+
+    def __call__(self, x):
+        self.h[...] = soft_tanh(0.8 * self.h[...] + self.lin(x))
+        return self.out(self.h[...])
+
+
 class StepCounter(nnx.Module):
     """A leaky layer that also counts its steps in an integer HiddenState."""
 
@@ -250,6 +272,7 @@ MODELS: dict[str, ModelCase] = {
     "nnx-jit": ModelCase(lambda: Leaky(JitDrive()), exact=True),
     "previous-state-readout": ModelCase(PreviousStateReadout, exact=True),
     "integer-state": ModelCase(StepCounter, exact=True),
+    "custom-vjp-activation": ModelCase(CustomVJPActivation, exact=True),
     "min-gru": ModelCase(_cell(layers.MinGRUCell), exact=True),
     "simple-cell": ModelCase(_cell(layers.SimpleCell), exact=False),
     "gru": ModelCase(_cell(layers.GRUCell), exact=False),

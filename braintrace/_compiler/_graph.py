@@ -374,7 +374,7 @@ class ETraceGraph:
             call_args[n_p:n_p + self.num_hidden] = hidden_in
             inj = {e: (pos, value) for (e, pos, _), value in zip(inj_specs, injections)}
             outs, _ = evaluate(self.jaxpr, self.consts, call_args, stop_eqns=stop,
-                               injections=inj)
+                               injections=inj, forward_mode=True)
             return self._select_hidden_out(outs)
 
         hidden_in = list(hidden)
@@ -483,7 +483,8 @@ class ETraceGraph:
         def step_hidden(hidden_in):
             call_args = list(args)
             call_args[n_p:n_p + self.num_hidden] = hidden_in
-            outs, _ = evaluate(self.jaxpr, self.consts, call_args, stop_eqns=stop)
+            outs, _ = evaluate(self.jaxpr, self.consts, call_args, stop_eqns=stop,
+                               forward_mode=True)
             return self._select_hidden_out(outs)
 
         hidden_in = list(hidden)

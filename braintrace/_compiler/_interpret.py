@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import jax.extend.core as jex_core
 
-__all__ = ["bind_equation", "evaluate", "feedback_outputs"]
+__all__ = ["bind_equation", "bind_forward_differentiable", "evaluate", "feedback_outputs"]
 
 
 def bind_equation(eqn: jex_core.JaxprEqn, invals: Sequence[Any]) -> list[Any]:
@@ -30,6 +30,7 @@ def evaluate(
     injections: Mapping[int, tuple[int, Any]] | None = None,
     feedback: Mapping[int, Mapping[int, Any]] | None = None,
     record: Sequence[Any] = (),
+    forward_mode: bool = False,
 ) -> tuple[list[Any], list[Any]]:
     """Evaluates ``jaxpr`` like ``jax.core.eval_jaxpr``, with hooks.
 
@@ -45,10 +46,13 @@ def evaluate(
             input ``x`` (operand ``x_position``), whose derivative is taken at the
             substituted operands ``B`` instead (see :func:`feedback_outputs`).
         record: Variables (or literals) whose values to return as well.
+        forward_mode: Make ``custom_vjp`` functions forward-differentiable
+            (see :func:`bind_forward_differentiable`), for ``jax.linearize``.
 
     Returns:
         The jaxpr outputs and the recorded values.
     """
+    bind = bind_forward_differentiable if forward_mode else bind_equation
     injections = injections or {}
     feedback = feedback or {}
     env: dict[jex_core.Var, Any] = {}
@@ -69,7 +73,7 @@ def evaluate(
         if index in feedback:
             outs = feedback_outputs(eqn, invals, feedback[index])
         else:
-            outs = bind_equation(eqn, invals)
+            outs = bind(eqn, invals)
         if index in stop_eqns:
             outs = [jax.lax.stop_gradient(o) for o in outs]
         if index in injections:
@@ -78,6 +82,34 @@ def evaluate(
         for v, value in zip(eqn.outvars, outs):
             write(v, value)
     return [read(v) for v in jaxpr.outvars], [read(v) for v in record]
+
+
+CUSTOM_VJP = frozenset({"custom_vjp_call", "custom_vjp_call_jaxpr"})
+
+
+def bind_forward_differentiable(eqn: jex_core.JaxprEqn, invals: Sequence[Any]) -> list[Any]:
+    """Binds ``eqn``; a ``custom_vjp`` function gets a JVP: the transpose of its VJP.
+
+    JAX cannot differentiate a ``custom_vjp`` function in forward mode. Its
+    backward rule ``v ↦ Jᵀ v`` is linear in ``v``, so its transpose is the
+    JVP ``t ↦ J t`` at the same point, which :func:`jax.linear_transpose`
+    derives. The value, and the user's derivative rule, are unchanged.
+    """
+    if eqn.primitive.name not in CUSTOM_VJP:
+        return bind_equation(eqn, invals)
+
+    def call(*args):
+        return tuple(bind_equation(eqn, args))
+
+    wrapped = jax.custom_jvp(call)
+
+    def jvp_rule(primals, tangents):
+        outs, pullback = jax.vjp(call, *primals)
+        (out_tangents,) = jax.linear_transpose(pullback, outs)(tuple(tangents))
+        return outs, out_tangents
+
+    wrapped.defjvp(jvp_rule)
+    return list(wrapped(*invals))
 
 
 def feedback_outputs(eqn: jex_core.JaxprEqn, invals: Sequence[Any],
