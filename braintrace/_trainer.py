@@ -7,12 +7,14 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
-from braintrace._algorithms._scan import init_carry, online_step, param_gradients
-from braintrace._checkpoint import restore_leaves, save_leaves
+from braintrace._algorithms._scan import finish_carry, init_carry, online_step, param_gradients
+from braintrace._checkpoint import leaf_names, restore_arrays, save_arrays
 from braintrace._compiler._step import split_model
+from braintrace._inputs import step_weights
 from braintrace._learner import OnlineLearner
 
 __all__ = ["OnlineTrainer"]
@@ -22,7 +24,8 @@ class _TrainCarry(NamedTuple):
     params: list[jax.Array]
     opt_state: Any
     step_carry: Any
-    failed_at: jax.Array
+    bad_update_at: jax.Array
+    bad_params: jax.Array
 
 
 class OnlineTrainer:
@@ -74,7 +77,8 @@ class OnlineTrainer:
 
         Each update applies the mean gradient of the steps since the last one,
         each step weighted by ``mask[t]`` (all ones by default: steps outside
-        a scored window can be given weight 0).
+        a scored window can be given weight 0; an all-zero mask gives zero
+        gradients, which optax then applies as usual).
 
         Hidden state and traces continue from where they are; Params, the
         optimiser state, hidden state and traces are written back.
@@ -83,28 +87,25 @@ class OnlineTrainer:
             Each step's loss ``(T,)``.
 
         Raises:
-            FloatingPointError: The loss became NaN; the Params stay as they
-                were before the offending update, and the message names the step.
+            ValueError: ``xs`` has no steps, a length that is not a multiple of
+                ``update_every``, a bad shape, or ``mask`` is invalid.
+            FloatingPointError: A step's loss, or the Params after an update,
+                are not finite. The whole call is then discarded: Params,
+                optimiser state, hidden state and traces stay as they were
+                before it; the message names the first offending step.
         """
         learner = self.learner
         length = learner._check_inputs(xs)  # noqa: SLF001
-        if length % self.update_every:
+        if length == 0 or length % self.update_every:
             raise ValueError(
-                f"The sequence length {length} must be a multiple of update_every="
+                f"The sequence length {length} must be a positive multiple of update_every="
                 f"{self.update_every}.")
-        params, hidden, other = learner._leaves()  # noqa: SLF001
-        mask = jnp.ones((length,)) if mask is None else jnp.asarray(mask)
-        if mask.shape != (length,):
-            raise ValueError(f"mask must have shape ({length},), got {mask.shape}.")
-        weights = (mask / self.update_every).astype(jnp.result_type(*params))
+        params, hidden, other = learner._checked_leaves()  # noqa: SLF001
+        weights = jnp.asarray(step_weights(mask, length) / self.update_every,
+                              jnp.result_type(*params))
         out = self._run(params, self.opt_state, hidden, other, learner.traces, xs, ys, weights)
-        params, opt_state, hidden, other, traces, losses, failed_at = out
-        failed_at = int(failed_at)
-        if failed_at >= 0:
-            raise FloatingPointError(
-                f"The loss became NaN at time step {failed_at}; no update was applied from that "
-                "step on and the model keeps its Params. Lower the learning rate or check the "
-                "inputs.")
+        params, opt_state, hidden, other, traces, losses, bad_update_at, bad_params = out
+        self._raise_if_not_finite(np.asarray(losses), int(bad_update_at), np.asarray(bad_params))
         _, param_state, _, _ = split_model(learner.model)
         nnx.update(learner.model, jax.tree.unflatten(jax.tree.structure(param_state), params))
         learner._write_back(hidden, other)  # noqa: SLF001
@@ -112,15 +113,48 @@ class OnlineTrainer:
         self.opt_state = opt_state
         return losses
 
+    def _raise_if_not_finite(self, losses: np.ndarray, bad_update_at: int,
+                             bad_params: np.ndarray) -> None:
+        discarded = ("the whole call was discarded: the model's Params, the optimiser state, "
+                     "hidden state and traces are as they were before it")
+        bad = np.flatnonzero(~np.isfinite(losses))
+        if bad.size and (bad_update_at < 0 or bad[0] <= bad_update_at):
+            raise FloatingPointError(
+                f"The loss at time step {int(bad[0])} of this call is {losses[bad[0]]}, not "
+                f"finite; {discarded}. Check the inputs and targets at that step, or lower the "
+                "learning rate.")
+        if bad_update_at >= 0:
+            names = ", ".join(f"'{self.learner.graph.param_paths[i]}'"
+                              for i in np.flatnonzero(bad_params))
+            raise FloatingPointError(
+                f"The update after time step {bad_update_at} of this call made Param {names} "
+                f"not finite although every loss up to it was finite; {discarded}. Lower the "
+                "learning rate or clip the gradients (optax.clip_by_global_norm).")
+
+    def _checkpoint_template(self) -> dict[str, Any]:
+        named = self.learner._named_state()  # noqa: SLF001
+        names = leaf_names("opt_state", self.opt_state)
+        return {**named, **dict(zip(names, jax.tree.leaves(self.opt_state), strict=True))}
+
     def save(self, path: str) -> None:
-        """Saves Params, hidden state, traces and the optimiser state to ``path``."""
-        save_leaves(path, [self.learner.state(), self.opt_state])
+        """Saves Params, hidden state, traces and the optimiser state to ``path``.
+
+        The file carries a SHA-256 digest of its contents, checked by :meth:`restore`.
+        """
+        save_arrays(path, self._checkpoint_template())
 
     def restore(self, path: str) -> None:
-        """Restores what :meth:`save` wrote; the run then continues identically."""
-        learner_state, self.opt_state = restore_leaves(path, [self.learner.state(),
-                                                              self.opt_state])
-        self.learner.load_state(learner_state)
+        """Restores what :meth:`save` wrote; the run then continues identically.
+
+        Raises:
+            ValueError: The file is damaged or not a checkpoint, or it does not
+                match this trainer; the message names the file and the first
+                offending leaf. Nothing is changed then.
+        """
+        leaves = restore_arrays(path, self._checkpoint_template())
+        split = len(self.learner._named_state())  # noqa: SLF001
+        self.learner._load_named(leaves[:split])  # noqa: SLF001
+        self.opt_state = jax.tree.unflatten(jax.tree.structure(self.opt_state), leaves[split:])
 
     def fit(self, batches: Iterable[tuple[Any, Any]], *, epochs: int = 1,
             reset_each_batch: bool = True, progress: bool = True) -> list[float]:
@@ -137,20 +171,31 @@ class OnlineTrainer:
 
         Returns:
             The mean loss of every batch, in order.
+
+        Raises:
+            ValueError, FloatingPointError: As :meth:`step`, with a note naming
+                the epoch and batch. The batches before it stay learnt; the
+                failing batch is discarded.
         """
         from tqdm.auto import tqdm
 
         history: list[float] = []
         batches = list(batches)
-        bar = tqdm(total=epochs * len(batches), disable=not progress, desc="online training")
-        for _ in range(epochs):
-            for batch in batches:
-                if reset_each_batch:
-                    self.learner.reset()
-                history.append(float(jnp.mean(self.step(*batch))))
-                bar.set_postfix(loss=f"{history[-1]:.4g}")
-                bar.update()
-        bar.close()
+        with tqdm(total=epochs * len(batches), disable=not progress,
+                  desc="online training") as bar:
+            for epoch in range(epochs):
+                for i, batch in enumerate(batches):
+                    if reset_each_batch:
+                        self.learner.reset()
+                    try:
+                        losses = self.step(*batch)
+                    except (ValueError, FloatingPointError) as err:
+                        err.add_note(f"OnlineTrainer.fit: epoch {epoch}, batch {i}; "
+                                     f"{len(history)} earlier batch(es) stay learnt.")
+                        raise
+                    history.append(float(jnp.mean(losses)))
+                    bar.set_postfix(loss=f"{history[-1]:.4g}")
+                    bar.update()
         return history
 
     def _run_impl(self, params, opt_state, hidden, other, traces, xs, ys, weights):
@@ -161,10 +206,10 @@ class OnlineTrainer:
         split = lambda a: a.reshape(windows, k, *a.shape[1:])  # noqa: E731
         carry = _TrainCarry(list(params), opt_state,
                             init_carry(graph, algorithm, params, hidden, other, traces),
-                            jnp.asarray(-1, jnp.int32))
+                            jnp.asarray(-1, jnp.int32), jnp.zeros((len(params),), bool))
 
         def window(carry: _TrainCarry, inputs):
-            xw, yw, ww, t0 = inputs
+            xw, yw, ww, t_end = inputs
             operands = graph.operands(carry.params)
             fresh = init_carry(graph, algorithm, carry.params, carry.step_carry.hidden,
                                carry.step_carry.other, carry.step_carry.traces)
@@ -174,22 +219,20 @@ class OnlineTrainer:
                                    xy[0], xy[1], xy[2])
 
             step_carry, losses = jax.lax.scan(body, fresh, (xw, yw, ww))
+            step_carry = finish_carry(graph, algorithm, operands, step_carry)
             grads = param_gradients(graph, algorithm, carry.params, operands, step_carry)
             updates, opt_state = self.tx.update(grads, carry.opt_state, carry.params)
             new_params = optax.apply_updates(carry.params, updates)
-            nan = jnp.isnan(losses)
-            first_nan = jnp.where(jnp.any(nan), t0 + jnp.argmax(nan), -1).astype(jnp.int32)
-            failed_at = jnp.where(carry.failed_at >= 0, carry.failed_at, first_nan)
-            ok = failed_at < 0
-            keep = lambda new, old: jax.tree.map(  # noqa: E731
-                lambda n, o: jnp.where(ok, n, o), new, old)
-            return _TrainCarry(keep(new_params, carry.params), keep(opt_state, carry.opt_state),
-                               step_carry, failed_at), losses
+            bad = ~jnp.stack([jnp.all(jnp.isfinite(p)) for p in new_params])
+            first = (carry.bad_update_at < 0) & jnp.any(bad)
+            return _TrainCarry(new_params, opt_state, step_carry,
+                               jnp.where(first, t_end, carry.bad_update_at),
+                               jnp.where(first, bad, carry.bad_params)), losses
 
-        starts = jnp.arange(windows, dtype=jnp.int32) * k
+        ends = jnp.arange(1, windows + 1, dtype=jnp.int32) * k - 1
         carry, losses = jax.lax.scan(
             window, carry, (jax.tree.map(split, xs), jax.tree.map(split, ys), split(weights),
-                            starts))
+                            ends))
         sc = carry.step_carry
         return (carry.params, carry.opt_state, sc.hidden, sc.other, sc.traces,
-                losses.reshape(length), carry.failed_at)
+                losses.reshape(length), carry.bad_update_at, carry.bad_params)

@@ -153,7 +153,7 @@ def test_checkpoint_resume_matches_uninterrupted_run(tmp_path):
 
     first = trainer()
     first.step(xs[:4], ys[:4])
-    path = str(tmp_path / "run.msgpack")
+    path = str(tmp_path / "run.ckpt")
     first.save(path)
     resumed = trainer()
     resumed.restore(path)
@@ -167,7 +167,7 @@ def test_checkpoint_resume_matches_uninterrupted_run(tmp_path):
 def test_checkpoint_of_another_model_is_refused(tmp_path):
     xs, _ = data(2)
     small = braintrace.compile(gru_net(nnx.Rngs(0)), "d_rtrl", xs[0], batch_size=B)
-    path = str(tmp_path / "small.msgpack")
+    path = str(tmp_path / "small.ckpt")
     small.save(path)
     other = braintrace.compile(LeakyNet(nnx.Rngs(0)), "d_rtrl", xs[0], batch_size=B)
     with pytest.raises(ValueError, match="does not match"):

@@ -1,0 +1,83 @@
+"""Checks of what a learner's call is given: inputs, masks, chunk sizes.
+
+Every check runs on the host before the compiled program, so a bad argument is
+a clear error instead of a wrong result or an error from deep inside XLA.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import jax
+import numpy as np
+
+__all__ = ["check_chunk_size", "check_inputs", "shape_of", "step_weights"]
+
+
+def shape_of(a: Any) -> tuple[int, ...]:
+    """The shape of an array, a ``jax.ShapeDtypeStruct`` or anything ``np.shape`` takes."""
+    return tuple(a.shape) if hasattr(a, "shape") else tuple(np.shape(a))
+
+
+def check_inputs(xs: Any, example: Any) -> int:
+    """The number of time steps of ``xs``, after checking each step matches ``example``.
+
+    Raises:
+        ValueError: ``xs`` has another structure, leaves of different lengths,
+            or a step shape other than the compiled one.
+    """
+    leaves = jax.tree.leaves(xs)
+    examples = jax.tree.leaves(example)
+    if len(leaves) != len(examples):
+        raise ValueError(
+            f"xs has {len(leaves)} input arrays per step; the model was compiled for "
+            f"{len(examples)}.")
+    lengths = {shape_of(a)[0] if shape_of(a) else None for a in leaves}
+    if len(lengths) != 1 or None in lengths:
+        raise ValueError("Every input in xs needs the same leading time axis.")
+    for a, e in zip(leaves, examples):
+        if shape_of(a)[1:] != tuple(e.shape):
+            raise ValueError(
+                f"Each step's input has shape {shape_of(a)[1:]}, but the model was compiled "
+                f"for {tuple(e.shape)} (batch axis first). Call learner.reset(batch_size) for a "
+                "new batch size.")
+    return lengths.pop()
+
+
+def check_chunk_size(chunk_size: Any, length: int) -> None:
+    """Checks that ``chunk_size`` is ``None`` or a positive int dividing ``length``.
+
+    Raises:
+        ValueError: It is not (a float or a bool is not an int).
+    """
+    if chunk_size is None:
+        return
+    if (isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral)
+            or chunk_size < 1 or length % chunk_size):
+        raise ValueError(
+            f"chunk_size must be a positive int that divides the sequence length {length}, got "
+            f"{chunk_size!r}. Use None for single-step mode.")
+
+
+def step_weights(mask: Any, length: int) -> np.ndarray:
+    """The host ``(T,)`` float64 weights of a mask (all ones for ``None``), checked.
+
+    Raises:
+        ValueError: The mask is traced, is not ``(length,)``, or has a value
+            that is not finite.
+    """
+    if mask is None:
+        return np.ones((length,))
+    try:
+        weights = np.asarray(mask, dtype=np.float64)
+    except jax.errors.TracerArrayConversionError as err:
+        raise ValueError("mask must be a concrete array (its values are checked on the "
+                         "host), not a traced value.") from err
+    if weights.shape != (length,):
+        raise ValueError(f"mask must have shape ({length},), got {weights.shape}.")
+    bad = np.flatnonzero(~np.isfinite(weights))
+    if bad.size:
+        raise ValueError(f"mask[{int(bad[0])}] is {weights[bad[0]]}; every step's weight must "
+                         "be finite.")
+    return weights
