@@ -113,12 +113,14 @@ def profile_step(model_name: str, method: str, cfg: dict, xs, ys, repeats: int) 
     results alive (summed into the carry) so XLA cannot drop them.
     """
     from braintrace._algorithms._scan import init_carry, step_jacobians
+    from braintrace._compiler import StepLeaves
+    from braintrace._compiler import _programs as programs
 
     H, I, O, B = cfg["hidden"], cfg["inputs"], cfg["outputs"], cfg["batch"]
     learner = braintrace.compile(build(model_name, I, H, O, B), method, xs[0], batch_size=B)
     graph, alg = learner.graph, learner.algorithm
     params, hidden, other = learner._leaves()
-    operands = graph.operands(params)
+    operands = programs.operands(graph, params)
     carry0 = init_carry(graph, alg, params, hidden, other, learner.traces)
     T = xs.shape[0]
 
@@ -129,14 +131,15 @@ def profile_step(model_name: str, method: str, cfg: dict, xs, ys, repeats: int) 
             x_leaves = [x_t]
 
             def loss(p, h):
-                out, h2, o2, rel_x = graph.forward(p, h, o, x_leaves)
-                return mse(jax.tree.unflatten(graph.out_treedef, out), y_t), (h2, o2, rel_x)
+                outs, rel_x = programs.forward(graph, StepLeaves(p, h, o, x_leaves))
+                return (mse(jax.tree.unflatten(graph.out_treedef, outs.y), y_t),
+                        (outs.hidden, outs.other, rel_x))
 
             _, pullback, (h2, o2, rel_x) = jax.vjp(loss, list(params), list(h), has_aux=True)
             same, delta = pullback(jnp.ones((), jnp.float32))
             keep = keep + sum(jnp.sum(a) for a in jax.tree.leaves((same, delta)))
             if stage >= 2:
-                jac = step_jacobians(graph, alg, params, h, o, x_leaves)
+                jac = step_jacobians(graph, alg, StepLeaves(params, h, o, x_leaves))
                 if stage == 2:
                     keep = keep + sum(jnp.sum(a) for a in jax.tree.leaves((jac.d, jac.df)))
             if stage >= 3:  # the scan applies the update before the next contribution

@@ -13,10 +13,12 @@ import numpy as np
 from flax import nnx
 
 from braintrace._algorithms import AbstractAlgorithm, get_algorithm
-from braintrace._algorithms._scan import evolve, online_gradients, windowed_gradients
+from braintrace._algorithms._scan import evolve, online_gradients
+from braintrace._algorithms._windowed import windowed_gradients
 from braintrace._checkpoint import leaf_names, restore_arrays, save_arrays
 from braintrace._compiler._compile import compile_graph
 from braintrace._compiler._graph import ETraceGraph
+from braintrace._compiler import _programs as programs
 from braintrace._compiler._step import split_model
 from braintrace._hidden import HiddenState
 from braintrace._inputs import check_chunk_size, check_inputs, shape_of, step_weights
@@ -194,7 +196,7 @@ class OnlineLearner:
 
     def _fresh_traces(self) -> Any:
         params, _, _ = self._leaves()
-        return self.algorithm.init(self.graph, self.graph.operands(params))
+        return self.algorithm.init(self.graph, programs.operands(self.graph, params))
 
     @property
     def batch_size(self) -> int | None:

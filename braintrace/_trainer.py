@@ -13,6 +13,7 @@ from flax import nnx
 
 from braintrace._algorithms._scan import finish_carry, init_carry, online_step, param_gradients
 from braintrace._checkpoint import leaf_names, restore_arrays, save_arrays
+from braintrace._compiler import _programs as programs
 from braintrace._compiler._step import split_model
 from braintrace._inputs import step_weights
 from braintrace._learner import OnlineLearner
@@ -210,7 +211,7 @@ class OnlineTrainer:
 
         def window(carry: _TrainCarry, inputs):
             xw, yw, ww, t_end = inputs
-            operands = graph.operands(carry.params)
+            operands = programs.operands(graph, carry.params)
             fresh = init_carry(graph, algorithm, carry.params, carry.step_carry.hidden,
                                carry.step_carry.other, carry.step_carry.traces)
 

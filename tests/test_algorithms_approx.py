@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 
 import braintrace
+from braintrace._compiler import StepLeaves
+from braintrace._compiler import _programs as programs
 from braintrace._algorithms import get_algorithm
 from braintrace._algorithms._eprop import feedback_equations, random_feedback_operands
 from braintrace._algorithms._es_d_rtrl import IOTrace, decay_from
@@ -198,7 +200,7 @@ def test_feedback_is_exact_with_real_weights_and_random_otherwise():
 
     def step_gradients(feedback):
         def loss(params, hidden):
-            out = graph.forward(params, hidden, other, x, feedback)[0]
+            out = programs.forward(graph, StepLeaves(params, hidden, other, x), feedback)[0].y
             return S.mse(jax.tree.unflatten(graph.out_treedef, out), ys[0])
         return jax.grad(loss, argnums=(0, 1))(params, hidden)
 

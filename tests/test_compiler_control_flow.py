@@ -7,6 +7,8 @@ import pytest
 from flax import nnx
 
 import braintrace
+from braintrace._compiler import StepLeaves
+from braintrace._compiler import _programs as programs
 from braintrace._compiler._step import split_model
 
 B, I, H = 2, 3, 4
@@ -37,8 +39,8 @@ def compiled(update):
 
 def jacobians(model, graph):
     _, params, hidden, other = split_model(model)
-    return graph.jacobians(jax.tree.leaves(params), jax.tree.leaves(hidden),
-                           jax.tree.leaves(other), [X])
+    return programs.jacobians(graph, StepLeaves(
+        jax.tree.leaves(params), jax.tree.leaves(hidden), jax.tree.leaves(other), [X]))
 
 
 def step_jacobian_diagonal(update):

@@ -20,6 +20,8 @@ import pytest
 from flax import nnx
 
 import braintrace
+from braintrace._compiler import StepLeaves
+from braintrace._compiler import _programs as programs
 from braintrace import layers
 from braintrace._compiler._interpret import evaluate
 from braintrace._compiler._step import split_model
@@ -135,7 +137,7 @@ def real_step(model, x):
 def test_d_equals_diagonal_blocks_of_the_cut_step_jacobian(name):
     with jax.enable_x64(True):
         _, graph, P, Hs, O, X = setup(name)
-        D, _ = jax.jit(graph.jacobians)(P, Hs, O, X)
+        D, _ = jax.jit(lambda *a: programs.jacobians(graph, StepLeaves(*a)))(P, Hs, O, X)
         jac = jax.jit(jax.jacobian(cut_step(graph, P, O, X, cut_etp=True)))(Hs)
         assert len(D) == len(graph.groups)
         for g, d in zip(graph.groups, D):
@@ -149,7 +151,7 @@ def test_d_equals_diagonal_blocks_of_the_cut_step_jacobian(name):
 def test_d_equals_jacobian_of_the_real_position_diagonal_step(name):
     with jax.enable_x64(True):
         model, graph, P, Hs, O, X = setup(name)
-        D, _ = jax.jit(graph.jacobians)(P, Hs, O, X)
+        D, _ = jax.jit(lambda *a: programs.jacobians(graph, StepLeaves(*a)))(P, Hs, O, X)
         jac = jax.jit(jax.jacobian(real_step(model, X[0])))(Hs)
         (g,) = graph.groups
         np.testing.assert_allclose(D[0], diagonal_blocks(jac, g), atol=TOL, rtol=TOL)
@@ -164,7 +166,7 @@ def test_alif_d_has_both_states_coupled():
         _, graph, P, Hs, O, X = setup("alif")
         (g,) = graph.groups
         assert g.paths == ("a", "v") and g.num_states == 2
-        D, _ = graph.jacobians(P, Hs, O, X)
+        D, _ = programs.jacobians(graph, StepLeaves(P, Hs, O, X))
         # a depends on v through the spike (surrogate) and v on a through the threshold.
         assert float(jnp.max(jnp.abs(D[0][..., 0, 1]))) > 1e-3
         assert float(jnp.max(jnp.abs(D[0][..., 1, 0]))) > 1e-3
@@ -192,7 +194,7 @@ def df_oracle(graph, relation, P, Hs, O, X):
 def test_df_equals_jacobian_with_respect_to_the_etp_output(name):
     with jax.enable_x64(True):
         _, graph, P, Hs, O, X = setup(name)
-        _, Df = jax.jit(graph.jacobians)(P, Hs, O, X)
+        _, Df = jax.jit(lambda *a: programs.jacobians(graph, StepLeaves(*a)))(P, Hs, O, X)
         assert len(Df) == len(graph.relations) > 0
         for r, df in zip(graph.relations, Df):
             jac, g = df_oracle(graph, r, P, Hs, O, X)
@@ -230,7 +232,7 @@ def test_gru_fused_kernel_against_hand_written_cut_step():
             n = jnp.tanh(xn + r * hn)
             return (1 - z) * n + z * h
 
-        D, Df = graph.jacobians(P, Hs, O, X)
+        D, Df = programs.jacobians(graph, StepLeaves(P, Hs, O, X))
         d_want = jnp.diagonal(jax.jacobian(step)(h, yi, yh).reshape(B * H, B * H))
         np.testing.assert_allclose(D[0].reshape(-1), d_want, atol=TOL)
         rel = {r.param_paths["kernel"][0]: (r, df) for r, df in zip(graph.relations, Df)}
@@ -261,7 +263,7 @@ def test_lstm_cell_and_hidden_group_against_hand_written_cut_step():
 
         (g,) = graph.groups
         assert g.paths == ("carry.0", "carry.1")
-        D, _ = graph.jacobians(P, Hs, O, X)
+        D, _ = programs.jacobians(graph, StepLeaves(P, Hs, O, X))
         np.testing.assert_allclose(D[0], diagonal_blocks(jax.jacobian(step, (0, 1))(c, h), g),
                                    atol=TOL)
         # c' = f c + i g: ∂c'/∂c = f; nothing depends on h once the gates are fixed.
@@ -288,8 +290,8 @@ def test_mixing_path_from_etp_output_is_cut_in_df_and_reported():
         x = jnp.ones((B, I), jnp.float64)
         graph = braintrace.compile_graph(model, x)
         _, params, hidden, other = split_model(model)
-        _, Df = graph.jacobians(jax.tree.leaves(params), jax.tree.leaves(hidden),
-                                jax.tree.leaves(other), [x])
+        _, Df = programs.jacobians(graph, StepLeaves(
+            jax.tree.leaves(params), jax.tree.leaves(hidden), jax.tree.leaves(other), [x]))
         np.testing.assert_allclose(Df[0], 3.0)
         (approx,) = graph.approximations
         assert approx.kind == "output-mixing" and approx.param_paths == ("w",)
@@ -327,13 +329,13 @@ def test_fixed_recurrent_matrix_is_cut_in_diagonal_scope_and_kept_in_coupled_sco
         _, params, _, other = split_model(model)
         P, O = jax.tree.leaves(params), jax.tree.leaves(other)
         coupled = braintrace.compile_graph(model, x, scope="coupled")
-        (d,) = coupled.coupled_jacobians(P, Hs, O, [x])
+        (d,) = programs.coupled_jacobians(coupled, StepLeaves(P, Hs, O, [x]))
         jac = jax.jacobian(cut_step(coupled, P, O, [x], cut_etp=True))(Hs)
         want = diagonal_blocks(jac, coupled.groups[0])
         np.testing.assert_allclose(d, want, atol=TOL)
         assert float(jnp.min(jnp.abs(want))) > 0
         diagonal = braintrace.compile_graph(model, x)
-        (d,), _ = diagonal.jacobians(P, Hs, O, [x])
+        (d,), _ = programs.jacobians(diagonal, StepLeaves(P, Hs, O, [x]))
         np.testing.assert_allclose(d, 0.0)
         (approx,) = diagonal.approximations
         assert approx.kind == "hidden-coupling" and "dot_general" in approx.detail

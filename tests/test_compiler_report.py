@@ -6,6 +6,8 @@ import numpy as np
 from flax import nnx
 
 import braintrace
+from braintrace._compiler import StepLeaves
+from braintrace._compiler import _programs as programs
 from braintrace import layers
 from braintrace._compiler._step import split_model
 
@@ -107,12 +109,13 @@ def test_pure_step_function_compiles_to_the_same_graph_as_the_module():
     assert [g.paths for g in g_fn.groups] == [("h",)]
     _, p, h, o = split_model(model)
     P, Hs, O = jax.tree.leaves(p), jax.tree.leaves(h), jax.tree.leaves(o)
-    d_fn, df_fn = g_fn.jacobians(jax.tree.leaves(params), jax.tree.leaves(hidden), [], [x])
-    d_mod, df_mod = g_mod.jacobians(P, Hs, O, [x])
+    d_fn, df_fn = programs.jacobians(
+        g_fn, StepLeaves(jax.tree.leaves(params), jax.tree.leaves(hidden), [], [x]))
+    d_mod, df_mod = programs.jacobians(g_mod, StepLeaves(P, Hs, O, [x]))
     for a, b in zip([*d_fn, *df_fn], [*d_mod, *df_mod]):
         np.testing.assert_allclose(a, b, rtol=1e-6)
-    y, h_out, other_out, _ = g_fn.forward(jax.tree.leaves(params), jax.tree.leaves(hidden),
-                                          [], [x])
+    (y, h_out, other_out), _ = programs.forward(
+        g_fn, StepLeaves(jax.tree.leaves(params), jax.tree.leaves(hidden), [], [x]))
     want_h, want_y = pure_step(params, hidden, x)
     np.testing.assert_allclose(y[0], want_y, rtol=1e-6)
     np.testing.assert_allclose(h_out[0], want_h["h"], rtol=1e-6)

@@ -1,6 +1,6 @@
-"""The learning signal and the same-step gradient from ``graph.forward``.
+"""The learning signal and the same-step gradient from ``programs.forward``.
 
-Differentiating the step loss through ``graph.forward`` with respect to
+Differentiating the step loss through ``programs.forward`` with respect to
 ``h^{t-1}`` gives ``∂L_t/∂h^{t-1}`` (every path, including a loss that reads
 the previous state), and with respect to the Params the exact same-step
 gradient. The oracle differentiates the step written by hand, independently
@@ -14,6 +14,8 @@ import pytest
 from flax import nnx
 
 import braintrace
+from braintrace._compiler import StepLeaves
+from braintrace._compiler import _programs as programs
 from braintrace._compiler._step import split_model
 
 B, I, H = 2, 3, 4
@@ -56,12 +58,12 @@ class Leaky(nnx.Module):
 
 
 def step_gradients(graph, model, x=X):
-    """``(∂L/∂params, ∂L/∂h^{t-1})`` of one step through ``graph.forward``."""
+    """``(∂L/∂params, ∂L/∂h^{t-1})`` of one step through ``programs.forward``."""
     _, params, hidden, other = split_model(model)
     P, Hs, O = jax.tree.leaves(params), jax.tree.leaves(hidden), jax.tree.leaves(other)
 
     def f(p, h):
-        y, _, _, _ = graph.forward(p, h, O, [x])
+        (y, _, _), _ = programs.forward(graph, StepLeaves(p, h, O, [x]))
         return loss(jax.tree.unflatten(graph.out_treedef, y))
 
     return jax.grad(f, argnums=(0, 1))(P, Hs)
@@ -153,8 +155,8 @@ def test_forward_is_the_model_step():
     model.h[...] = H0
     graph = braintrace.compile_graph(model, X)
     _, params, hidden, other = split_model(model)
-    y, h_out, _, rel_x = graph.forward(jax.tree.leaves(params), jax.tree.leaves(hidden),
-                                       jax.tree.leaves(other), [X])
+    (y, h_out, _), rel_x = programs.forward(graph, StepLeaves(
+        jax.tree.leaves(params), jax.tree.leaves(hidden), jax.tree.leaves(other), [X]))
     want_y = model(X)
     np.testing.assert_allclose(y[0], want_y, rtol=1e-6)
     np.testing.assert_allclose(h_out[0], model.h[...], rtol=1e-6)

@@ -1,5 +1,7 @@
 """Online learning algorithms on an eligibility-trace graph."""
 
+from __future__ import annotations
+
 from braintrace._algorithms._base import AbstractAlgorithm as AbstractAlgorithm
 from braintrace._algorithms._d_rtrl import D_RTRL as D_RTRL
 from braintrace._algorithms._eprop import EProp as EProp
@@ -18,7 +20,7 @@ ALGORITHMS = {
 }
 
 
-def get_algorithm(algorithm: "str | AbstractAlgorithm") -> AbstractAlgorithm:
+def get_algorithm(algorithm: str | AbstractAlgorithm) -> AbstractAlgorithm:
     """An algorithm instance from an instance or a name (``'d_rtrl'``, ``'pp_prop'``, ...)."""
     if isinstance(algorithm, AbstractAlgorithm):
         return algorithm

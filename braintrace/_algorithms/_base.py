@@ -1,30 +1,28 @@
-"""The contract every online learning algorithm follows, and shared trace algebra.
+"""The contract every online learning algorithm follows, the optax way.
 
-An algorithm owns, per relation ``r`` (an ETP operation feeding hidden group
-``g``), a trace state, a per-step update and a per-step gradient
-contribution:
+An algorithm is, per relation ``r`` (an ETP operation feeding hidden group
+``g``), a :class:`RelationRule`: four pure functions over a trace state, like
+an optax transformation's ``init``/``update``:
 
-* ``init(graph, operands)`` -> trace state (a pytree, one entry per relation);
-* ``update(graph, state, jac, rel_x, operands)`` -> next trace state, given
-  this step's Jacobians (``jac.d[g]``, ``jac.df[r]``) and each relation's
-  input ``x``;
-* ``contribution(graph, state, delta, operands)`` -> this step's temporal
-  gradient term per relation: the learning signal
-  ``δ̄_g = ∂L_t/∂h_g^{t-1}`` ``(*V, S)`` contracted with the traces *before*
-  this step's update (``ε^{t-1}``); terms are summed over time, and the exact
-  same-step gradient is added by the driver (see ``_scan.py``);
-* ``finalize(graph, summed, operands)`` -> ``{key: dθ}`` per relation
-  (linear, so it is applied once, after summing).
+* ``init(graph, r, θ)`` -> the trace state of ``r`` (a NamedTuple or pytree);
+* ``update(r, state, D_g, Df_r, x, θ)`` -> the next state (``ε^{t-1} → ε^t``);
+* ``contribution(r, state, δ̄_g, θ)`` -> this step's temporal gradient term: the
+  learning signal ``δ̄_g = ∂L_t/∂h_g^{t-1}`` ``(*V, S)`` contracted with the
+  traces *before* this step's update (``ε^{t-1}``); terms are summed over time
+  and the driver adds the exact same-step gradient (see ``_scan.py``);
+* ``finalize(r, summed, θ)`` -> ``{key: dθ}`` (linear, applied once after
+  summing);
 
-Optional hooks: ``required_rules(relation)`` names the ETP rules the
-algorithm calls for a relation (checked by :func:`check_rules` when the
-traces are created, so a missing rule fails at ``braintrace.compile`` with a
-:class:`~braintrace.MissingRuleError`), and ``feedback_operands(graph)`` may
-name fixed operands through which ETP operations send derivatives back to
-their input (e.g. e-prop's random feedback).
+and ``rules(r)``, the ETP rules it calls (checked once, when the traces are
+created, so a missing rule fails at ``braintrace.compile`` with a
+:class:`~braintrace.MissingRuleError`).
 
-Traces are kept in the dtype of the Params they belong to: updates cast the
-mixed and instantaneous terms back to the trace's dtype.
+:class:`AbstractAlgorithm` is the engine: it picks a rule per relation
+(:meth:`~AbstractAlgorithm.relation_rule`, the one abstract method: usually
+one rule for :class:`~braintrace._compiler.InputRelation` and one for
+:class:`~braintrace._compiler.ElementwiseRelation`), checks the rules and maps
+the rule's functions over the relations. Traces are kept in the dtype of the
+Params they belong to.
 """
 
 from __future__ import annotations
@@ -32,16 +30,15 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 
-from braintrace._compiler._graph import ETraceGraph, Relation
+from braintrace._algorithms._trace_algebra import group_signal
+from braintrace._compiler import ETraceGraph, Relation
 from braintrace._primitive import MissingRuleError
 
-__all__ = ["AbstractAlgorithm", "Jacobians", "check_rules", "mix_states", "param_dtypes",
-           "per_sample", "sum_over_samples", "tree_sum"]
+__all__ = ["AbstractAlgorithm", "Jacobians", "RelationRule", "check_rules"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,22 +49,32 @@ class Jacobians:
     df: Sequence[jax.Array]
 
 
+class RelationRule(NamedTuple):
+    """The pure functions of one algorithm for one kind of relation (module docstring)."""
+
+    init: Callable[[ETraceGraph, Relation, dict[str, jax.Array]], Any]
+    update: Callable[..., Any]
+    contribution: Callable[[Relation, Any, jax.Array, dict[str, jax.Array]], Any]
+    finalize: Callable[[Relation, Any, dict[str, jax.Array]], dict[str, jax.Array]]
+    rules: Callable[[Relation], tuple[str, ...]]
+
+
 class AbstractAlgorithm(abc.ABC):
     """Base of the online learning algorithms (see the module docstring).
 
     Attributes:
-        scope: ``'diagonal'`` or ``'coupled'``: which hidden Jacobian it uses.
         name: The name :func:`braintrace.compile` accepts.
+        scope: ``'diagonal'`` or ``'coupled'``: which hidden Jacobian it uses.
+        supports_windowed: Whether ``etrace_grad(chunk_size=...)`` may use it.
     """
 
-    scope: str = "diagonal"
     name: str = ""
+    scope: str = "diagonal"
     supports_windowed: bool = True
 
-    def required_rules(self, relation: Relation) -> tuple[str, ...]:
-        """The ETP rules this algorithm calls for ``relation`` (see :func:`check_rules`)."""
-        del relation
-        return ()
+    @abc.abstractmethod
+    def relation_rule(self, relation: Relation) -> RelationRule:
+        """The rule this algorithm applies to ``relation``."""
 
     def feedback_operands(self, graph: ETraceGraph) -> dict[int, dict[int, jax.Array]] | None:
         """``{eqn index: {operand position: B}}`` for feedback alignment, or ``None`` (exact).
@@ -80,25 +87,36 @@ class AbstractAlgorithm(abc.ABC):
         del graph
         return None
 
-    @abc.abstractmethod
-    def init(self, graph: ETraceGraph, operands: Sequence[dict[str, jax.Array]]) -> Any:
-        """See the module docstring."""
+    def required_rules(self, relation: Relation) -> tuple[str, ...]:
+        """The ETP rules this algorithm calls for ``relation``."""
+        return self.relation_rule(relation).rules(relation)
 
-    @abc.abstractmethod
-    def update(self, graph: ETraceGraph, state: Any, jac: Jacobians,
+    def init(self, graph: ETraceGraph, operands: Sequence[dict[str, jax.Array]]) -> list[Any]:
+        """Checks the rules, then each relation's zero trace state."""
+        check_rules(self, graph)
+        return [self.relation_rule(r).init(graph, r, theta)
+                for r, theta in zip(graph.relations, operands)]
+
+    def update(self, graph: ETraceGraph, state: Sequence[Any], jac: Jacobians,
                rel_x: Sequence[jax.Array | None],
-               operands: Sequence[dict[str, jax.Array]]) -> Any:
-        """See the module docstring."""
+               operands: Sequence[dict[str, jax.Array]]) -> list[Any]:
+        """``ε^{t-1} → ε^t`` for every relation."""
+        return [self.relation_rule(r).update(r, s, jac.d[r.group], jac.df[r.index], x, theta)
+                for r, s, x, theta in zip(graph.relations, state, rel_x, operands)]
 
-    @abc.abstractmethod
-    def contribution(self, graph: ETraceGraph, state: Any, delta: Sequence[jax.Array],
-                     operands: Sequence[dict[str, jax.Array]]) -> Any:
-        """See the module docstring."""
+    def contribution(self, graph: ETraceGraph, state: Sequence[Any],
+                     delta: Sequence[jax.Array],
+                     operands: Sequence[dict[str, jax.Array]]) -> list[Any]:
+        """Every relation's temporal gradient term, from the per-leaf signal ``delta``."""
+        return [self.relation_rule(r).contribution(r, s, group_signal(graph, delta, r.group),
+                                                   theta)
+                for r, s, theta in zip(graph.relations, state, operands)]
 
-    @abc.abstractmethod
-    def finalize(self, graph: ETraceGraph, summed: Any,
+    def finalize(self, graph: ETraceGraph, summed: Sequence[Any],
                  operands: Sequence[dict[str, jax.Array]]) -> list[dict[str, jax.Array]]:
-        """See the module docstring."""
+        """Maps every relation's summed terms to ``{key: dθ}``."""
+        return [self.relation_rule(r).finalize(r, total, theta)
+                for r, total, theta in zip(graph.relations, summed, operands)]
 
 
 def check_rules(algorithm: AbstractAlgorithm, graph: ETraceGraph) -> None:
@@ -111,115 +129,11 @@ def check_rules(algorithm: AbstractAlgorithm, graph: ETraceGraph) -> None:
         prim = r.primitive
         missing = [name for name in algorithm.required_rules(r) if not prim.has_rule(name)]
         if missing:
-            params = sorted({p for ps in r.param_paths.values() for p in ps})
             rules = ", ".join(f"'{m}'" for m in missing)
             raise MissingRuleError(
                 f"Algorithm '{algorithm.name or type(algorithm).__name__}' needs the ETP "
-                f"rule(s) {rules} of primitive '{prim.name}' (which trains {params}), but "
-                f"'{prim.name}' never registered them. Register them with "
-                f"`{prim.name}.register_etp_rules({missing[0]}=...)` (or the single-rule "
-                "`register_*` methods), or choose an algorithm that does not need them.")
-
-
-def param_dtypes(graph: ETraceGraph, relation: Relation) -> dict[str, Any]:
-    """``{key: dtype}``: the dtype of the Param(s) each trainable operand is computed from.
-
-    An operand may be a promoted copy of its Param (e.g. a float32 kernel used
-    in a float64 matmul); traces are kept in the Param's dtype, not the
-    operand's. An operand computed from several Params gets their result type;
-    one computed from none keeps the operand's dtype.
-    """
-    avals = {path: v.aval for path, v in zip(graph.param_paths,
-                                              graph.jaxpr.invars[:graph.num_params])}
-    eqn = graph.jaxpr.eqns[relation.eqn_index]
-    out = {}
-    for key, position in relation.operands.items():
-        paths = relation.param_paths.get(key, ())
-        out[key] = (jnp.result_type(*(avals[p].dtype for p in paths)) if paths
-                    else eqn.invars[position].aval.dtype)
-    return out
-
-
-def per_sample(fn: Callable[..., Any], relation: Relation) -> Callable[..., Any]:
-    """``jax.vmap(fn)`` over the leading batch axis when the relation is batched."""
-    return jax.vmap(fn) if relation.batched else fn
-
-
-#: Samples summed in one unrolled expression by :func:`sum_over_samples`.
-SAMPLE_BLOCK = 16
-
-
-def tree_sum(terms: list[Any]) -> Any:
-    """Pairwise sum of a list of pytrees (a balanced tree of adds).
-
-    Example:
-        >>> from braintrace._algorithms._base import tree_sum
-        >>> float(tree_sum([{"w": 1.0}, {"w": 2.0}, {"w": 4.0}])["w"])
-        7.0
-    """
-    while len(terms) > 1:
-        pairs = [jax.tree.map(jnp.add, terms[k], terms[k + 1]) for k in range(0, len(terms) - 1, 2)]
-        terms = pairs + ([terms[-1]] if len(terms) % 2 else [])
-    return terms[0]
-
-
-def sum_over_samples(fn: Callable[..., Any], *batched: Any) -> Any:
-    """``Σ_b fn(*[a[b] for a in batched])``: a per-sample function summed over the batch.
-
-    Every leaf of ``batched`` carries the batch on its leading axis. Samples are
-    summed in blocks of :data:`SAMPLE_BLOCK` written out as one expression,
-    which XLA fuses into a single elementwise pass over the block; blocks are
-    accumulated by a loop. On CPU this is several times faster than a
-    reduction over the leading axis of a large trace (which XLA:CPU walks
-    with a stride of the whole sample) and than a loop over single samples
-    (whose per-iteration overhead dominates).
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from braintrace._algorithms._base import sum_over_samples
-        >>> a = jnp.arange(40.0).reshape(20, 2)
-        >>> sum_over_samples(lambda row: row * 2, a).tolist()
-        [760.0, 800.0]
-    """
-    size = jax.tree.leaves(batched)[0].shape[0]
-
-    def block(start: int | jax.Array, count: int) -> Any:
-        rows = jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, start, count), batched)
-        return tree_sum([fn(*jax.tree.map(lambda a, k=k: a[k], rows)) for k in range(count)])
-
-    if size <= SAMPLE_BLOCK:
-        return block(0, size)
-    blocks, rest = divmod(size, SAMPLE_BLOCK)
-    total = jax.lax.fori_loop(
-        1, blocks, lambda i, acc: jax.tree.map(jnp.add, acc, block(i * SAMPLE_BLOCK, SAMPLE_BLOCK)),
-        block(0, SAMPLE_BLOCK))
-    if rest:
-        total = jax.tree.map(jnp.add, total, block(blocks * SAMPLE_BLOCK, rest))
-    return total
-
-
-def mix_states(dt_to_t: Callable[..., Any], d: jax.Array, trace: Any, **params: Any) -> Any:
-    """``out[..., s] = Σ_{s'} dt_to_t(d[..., s, s'], trace[..., s'])``, states on the last axis.
-
-    Applies an ``(S, S)`` per-unit matrix to a trace whose last axis holds
-    the ``S`` states, through the primitive's ``dt_to_t`` rule. The result keeps
-    the trace's dtype (``D`` may be wider, e.g. float32 hidden state and
-    bfloat16 Params).
-    """
-    num_states = d.shape[-1]
-    take = lambda s: jax.tree.map(lambda e: e[..., s], trace)  # noqa: E731
-    rows = []
-    for s in range(num_states):
-        total = None
-        for s2 in range(num_states):
-            term = dt_to_t(d[..., s, s2], take(s2), **params)
-            total = term if total is None else jax.tree.map(jnp.add, total, term)
-        rows.append(total)
-    mixed = jax.tree.map(lambda *r: jnp.stack(r, axis=-1), *rows)
-    return jax.tree.map(lambda m, t: m.astype(t.dtype), mixed, trace)
-
-
-def group_signal(graph: ETraceGraph, delta: Sequence[jax.Array], group: int) -> jax.Array:
-    """Stacks the per-leaf learning signals of a group: ``(*V, S)``."""
-    g = graph.groups[group]
-    return jnp.stack([delta[k] for k in g.leaves], axis=-1)
+                f"rule(s) {rules} of primitive '{prim.name}' (which trains "
+                f"{list(r.all_param_paths)}), but '{prim.name}' never registered them. Register "
+                f"them with `{prim.name}.register_etp_rules({missing[0]}=...)` (or the "
+                "single-rule `register_*` methods), or choose an algorithm that does not need "
+                "them.")

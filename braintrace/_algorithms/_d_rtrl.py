@@ -7,17 +7,18 @@ per unit, the trace of every trainable input follows
 
     \\epsilon^t = D^t \\epsilon^{t-1} + Df^t \\otimes x^t
 
-where ``D^t = ∂h^t/∂h^{t-1}`` ``(S×S`` per unit) and ``Df^t = ∂h^t/∂y^t``,
+where ``D^t = ∂h^t/∂h^{t-1}`` (``S×S`` per unit) and ``Df^t = ∂h^t/∂y^t``,
 applied through the primitive's ``dt_to_t`` (``D ε``) and ``xy_to_dw`` (the
-outer product) rules, per sample. The gradient is
+outer product) rules, per sample. The temporal gradient term of step ``t`` is
 
 .. math::
 
-    \\nabla_\\theta L = \\sum_t \\sum_{b} \\sum_{s} \\delta^t_{b,\\cdot,s} \\cdot \\epsilon^t_{b,\\dots,s},
-    \\qquad \\delta^t = \\partial L_t / \\partial h^t.
+    \\sum_{b} \\sum_{s} \\bar\\delta^t_{b,\\cdot,s} \\cdot \\epsilon^{t-1}_{b,\\dots,s},
+    \\qquad \\bar\\delta^t = \\partial L_t / \\partial h^{t-1},
 
-It equals BPTT when the real hidden Jacobian is position-diagonal and
-``y -> h`` is elementwise. Memory is ``O(B·|θ|·S)``.
+added to the exact same-step gradient. It equals BPTT when the real hidden
+Jacobian is position-diagonal and ``y -> h`` is elementwise (the graph then
+has no approximations). Memory is ``O(B·|θ|·S)``.
 
 The elementwise primitive (no ``x``) keeps its trace with respect to its
 output, shaped like the hidden group: ``ε^t = D^t ε^{t-1} + Df^t``, and maps the
@@ -32,85 +33,64 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from braintrace._algorithms._base import (
-    AbstractAlgorithm,
-    check_rules,
-    group_signal,
+from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
+from braintrace._algorithms._trace_algebra import (
     mix_states,
     param_dtypes,
     per_sample,
     sum_over_samples,
     tree_sum,
 )
-from braintrace._compiler._graph import ETraceGraph, Relation
+from braintrace._compiler import ElementwiseRelation, ETraceGraph, InputRelation, Relation
 
-__all__ = ["D_RTRL", "drtrl_contribution", "drtrl_finalize", "drtrl_init", "drtrl_rules",
-           "drtrl_update"]
-
-
-def drtrl_rules(relation: Relation) -> tuple[str, ...]:
-    """The ETP rules D-RTRL calls for ``relation``.
-
-    ``xy_to_trace`` may stand in for ``xy_to_dw`` in the update, but the
-    elementwise (no-input) finalisation always needs ``xy_to_dw``.
-    """
-    prim = relation.primitive
-    rules = ["init_drtrl", "dt_to_t"]
-    if not relation.has_input or not prim.has_rule("xy_to_trace"):
-        rules.append("xy_to_dw")
-    return tuple(rules)
+__all__ = ["D_RTRL", "DRTRL_ELEMENTWISE", "DRTRL_INPUT", "drtrl_rule"]
 
 
-def _xy_to_trace(relation: Relation):
-    prim = relation.primitive
-    return prim.rule("xy_to_trace") if prim.has_rule("xy_to_trace") else prim.rule("xy_to_dw")
+def _cast_to_params(graph: ETraceGraph, r: Relation, trace: Any) -> Any:
+    dtypes = param_dtypes(graph, r)
+    if isinstance(trace, dict):
+        return {key: jnp.asarray(value, dtypes.get(key, value.dtype))
+                for key, value in trace.items()}
+    return jax.tree.map(lambda e: e.astype(jnp.result_type(*dtypes.values())), trace)
 
 
-def drtrl_init(graph: ETraceGraph, r: Relation, theta: dict[str, jax.Array]) -> Any:
-    """A zero D-RTRL trace of relation ``r``, in the Params' dtype.
+# -- operations with an input ----------------------------------------------------
 
-    For an operation with an input, the trace is a tuple over the group's ``S``
-    states, each ``{key: (B?, *θ_key)}`` (the rule's per-sample
-    ``(*θ_key, S)``, split along its state axis). One array per state keeps
-    the update, the contraction and the loop carry on the same buffer, which
-    XLA then updates in place; a stacked state axis makes XLA:CPU copy and
-    recompute the whole trace every step (several times slower). The
-    elementwise primitive's hidden-shaped trace stays ``(*V, S)``.
+
+def _input_rules(r: InputRelation) -> tuple[str, ...]:
+    """``xy_to_trace`` may stand in for ``xy_to_dw`` in the update."""
+    if r.primitive.has_rule("xy_to_trace"):
+        return ("init_drtrl", "dt_to_t")
+    return ("init_drtrl", "dt_to_t", "xy_to_dw")
+
+
+def _input_init(graph: ETraceGraph, r: InputRelation, theta: dict[str, jax.Array]) -> tuple:
+    """A zero trace: a tuple over the group's ``S`` states, each ``{key: (B?, *θ_key)}``.
+
+    The rule's per-sample ``(*θ_key, S)`` is split along its state axis. One
+    array per state keeps the update, the contraction and the loop carry on
+    the same buffer, which XLA then updates in place; a stacked state axis
+    makes XLA:CPU copy and recompute the whole trace every step.
     """
     g = graph.groups[r.group]
-    init = r.primitive.rule("init_drtrl")
-    dtypes = param_dtypes(graph, r)
-
-    def cast(trace):
-        if isinstance(trace, dict):
-            return {key: jnp.asarray(value, dtypes.get(key, value.dtype))
-                    for key, value in trace.items()}
-        return jax.tree.map(lambda e: e.astype(jnp.result_type(*dtypes.values())), trace)
-
-    if not r.has_input:
-        return cast(init(None, jnp.zeros(g.shape, g.dtype), theta, g.num_states))
     x_shape = r.x_shape[1:] if r.batched else r.x_shape
     y_shape = r.y_shape[1:] if r.batched else r.y_shape
-    trace = init(jnp.zeros(x_shape, g.dtype), jnp.zeros(y_shape, g.dtype), theta, g.num_states)
+    trace = r.primitive.rule("init_drtrl")(jnp.zeros(x_shape, g.dtype),
+                                          jnp.zeros(y_shape, g.dtype), theta, g.num_states)
     lead = (r.y_shape[0],) if r.batched else ()
     return tuple(
-        cast(jax.tree.map(lambda e, s=s: jnp.broadcast_to(e[..., s], (*lead, *e.shape[:-1])),
-                          trace))
+        _cast_to_params(graph, r, jax.tree.map(
+            lambda e, s=s: jnp.broadcast_to(e[..., s], (*lead, *e.shape[:-1])), trace))
         for s in range(g.num_states))
 
 
-def drtrl_update(r: Relation, eps: Any, d_g: jax.Array, df: jax.Array, x: jax.Array | None,
-                 theta: dict[str, jax.Array]) -> Any:
-    """``ε^t = D^t ε^{t-1} + Df^t ⊗ x^t`` for relation ``r`` (per sample).
-
-    For each state ``s``: ``ε_s ← Σ_{s'} dt_to_t(D_{s s'}, ε_{s'}) + xy_to_trace(x, Df_s)``,
-    each rule applied per sample.
-    """
-    dt_to_t = r.primitive.rule("dt_to_t")
-    if not r.has_input:
-        mixed = mix_states(dt_to_t, d_g, eps, **r.params)
-        return jax.tree.map(lambda m, i: m + i.astype(m.dtype), mixed, {"weight": df})
-    xy_to_trace = _xy_to_trace(r)
+def _input_update(r: InputRelation, eps: tuple, d_g: jax.Array, df: jax.Array, x: jax.Array,
+                  theta: dict[str, jax.Array]) -> tuple:
+    """``ε_s ← Σ_{s'} dt_to_t(D_{s s'}, ε_{s'}) + xy_to_trace(x, Df_s)``, per sample."""
+    prim = r.primitive
+    dt_to_t = prim.rule("dt_to_t")
+    xy_to_trace = prim.rule("xy_to_trace") if prim.has_rule("xy_to_trace") else prim.rule(
+        "xy_to_dw")
     scale = per_sample(lambda d, e: dt_to_t(d, e, **r.params), r)
     outer = per_sample(lambda x, d: xy_to_trace(x, d, theta, **r.params), r)
     d_y = r.gather_hidden(d_g)
@@ -122,15 +102,11 @@ def drtrl_update(r: Relation, eps: Any, d_g: jax.Array, df: jax.Array, x: jax.Ar
     return tuple(new)
 
 
-def drtrl_contribution(r: Relation, eps: Any, signal: jax.Array) -> Any:
-    """``Σ_b Σ_s δ_{b,·,s} · ε_{s,b,…}`` for relation ``r``; ``signal`` is ``δ_g (*V, S)``.
-
-    Per sample, ``Σ_s contract(δ_s, ε_s)`` (the primitive's closed-form
-    ``contract`` rule, or ``dt_to_t``, which it equals on one sample), summed
-    over the batch by :func:`sum_over_samples`.
-    """
-    if not r.has_input:
-        return r.scatter_to_y(jnp.sum(signal * eps["weight"], axis=-1))
+def _input_contribution(r: InputRelation, eps: tuple, signal: jax.Array,
+                        theta: dict[str, jax.Array]) -> Any:
+    """``Σ_b Σ_s contract(δ̄_s, ε_s)`` (the closed-form ``contract`` rule, or ``dt_to_t``,
+    which it equals on one sample), summed over the batch by :func:`sum_over_samples`."""
+    del theta
     signal = r.gather_hidden(signal)
     prim = r.primitive
     contract = prim.rule("contract") if prim.has_rule("contract") else prim.rule("dt_to_t")
@@ -141,14 +117,57 @@ def drtrl_contribution(r: Relation, eps: Any, signal: jax.Array) -> Any:
     return sum_over_samples(one, eps, signal) if r.batched else one(eps, signal)
 
 
-def drtrl_finalize(r: Relation, total: Any, theta: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """Maps a summed contribution of relation ``r`` to ``{key: dθ}``."""
-    prim = r.primitive
-    if not r.has_input:
-        return prim.rule("xy_to_dw")(None, total, theta, **r.params)
-    if prim.has_rule("trace_to_dw"):
-        return prim.rule("trace_to_dw")(total, theta, **r.params)
+def _input_finalize(r: InputRelation, total: Any, theta: dict[str, jax.Array]) -> dict:
+    if r.primitive.has_rule("trace_to_dw"):
+        return r.primitive.rule("trace_to_dw")(total, theta, **r.params)
     return dict(total)
+
+
+DRTRL_INPUT = RelationRule(init=_input_init, update=_input_update,
+                           contribution=_input_contribution, finalize=_input_finalize,
+                           rules=_input_rules)
+"""D-RTRL for an operation with an input: ``ε = D ε + Df ⊗ x``."""
+
+
+# -- the elementwise primitive ------------------------------------------------------
+
+
+def _elementwise_init(graph: ETraceGraph, r: ElementwiseRelation,
+                      theta: dict[str, jax.Array]) -> dict:
+    g = graph.groups[r.group]
+    trace = r.primitive.rule("init_drtrl")(None, jnp.zeros(g.shape, g.dtype), theta,
+                                           g.num_states)
+    return _cast_to_params(graph, r, trace)
+
+
+def _elementwise_update(r: ElementwiseRelation, eps: dict, d_g: jax.Array, df: jax.Array,
+                        x: None, theta: dict[str, jax.Array]) -> dict:
+    """``ε ← D ε + Df``: the trace of the output, shaped like the group ``(*V, S)``."""
+    del x, theta
+    mixed = mix_states(r.primitive.rule("dt_to_t"), d_g, eps, **r.params)
+    return jax.tree.map(lambda m, i: m + i.astype(m.dtype), mixed, {"weight": df})
+
+
+def _elementwise_contribution(r: ElementwiseRelation, eps: dict, signal: jax.Array,
+                              theta: dict[str, jax.Array]) -> jax.Array:
+    del theta
+    return r.scatter_to_y(jnp.sum(signal * eps["weight"], axis=-1))
+
+
+def _elementwise_finalize(r: ElementwiseRelation, total: jax.Array,
+                          theta: dict[str, jax.Array]) -> dict:
+    return r.primitive.rule("xy_to_dw")(None, total, theta, **r.params)
+
+
+DRTRL_ELEMENTWISE = RelationRule(
+    init=_elementwise_init, update=_elementwise_update, contribution=_elementwise_contribution,
+    finalize=_elementwise_finalize, rules=lambda r: ("init_drtrl", "dt_to_t", "xy_to_dw"))
+"""D-RTRL for the elementwise primitive: the trace of its output, ``ε = D ε + Df``."""
+
+
+def drtrl_rule(relation: Relation) -> RelationRule:
+    """The D-RTRL rule of a relation's kind."""
+    return DRTRL_INPUT if isinstance(relation, InputRelation) else DRTRL_ELEMENTWISE
 
 
 class D_RTRL(AbstractAlgorithm):
@@ -157,35 +176,26 @@ class D_RTRL(AbstractAlgorithm):
     .. math::
 
         \\epsilon^t = D^t \\epsilon^{t-1} + Df^t \\otimes x^t, \\qquad
-        \\nabla_\\theta L = \\sum_t \\delta^t \\cdot \\epsilon^t
+        \\nabla_\\theta L = \\sum_t \\partial L_t/\\partial\\theta|_{h^{t-1}}
+            + \\bar\\delta^t \\cdot \\epsilon^{t-1}
 
-    Exact (equal to BPTT) when the hidden Jacobian is position-diagonal and
-    each operation's output reaches the hidden state elementwise. Trace memory
-    ``O(B·|θ|·S)``.
+    Exact (equal to BPTT) when the compiled graph has no approximations
+    (``compile(..., strict=True)`` checks it). Trace memory ``O(B·|θ|·S)``.
+
+    Args:
+        coupled: Use the per-position blocks of the full hidden Jacobian
+            (OSTL's recurrent rule, see :func:`braintrace.OSTLRecurrent`)
+            instead of its elementwise part.
 
     Example:
         >>> import braintrace
-        >>> braintrace.D_RTRL().name
-        'd_rtrl'
+        >>> braintrace.D_RTRL().name, braintrace.D_RTRL(coupled=True).scope
+        ('d_rtrl', 'coupled')
     """
 
-    name = "d_rtrl"
+    def __init__(self, *, coupled: bool = False):
+        self.scope = "coupled" if coupled else "diagonal"
+        self.name = "ostl_recurrent" if coupled else "d_rtrl"
 
-    def required_rules(self, relation):
-        return drtrl_rules(relation)
-
-    def init(self, graph, operands):
-        check_rules(self, graph)
-        return [drtrl_init(graph, r, theta) for r, theta in zip(graph.relations, operands)]
-
-    def update(self, graph, state, jac, rel_x, operands):
-        return [drtrl_update(r, eps, jac.d[r.group], jac.df[r.index], x, theta)
-                for r, eps, x, theta in zip(graph.relations, state, rel_x, operands)]
-
-    def contribution(self, graph, state, delta, operands):
-        return [drtrl_contribution(r, eps, group_signal(graph, delta, r.group))
-                for r, eps in zip(graph.relations, state)]
-
-    def finalize(self, graph, summed, operands):
-        return [drtrl_finalize(r, total, theta)
-                for r, total, theta in zip(graph.relations, summed, operands)]
+    def relation_rule(self, relation: Relation) -> RelationRule:
+        return drtrl_rule(relation)

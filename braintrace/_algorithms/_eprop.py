@@ -41,45 +41,28 @@ import math
 from typing import Any, NamedTuple
 
 import jax
-import jax.extend.core as jex_core
 
-from braintrace._algorithms._base import AbstractAlgorithm, check_rules, group_signal
-from braintrace._algorithms._d_rtrl import (
-    drtrl_contribution,
-    drtrl_finalize,
-    drtrl_init,
-    drtrl_rules,
-    drtrl_update,
-)
-from braintrace._compiler._graph import ETraceGraph
+from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
+from braintrace._algorithms._d_rtrl import DRTRL_ELEMENTWISE, DRTRL_INPUT
+from braintrace._compiler import ElementwiseRelation, ETraceGraph, InputRelation, Relation
+from braintrace._compiler._walk import is_var
 
-__all__ = ["EProp", "FilteredTrace", "feedback_equations", "random_feedback_operands"]
+__all__ = ["EProp", "FilteredTrace", "feedback_equations", "filtered",
+           "random_feedback_operands"]
 
 FEEDBACKS = ("symmetric", "random")
-
-
-class FilteredTrace(NamedTuple):
-    """The D-RTRL trace ``ε`` and its filtered version ``ē``."""
-
-    trace: object
-    filtered: object
-
-
-def _hidden_out_vars(graph: ETraceGraph) -> list[Any]:
-    start = graph.num_outputs + graph.num_params
-    return list(graph.jaxpr.outvars[start:start + graph.num_hidden])
 
 
 def feedback_equations(graph: ETraceGraph) -> list[int]:
     """ETP equations with an input ``x`` that depends on the new hidden state ``h^t``."""
     jaxpr = graph.jaxpr
-    depends = {v for v in _hidden_out_vars(graph) if not isinstance(v, jex_core.Literal)}
+    depends = {v for v in graph.layout.hidden_outvars(jaxpr) if is_var(v)}
     found = []
     for index, eqn in enumerate(jaxpr.eqns):
-        reads = [not isinstance(v, jex_core.Literal) and v in depends for v in eqn.invars]
+        reads = [is_var(v) and v in depends for v in eqn.invars]
         if not any(reads):
             continue
-        depends.update(v for v in eqn.outvars if not isinstance(v, jex_core.DropVar))
+        depends.update(v for v in eqn.outvars if is_var(v))
         prim = eqn.primitive
         if index in graph.etp_eqns and prim.x_invar_index is not None and reads[prim.x_invar_index]:
             found.append(index)
@@ -104,6 +87,32 @@ def random_feedback_operands(graph: ETraceGraph, seed: int = 0,
             operands[position] = (b * (scale / math.sqrt(fan_in))).astype(aval.dtype)
         feedback[index] = operands
     return feedback
+
+
+class FilteredTrace(NamedTuple):
+    """The D-RTRL trace ``ε`` and its filtered version ``ē``."""
+
+    trace: Any
+    filtered: Any
+
+
+def filtered(rule: RelationRule, kappa: float) -> RelationRule:
+    """``rule`` with its trace passed through ``ē^t = κ ē^{t-1} + ε^t``; contracts ``ē``."""
+
+    def init(graph, r, theta):
+        trace = rule.init(graph, r, theta)
+        return FilteredTrace(trace, trace)
+
+    def update(r, s, d_g, df, x, theta):
+        eps = rule.update(r, s.trace, d_g, df, x, theta)
+        return FilteredTrace(eps, jax.tree.map(lambda f, e: (kappa * f + e).astype(f.dtype),
+                                               s.filtered, eps))
+
+    def contribution(r, s, signal, theta):
+        return rule.contribution(r, s.filtered, signal, theta)
+
+    return RelationRule(init=init, update=update, contribution=contribution,
+                        finalize=rule.finalize, rules=rule.rules)
 
 
 class EProp(AbstractAlgorithm):
@@ -145,10 +154,13 @@ class EProp(AbstractAlgorithm):
         self.seed = int(seed)
         self.feedback_scale = float(feedback_scale)
         self.supports_windowed = feedback == "symmetric"
+        self._rules = {kind: filtered(rule, self.kappa)
+                       for kind, rule in ((InputRelation, DRTRL_INPUT),
+                                          (ElementwiseRelation, DRTRL_ELEMENTWISE))}
         self._feedback_cache: dict[int, tuple[ETraceGraph, dict]] = {}
 
-    def required_rules(self, relation):
-        return drtrl_rules(relation)
+    def relation_rule(self, relation: Relation) -> RelationRule:
+        return self._rules[type(relation)]
 
     def feedback_operands(self, graph):
         if self.feedback == "symmetric":
@@ -159,25 +171,3 @@ class EProp(AbstractAlgorithm):
                 self._feedback_cache[key] = (graph, random_feedback_operands(
                     graph, self.seed, self.feedback_scale))
         return self._feedback_cache[key][1]
-
-    def init(self, graph, operands):
-        check_rules(self, graph)
-        traces = [drtrl_init(graph, r, theta) for r, theta in zip(graph.relations, operands)]
-        return [FilteredTrace(t, t) for t in traces]
-
-    def update(self, graph, state, jac, rel_x, operands):
-        new = []
-        for r, s, x, theta in zip(graph.relations, state, rel_x, operands):
-            eps = drtrl_update(r, s.trace, jac.d[r.group], jac.df[r.index], x, theta)
-            filtered = jax.tree.map(lambda f, e: (self.kappa * f + e).astype(f.dtype),
-                                    s.filtered, eps)
-            new.append(FilteredTrace(eps, filtered))
-        return new
-
-    def contribution(self, graph, state, delta, operands):
-        return [drtrl_contribution(r, s.filtered, group_signal(graph, delta, r.group))
-                for r, s in zip(graph.relations, state)]
-
-    def finalize(self, graph, summed, operands):
-        return [drtrl_finalize(r, total, theta)
-                for r, total, theta in zip(graph.relations, summed, operands)]

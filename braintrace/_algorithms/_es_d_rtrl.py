@@ -8,9 +8,12 @@ two exponentially smoothed factors, one per side of the weight:
     \\epsilon_x^t = \\alpha_x \\epsilon_x^{t-1} + x^t, \\qquad
     \\epsilon_f^t = \\alpha_f D^t \\epsilon_f^{t-1} + (1 - \\alpha_f) Df^t
 
-    \\nabla_\\theta L = \\sum_t \\mathrm{xy\\_to\\_dw}\\Big(\\epsilon_x^t,\\;
-        \\sum_s \\frac{\\epsilon_f^t[\\dots, s]}{c_t}\\, \\delta^t[\\dots, s]\\Big),
-    \\qquad c_t = 1 - \\alpha_f^{t}.
+    \\text{term}^t = \\mathrm{xy\\_to\\_dw}\\Big(\\epsilon_x^{t-1},\\;
+        \\sum_s \\frac{\\epsilon_f^{t-1}[\\dots, s]}{c_{t-1}}\\,
+        \\bar\\delta^t[\\dots, s]\\Big), \\qquad c_t = 1 - \\alpha_f^{t},
+
+the temporal term added to the exact same-step gradient, with
+``δ̄^t = ∂L_t/∂h^{t-1}``.
 
 A bias is a weight row fed by a constant 1, whose x-side trace is
 ``ε_1^t = Σ_k α_x^k``, not 1: the part of ``xy_to_dw`` that does not depend on
@@ -29,22 +32,12 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from braintrace._algorithms._base import (
-    AbstractAlgorithm,
-    check_rules,
-    group_signal,
-    mix_states,
-    param_dtypes,
-)
-from braintrace._algorithms._d_rtrl import (
-    drtrl_contribution,
-    drtrl_finalize,
-    drtrl_init,
-    drtrl_rules,
-    drtrl_update,
-)
+from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
+from braintrace._algorithms._d_rtrl import DRTRL_ELEMENTWISE
+from braintrace._algorithms._trace_algebra import mix_states, param_dtypes
+from braintrace._compiler import ETraceGraph, InputRelation, Relation
 
-__all__ = ["ES_D_RTRL", "IOTrace", "decay_from", "pp_prop"]
+__all__ = ["ES_D_RTRL", "IOTerm", "IOTrace", "decay_from", "es_input_rule", "pp_prop"]
 
 
 def decay_from(decay_or_rank: float) -> float:
@@ -92,20 +85,64 @@ class IOTerm(NamedTuple):
     bias_signal: jax.Array
 
 
+def es_input_rule(x_decay: float, f_decay: float) -> RelationRule:
+    """The ES-D-RTRL rule of an operation with an input, for ``α_x`` and ``α_f``."""
+
+    def init(graph: ETraceGraph, r: InputRelation, theta) -> IOTrace:
+        g = graph.groups[r.group]
+        y_one = r.y_shape[1:] if r.batched else r.y_shape
+        x_one = r.x_shape[1:] if r.batched else r.x_shape
+        f = r.primitive.rule("init_pp")(jnp.zeros(x_one, g.dtype), jnp.zeros(y_one, g.dtype),
+                                        theta, g.num_states)
+        dtype = jnp.result_type(*param_dtypes(graph, r).values())
+        f = jnp.broadcast_to(f, (*r.y_shape, g.num_states)).astype(dtype)
+        return IOTrace(x=jnp.zeros(r.x_shape, dtype), ones=jnp.zeros((), dtype), f=f,
+                       f_power=jnp.ones((), dtype))
+
+    def update(r: InputRelation, s: IOTrace, d_g, df, x, theta) -> IOTrace:
+        """``ε_x = α_x ε_x + x``, ``ε_f = α_f D ε_f + (1 - α_f) Df``."""
+        del theta
+        f = (f_decay * mix_states(lambda d, t: d * t, r.gather_hidden(d_g), s.f)
+             + (1.0 - f_decay) * df.astype(s.f.dtype))
+        return IOTrace(x=(x_decay * s.x + x.astype(s.x.dtype)).astype(s.x.dtype),
+                       ones=(x_decay * s.ones + 1.0).astype(s.ones.dtype),
+                       f=f.astype(s.f.dtype),
+                       f_power=(f_decay * s.f_power).astype(s.f_power.dtype))
+
+    def contribution(r: InputRelation, s: IOTrace, signal, theta) -> IOTerm:
+        # c = 1 - α_f^t; before the first step (α_f^0 = 1) the trace is zero and c is
+        # irrelevant. The x-independent (bias) part of xy_to_dw is linear in d, so its
+        # correction by ε_1 - 1 is summed in output space and mapped once, in finalize.
+        correction = jnp.where(s.f_power < 1.0, 1.0 - s.f_power, 1.0)
+        d = jnp.sum(s.f * r.gather_hidden(signal), axis=-1) / correction
+        return IOTerm(grad=r.primitive.rule("xy_to_dw")(s.x, d, theta, **r.params),
+                      bias_signal=(s.ones - 1.0) * d)
+
+    def finalize(r: InputRelation, total: IOTerm, theta) -> dict:
+        zeros = jnp.zeros(r.x_shape, total.bias_signal.dtype)
+        bias = r.primitive.rule("xy_to_dw")(zeros, total.bias_signal, theta, **r.params)
+        return jax.tree.map(jnp.add, dict(total.grad), bias)
+
+    return RelationRule(init=init, update=update, contribution=contribution, finalize=finalize,
+                        rules=lambda r: ("init_pp", "xy_to_dw"))
+
+
 class ES_D_RTRL(AbstractAlgorithm):
     """Exponentially smoothed D-RTRL (pp_prop): traces linear in the number of neurons.
 
     .. math::
 
         \\epsilon_x^t = \\alpha_x \\epsilon_x^{t-1} + x^t, \\quad
-        \\epsilon_f^t = \\alpha_f D^t \\epsilon_f^{t-1} + (1-\\alpha_f) Df^t, \\quad
-        \\nabla_\\theta L = \\sum_t \\mathrm{xy\\_to\\_dw}(\\epsilon_x^t,
-            \\textstyle\\sum_s \\epsilon_f^t \\delta^t / c_t)
+        \\epsilon_f^t = \\alpha_f D^t \\epsilon_f^{t-1} + (1-\\alpha_f) Df^t
+
+    and the temporal term ``xy_to_dw(ε_x^{t-1}, Σ_s ε_f^{t-1} δ̄^t / c_{t-1})``
+    added to the exact same-step gradient.
 
     Args:
         decay_or_rank: ``α_f`` (and ``α_x`` unless given): a float in
             ``[0, 1)`` or an integer rank ``r`` (``α = (r-1)/(r+1)``).
         x_decay_or_rank: A separate ``α_x`` for the input side.
+        name: The name reported (``'ostl_feedforward'`` for OSTL's variant).
 
     Example:
         >>> import braintrace
@@ -114,82 +151,17 @@ class ES_D_RTRL(AbstractAlgorithm):
         (0.5, 0.5)
     """
 
-    name = "es_d_rtrl"
-
-    def required_rules(self, relation):
-        if not relation.has_input:
-            return drtrl_rules(relation)
-        return ("init_pp", "xy_to_dw")
-
     def __init__(self, decay_or_rank: float = 0.9, *,
-                 x_decay_or_rank: float | None = None):
+                 x_decay_or_rank: float | None = None, name: str = "es_d_rtrl"):
+        self.name = name
         self.f_decay = decay_from(decay_or_rank)
         self.x_decay = decay_from(decay_or_rank if x_decay_or_rank is None else x_decay_or_rank)
+        self._input_rule = es_input_rule(self.x_decay, self.f_decay)
 
-    def init(self, graph, operands):
-        check_rules(self, graph)
-        state = []
-        for r, theta in zip(graph.relations, operands):
-            if not r.has_input:
-                state.append(drtrl_init(graph, r, theta))
-                continue
-            g = graph.groups[r.group]
-            y_one = r.y_shape[1:] if r.batched else r.y_shape
-            x_one = r.x_shape[1:] if r.batched else r.x_shape
-            f = r.primitive.rule("init_pp")(jnp.zeros(x_one, g.dtype), jnp.zeros(y_one, g.dtype),
-                                             theta, g.num_states)
-            dtype = jnp.result_type(*param_dtypes(graph, r).values())
-            f = jnp.broadcast_to(f, (*r.y_shape, g.num_states)).astype(dtype)
-            state.append(IOTrace(x=jnp.zeros(r.x_shape, f.dtype), ones=jnp.zeros((), f.dtype),
-                                 f=f, f_power=jnp.ones((), f.dtype)))
-        return state
-
-    def update(self, graph, state, jac, rel_x, operands):
-        new = []
-        for r, s, x, theta in zip(graph.relations, state, rel_x, operands):
-            if not r.has_input:
-                new.append(drtrl_update(r, s, jac.d[r.group], jac.df[r.index], x, theta))
-                continue
-            a_x, a_f = self.x_decay, self.f_decay
-            d_y = r.gather_hidden(jac.d[r.group])
-            df = jac.df[r.index]
-            dt_to_t = lambda d, t: d * t
-            f = a_f * mix_states(dt_to_t, d_y, s.f) + (1.0 - a_f) * df.astype(s.f.dtype)
-            new.append(IOTrace(x=(a_x * s.x + x.astype(s.x.dtype)).astype(s.x.dtype),
-                               ones=(a_x * s.ones + 1.0).astype(s.ones.dtype),
-                               f=f.astype(s.f.dtype),
-                               f_power=(a_f * s.f_power).astype(s.f_power.dtype)))
-        return new
-
-    def contribution(self, graph, state, delta, operands):
-        terms = []
-        for r, s, theta in zip(graph.relations, state, operands):
-            signal = group_signal(graph, delta, r.group)
-            if not r.has_input:
-                terms.append(drtrl_contribution(r, s, signal))
-                continue
-            xy_to_dw = r.primitive.rule("xy_to_dw")
-            signal = r.gather_hidden(signal)
-            # c_t = 1 - α_f^t; before the first step (α_f^0 = 1) the trace is zero and c is
-            # irrelevant.
-            correction = jnp.where(s.f_power < 1.0, 1.0 - s.f_power, 1.0)
-            d = jnp.sum(s.f * signal, axis=-1) / correction
-            # The x-independent (bias) part of xy_to_dw is linear in d, so its correction
-            # by ε_1 - 1 is summed in output space and mapped once, in finalize.
-            terms.append(IOTerm(grad=xy_to_dw(s.x, d, theta, **r.params),
-                                bias_signal=(s.ones - 1.0) * d))
-        return terms
-
-    def finalize(self, graph, summed, operands):
-        grads = []
-        for r, total, theta in zip(graph.relations, summed, operands):
-            if not r.has_input:
-                grads.append(drtrl_finalize(r, total, theta))
-                continue
-            zeros = jnp.zeros(r.x_shape, total.bias_signal.dtype)
-            bias = r.primitive.rule("xy_to_dw")(zeros, total.bias_signal, theta, **r.params)
-            grads.append(jax.tree.map(jnp.add, dict(total.grad), bias))
-        return grads
+    def relation_rule(self, relation: Relation) -> RelationRule:
+        if isinstance(relation, InputRelation):
+            return self._input_rule
+        return DRTRL_ELEMENTWISE  # already shaped like the hidden state: exact
 
 
 def pp_prop(decay_or_rank: float = 0.9, *,
@@ -202,4 +174,3 @@ def pp_prop(decay_or_rank: float = 0.9, *,
         0.5
     """
     return ES_D_RTRL(decay_or_rank, x_decay_or_rank=x_decay_or_rank)
-

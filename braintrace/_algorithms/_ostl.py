@@ -1,12 +1,12 @@
-"""OSTL: online spatio-temporal learning (Bohnstingl et al. 2023).
+"""OSTL: online spatio-temporal learning (Bohnstingl et al. 2023), as configurations.
 
-* :class:`OSTLRecurrent`: D-RTRL with the *coupled* hidden Jacobian: instead of
+* :func:`OSTLRecurrent`: D-RTRL with the *coupled* hidden Jacobian: instead of
   ignoring operations that mix positions, it keeps the per-position blocks
   ``D[v, s, s'] = ∂h^t[v, s]/∂h^{t-1}[v, s']`` of the full Jacobian (a fixed
   recurrent matrix contributes its diagonal). Costs ``N·S`` JVPs per group and
   step, so it suits small layers.
-* :class:`OSTLFeedforward`: ES-D-RTRL with no smoothing (``α = 0``): the
-  gradient of each weight uses only the current input and ``Df``.
+* :func:`OSTLFeedforward`: ES-D-RTRL with no smoothing (``α = 0``): the
+  trace of each weight is the previous step's ``Df ⊗ x`` only.
 """
 
 from __future__ import annotations
@@ -17,32 +17,28 @@ from braintrace._algorithms._es_d_rtrl import ES_D_RTRL
 __all__ = ["OSTLFeedforward", "OSTLRecurrent"]
 
 
-class OSTLRecurrent(D_RTRL):
+def OSTLRecurrent() -> D_RTRL:  # noqa: N802  (an algorithm's public name)
     """D-RTRL with per-position blocks of the full (coupled) hidden Jacobian.
 
     Equal to BPTT on position-diagonal models; on models coupled through
-    non-ETP operations it keeps their diagonal, unlike :class:`D_RTRL`.
+    non-ETP operations it keeps their diagonal, unlike plain :class:`D_RTRL`.
 
     Example:
         >>> import braintrace
-        >>> braintrace.OSTLRecurrent().scope
-        'coupled'
+        >>> alg = braintrace.OSTLRecurrent()
+        >>> alg.name, alg.scope
+        ('ostl_recurrent', 'coupled')
     """
-
-    name = "ostl_recurrent"
-    scope = "coupled"
+    return D_RTRL(coupled=True)
 
 
-class OSTLFeedforward(ES_D_RTRL):
-    """ES-D-RTRL with ``α_x = α_f = 0``: same-step factors only.
+def OSTLFeedforward() -> ES_D_RTRL:  # noqa: N802  (an algorithm's public name)
+    """ES-D-RTRL with ``α_x = α_f = 0``: one-step factors only.
 
     Example:
         >>> import braintrace
-        >>> braintrace.OSTLFeedforward().f_decay
-        0.0
+        >>> alg = braintrace.OSTLFeedforward()
+        >>> alg.name, alg.f_decay
+        ('ostl_feedforward', 0.0)
     """
-
-    name = "ostl_feedforward"
-
-    def __init__(self):
-        super().__init__(0.0)
+    return ES_D_RTRL(0.0, name="ostl_feedforward")

@@ -38,8 +38,8 @@ import jax
 import jax.numpy as jnp
 
 from braintrace._algorithms._base import AbstractAlgorithm, Jacobians
-from braintrace._compiler._graph import ETraceGraph
-from braintrace._compiler._interpret import evaluate
+from braintrace._compiler import ETraceGraph, StepLeaves
+from braintrace._compiler import _programs as programs
 
 __all__ = [
     "Pending",
@@ -52,7 +52,7 @@ __all__ = [
     "online_gradients",
     "online_step",
     "param_gradients",
-    "windowed_gradients",
+    "step_jacobians",
 ]
 
 
@@ -80,12 +80,12 @@ class ScanCarry(NamedTuple):
     fresh: jax.Array
 
 
-def step_jacobians(graph: ETraceGraph, algorithm: AbstractAlgorithm, params, hidden, other,
-                   x_leaves) -> Jacobians:
+def step_jacobians(graph: ETraceGraph, algorithm: AbstractAlgorithm,
+                   leaves: StepLeaves) -> Jacobians:
     """``D`` (diagonal or coupled, as the algorithm needs) and ``Df`` of one step."""
-    d, df = graph.jacobians(params, hidden, other, x_leaves)
+    d, df = programs.jacobians(graph, leaves)
     if algorithm.scope == "coupled":
-        d = graph.coupled_jacobians(params, hidden, other, x_leaves)
+        d = programs.coupled_jacobians(graph, leaves)
     return Jacobians(d=d, df=df)
 
 
@@ -101,28 +101,29 @@ def online_step(
     weight_t: jax.Array,
 ) -> tuple[ScanCarry, jax.Array]:
     """One time step of online learning (module docstring); returns the new carry and ``L_t``."""
-    x_leaves = jax.tree.leaves(x_t)
-    hidden, other = carry.hidden, carry.other
+    leaves = StepLeaves(list(params), list(carry.hidden), list(carry.other),
+                        jax.tree.leaves(x_t))
     feedback = algorithm.feedback_operands(graph)
 
     def weighted_loss(params, hidden):
-        out, h_out, o_out, rel_x = graph.forward(params, hidden, other, x_leaves, feedback)
-        loss = loss_fn(jax.tree.unflatten(graph.out_treedef, out), y_t)
+        outs, rel_x = programs.forward(graph, leaves._replace(params=params, hidden=hidden),
+                                       feedback)
+        loss = loss_fn(jax.tree.unflatten(graph.out_treedef, outs.y), y_t)
         if jnp.ndim(loss) != 0:
             raise ValueError(
                 f"loss_fn must return a scalar per time step, got shape {jnp.shape(loss)}. "
                 "Reduce over the batch and feature axes inside loss_fn.")
-        return loss * weight_t, (loss, h_out, o_out, rel_x)
+        return loss * weight_t, (loss, outs, rel_x)
 
-    _, pullback, (loss, h_out, o_out, rel_x) = jax.vjp(
-        weighted_loss, list(params), list(hidden), has_aux=True)
+    _, pullback, (loss, outs, rel_x) = jax.vjp(
+        weighted_loss, leaves.params, leaves.hidden, has_aux=True)
     same_step, signal = pullback(jnp.ones((), dtype=jnp.result_type(loss)))
     traces = apply_pending(graph, algorithm, operands, carry)
     term = algorithm.contribution(graph, traces, signal, operands)
-    jac = step_jacobians(graph, algorithm, params, hidden, other, x_leaves)
+    jac = step_jacobians(graph, algorithm, leaves)
     summed = jax.tree.map(jnp.add, carry.summed, term)
     same = [a + b.astype(a.dtype) for a, b in zip(carry.same_step, same_step)]
-    return ScanCarry(list(h_out), list(o_out), traces, summed, same,
+    return ScanCarry(outs.hidden, outs.other, traces, summed, same,
                      Pending(list(jac.d), list(jac.df), list(rel_x)),
                      jnp.zeros((), bool)), loss
 
@@ -146,7 +147,7 @@ def finish_carry(graph: ETraceGraph, algorithm: AbstractAlgorithm,
 def init_carry(graph: ETraceGraph, algorithm: AbstractAlgorithm, params, hidden, other,
                traces) -> ScanCarry:
     """A carry with zero gradient sums and nothing pending (shapes by abstract evaluation)."""
-    operands = graph.operands(params)
+    operands = programs.operands(graph, params)
     zero_sums = _zero_contribution(graph, algorithm, params, hidden, other, traces, operands)
     same = [jnp.zeros_like(p) for p in params]
     return ScanCarry(list(hidden), list(other), traces, zero_sums, same,
@@ -155,12 +156,12 @@ def init_carry(graph: ETraceGraph, algorithm: AbstractAlgorithm, params, hidden,
 
 def _zero_pending(graph, algorithm, params, hidden, other) -> Pending:
     """A pending update of the right shapes (never applied: the carry is ``fresh``)."""
-    x_leaves = [jnp.zeros(shape, dtype) for shape, dtype in graph.input_avals]
+    leaves = StepLeaves(list(params), list(hidden), list(other),
+                        [jnp.zeros(shape, dtype) for shape, dtype in graph.input_avals])
 
     def shapes():
-        jac = step_jacobians(graph, algorithm, params, hidden, other, x_leaves)
-        return Pending(list(jac.d), list(jac.df),
-                       graph.forward(params, hidden, other, x_leaves)[3])
+        jac = step_jacobians(graph, algorithm, leaves)
+        return Pending(list(jac.d), list(jac.df), programs.forward(graph, leaves)[1])
 
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(shapes))
 
@@ -177,7 +178,7 @@ def param_gradients(graph: ETraceGraph, algorithm: AbstractAlgorithm, params, op
     """Gradients per Param leaf: same-step ones plus the traced sums, finalised and
     mapped through the weight programs."""
     operand_grads = algorithm.finalize(graph, carry.summed, operands)
-    traced = graph.operand_pullback(params, operand_grads)
+    traced = programs.operand_pullback(graph, params, operand_grads)
     return [s + t.astype(s.dtype) for s, t in zip(carry.same_step, traced)]
 
 
@@ -199,7 +200,7 @@ def online_gradients(
         ``(param_grads, final_carry, losses)``: gradients per Param leaf, the
         carry after the last step (hidden state, traces), and each step's loss.
     """
-    operands = graph.operands(params)
+    operands = programs.operands(graph, params)
     carry = init_carry(graph, algorithm, params, hidden, other, traces)
 
     def body(carry, inputs):
@@ -211,96 +212,24 @@ def online_gradients(
     return param_gradients(graph, algorithm, params, operands, carry), carry, losses
 
 
-def evolve_step(graph: ETraceGraph, algorithm: AbstractAlgorithm, params, operands, hidden,
-                other, traces, x_t) -> tuple[list[jax.Array], list[jax.Array], Any, Any]:
+def evolve_step(graph: ETraceGraph, algorithm: AbstractAlgorithm, operands,
+                leaves: StepLeaves, traces) -> tuple[list[jax.Array], list[jax.Array], Any, Any]:
     """One step without gradients: ``(hidden', other', traces', y)``."""
-    x_leaves = jax.tree.leaves(x_t)
-    out, h_out, o_out, rel_x = graph.forward(params, hidden, other, x_leaves)
-    jac = step_jacobians(graph, algorithm, params, hidden, other, x_leaves)
+    outs, rel_x = programs.forward(graph, leaves)
+    jac = step_jacobians(graph, algorithm, leaves)
     traces = algorithm.update(graph, traces, jac, rel_x, operands)
-    return list(h_out), list(o_out), traces, jax.tree.unflatten(graph.out_treedef, out)
+    return outs.hidden, outs.other, traces, jax.tree.unflatten(graph.out_treedef, outs.y)
 
 
 def evolve(graph: ETraceGraph, algorithm: AbstractAlgorithm, params, hidden, other, traces, xs):
     """Advances hidden state and traces over ``xs``; returns ``(ys, hidden, other, traces)``."""
-    operands = graph.operands(params)
+    operands = programs.operands(graph, params)
 
     def body(carry, x_t):
-        hidden, other, traces, y = evolve_step(graph, algorithm, params, operands, *carry, x_t)
+        hidden, other, traces = carry
+        leaves = StepLeaves(list(params), hidden, other, jax.tree.leaves(x_t))
+        hidden, other, traces, y = evolve_step(graph, algorithm, operands, leaves, traces)
         return (hidden, other, traces), y
 
     (hidden, other, traces), ys = jax.lax.scan(body, (list(hidden), list(other), traces), xs)
     return ys, hidden, other, traces
-
-
-def windowed_gradients(
-    graph: ETraceGraph,
-    algorithm: AbstractAlgorithm,
-    loss_fn: Callable[[Any, Any], jax.Array],
-    params: Sequence[jax.Array],
-    hidden: Sequence[jax.Array],
-    other: Sequence[jax.Array],
-    traces: Any,
-    xs: Any,
-    ys: Any,
-    weights: jax.Array,
-    chunk_size: int,
-) -> tuple[list[jax.Array], ScanCarry, jax.Array]:
-    """Windowed mode: exact reverse mode inside windows, traces carry credit across.
-
-    For a window starting at hidden state ``h_0`` with traces ``ε_0``:
-
-    .. math::
-
-        \\nabla_\\theta L_w = \\mathrm{BPTT}_w(\\theta)
-            + \\frac{\\partial L_w}{\\partial h_0} \\cdot \\epsilon_0
-
-    then the traces advance through the window step by step. Memory grows with
-    ``chunk_size``, not with the sequence length.
-    """
-    if not algorithm.supports_windowed:
-        raise ValueError(
-            f"{type(algorithm).__name__} with these settings is a single-step rule (e.g. "
-            "EProp(feedback='random')); call etrace_grad without chunk_size.")
-    length = weights.shape[0]
-    windows = length // chunk_size
-    split = lambda a: a.reshape(windows, chunk_size, *a.shape[1:])
-    xs_w, ys_w, w_w = jax.tree.map(split, xs), jax.tree.map(split, ys), split(weights)
-    operands = graph.operands(params)
-    carry = init_carry(graph, algorithm, params, hidden, other, traces)
-    n_out, n_p, n_h = graph.num_outputs, graph.num_params, graph.num_hidden
-
-    def window_loss(params, hidden, other, xw, yw, ww):
-        def body(state, inputs):
-            h, o = state
-            x_t, y_t = inputs
-            outs, _ = evaluate(graph.jaxpr, graph.consts,
-                               [*params, *h, *o, *jax.tree.leaves(x_t)])
-            y_pred = jax.tree.unflatten(graph.out_treedef, outs[:n_out])
-            new_state = (outs[n_out + n_p:n_out + n_p + n_h], outs[n_out + n_p + n_h:])
-            return new_state, loss_fn(y_pred, y_t)
-
-        _, losses = jax.lax.scan(body, (list(hidden), list(other)), (xw, yw))
-        return jnp.sum(losses * ww), losses
-
-    def window(carry, inputs):
-        xw, yw, ww = inputs
-        _, pullback, losses = jax.vjp(
-            lambda p, h: window_loss(p, h, carry.other, xw, yw, ww), list(params),
-            list(carry.hidden), has_aux=True)
-        g_params, g_hidden = pullback(jnp.ones((), losses.dtype))
-        term = algorithm.contribution(graph, carry.traces, g_hidden, operands)
-        summed = jax.tree.map(jnp.add, carry.summed, term)
-        same = [a + b.astype(a.dtype) for a, b in zip(carry.same_step, g_params)]
-
-        def advance(state, x_t):
-            h, o, tr = state
-            h, o, tr, _ = evolve_step(graph, algorithm, params, operands, h, o, tr, x_t)
-            return (h, o, tr), None
-
-        (h, o, tr), _ = jax.lax.scan(advance, (carry.hidden, carry.other, carry.traces), xw)
-        return carry._replace(hidden=h, other=o, traces=tr, summed=summed, same_step=same), losses
-
-    carry, losses = jax.lax.scan(window, carry, (xs_w, ys_w, w_w))
-    grads = param_gradients(graph, algorithm, params, operands, carry)
-    return grads, carry, losses.reshape(length)

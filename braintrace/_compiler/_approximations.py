@@ -28,63 +28,23 @@ D-RTRL then equals BPTT) unless one of these holds, each reported as an
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Collection, Iterable, Sequence
-from typing import Any
 
 import jax.extend.core as jex_core
 
-__all__ = ["Approximation", "find_approximations"]
+from braintrace._compiler._layout import StepLayout
+from braintrace._compiler._records import Approximation, Exclusion, HiddenGroup, Relation
+from braintrace._compiler._walk import feeding, is_var, reached
+
+__all__ = ["Approximation", "coupling_equations", "find_approximations"]
 
 
-@dataclasses.dataclass(frozen=True)
-class Approximation:
-    """A place where the traces are not the exact influence of a Param on the hidden state.
-
-    Attributes:
-        kind: ``'hidden-coupling'``, ``'moved-positions'``, ``'output-mixing'``,
-            ``'untraced-path'`` or ``'carried-state'`` (module docstring).
-        param_paths: The Params whose temporal credit it affects.
-        detail: Which operations and states, for a person.
-    """
-
-    kind: str
-    param_paths: tuple[str, ...]
-    detail: str
-
-    def describe(self) -> str:
-        """One line: the Params, the kind and the detail."""
-        return f"{', '.join(self.param_paths)}: {self.kind}: {self.detail}"
-
-
-def _is_var(v: Any) -> bool:
-    return not isinstance(v, (jex_core.Literal, jex_core.DropVar))
-
-
-def feeding(jaxpr: jex_core.Jaxpr, targets: Iterable[Any]) -> set[Any]:
-    """Variables from which some variable of ``targets`` is computed (``targets`` included)."""
-    found = {v for v in targets if _is_var(v)}
-    for eqn in reversed(jaxpr.eqns):
-        if any(v in found for v in eqn.outvars if _is_var(v)):
-            found.update(v for v in eqn.invars if _is_var(v))
-    return found
-
-
-def reached(jaxpr: jex_core.Jaxpr, sources: Iterable[Any],
-            blocked: Collection[tuple[int, int]] = ()) -> tuple[set[Any], list[int]]:
-    """Variables and equations computed from ``sources``.
-
-    An equation does not pass on a value that enters it only through a
-    ``(equation index, operand position)`` listed in ``blocked``.
-    """
-    found = {v for v in sources if _is_var(v)}
-    eqns = []
-    for i, eqn in enumerate(jaxpr.eqns):
-        if any(_is_var(v) and v in found and (i, k) not in blocked
-               for k, v in enumerate(eqn.invars)):
-            eqns.append(i)
-            found.update(v for v in eqn.outvars if _is_var(v))
-    return found, eqns
+def coupling_equations(jaxpr: jex_core.Jaxpr, layout: StepLayout,
+                       stops: Collection[int]) -> set[int]:
+    """The equations among ``stops`` (cut from ``D``) that read hidden-derived values."""
+    blocked = {(i, k) for i in stops for k in range(len(jaxpr.eqns[i].invars))}
+    from_hidden, _ = reached(jaxpr, layout.hidden_invars(jaxpr), blocked)
+    return {i for i in stops if any(is_var(v) and v in from_hidden for v in jaxpr.eqns[i].invars)}
 
 
 def _names(jaxpr: jex_core.Jaxpr, eqns: Iterable[int], limit: int = 4) -> str:
@@ -95,39 +55,32 @@ def _names(jaxpr: jex_core.Jaxpr, eqns: Iterable[int], limit: int = 4) -> str:
 
 def find_approximations(
     jaxpr: jex_core.Jaxpr,
+    layout: StepLayout,
     *,
-    num_outputs: int,
-    param_paths: Sequence[str],
-    hidden_paths: Sequence[str],
-    other_paths: Sequence[str],
-    groups: Sequence[Any],
-    relations: Sequence[Any],
-    exclusions: Sequence[Any],
+    groups: Sequence[HiddenGroup],
+    relations: Sequence[Relation],
+    exclusions: Sequence[Exclusion],
     coupling_eqns: Collection[int],
     output_mixing: dict[int, list[int]],
 ) -> tuple[Approximation, ...]:
     """Every approximation of a graph's traces (module docstring).
 
     Args:
-        jaxpr: The flat step: ``[*params, *hidden, *other, *x]`` to
-            ``[*y, *params, *hidden, *other]``.
-        num_outputs: Number of output leaves.
-        param_paths / hidden_paths / other_paths: Leaf paths.
+        jaxpr: The flat step.
+        layout: Its leaf layout.
         groups: The hidden groups.
         relations: The traced relations.
         exclusions: ETP operations (or targets) not traced.
         coupling_eqns: Equations that read hidden-derived values and are cut
-            from ``D`` (mixing operations and non-elementwise ETP operations).
+            from ``D`` (see :func:`coupling_equations`).
         output_mixing: ``{ETP eqn: mixing equations on the way from its output}``.
     """
-    n_p, n_h = len(param_paths), len(hidden_paths)
-    hidden_out = jaxpr.outvars[num_outputs + n_p:num_outputs + n_p + n_h]
+    hidden_out = layout.hidden_outvars(jaxpr)
     feeds_hidden = feeding(jaxpr, hidden_out)
     group_params: dict[int, set[str]] = {}
     for r in relations:
-        group_params.setdefault(r.group, set()).update(
-            p for ps in r.param_paths.values() for p in ps)
-    found = [*_coupling(jaxpr, n_p, groups, group_params, coupling_eqns, feeds_hidden)]
+        group_params.setdefault(r.group, set()).update(r.all_param_paths)
+    found = [*_coupling(jaxpr, layout, groups, group_params, coupling_eqns, feeds_hidden)]
     for g in groups:
         if g.colours is not None and group_params.get(g.index):
             found.append(Approximation(
@@ -136,38 +89,34 @@ def find_approximations(
                 "keeps only the same-position part"))
     for r in relations:
         mixing = [i for i in output_mixing.get(r.eqn_index, ())
-                  if any(_is_var(v) and v in feeds_hidden for v in jaxpr.eqns[i].outvars)]
+                  if any(is_var(v) and v in feeds_hidden for v in jaxpr.eqns[i].outvars)]
         if mixing:
             found.append(Approximation(
-                "output-mixing", tuple(sorted({p for ps in r.param_paths.values() for p in ps})),
+                "output-mixing", r.all_param_paths,
                 f"the output of '{r.primitive.name}' (eqn {r.eqn_index}) reaches hidden group "
                 f"{list(groups[r.group].paths)} also through {_names(jaxpr, mixing)}, which mix "
                 "units; Df keeps only the elementwise part of ∂h/∂y"))
-    found.extend(_untraced_paths(jaxpr, param_paths, relations, exclusions, hidden_out,
-                                 feeds_hidden))
-    found.extend(_carried_state(jaxpr, num_outputs, param_paths, hidden_paths, other_paths,
-                                relations))
+    found.extend(_untraced_paths(jaxpr, layout, relations, exclusions, feeds_hidden))
+    found.extend(_carried_state(jaxpr, layout, relations))
     return tuple(dict.fromkeys(found))
 
 
-def _coupling(jaxpr, n_p, groups, group_params, coupling_eqns, feeds_hidden):
+def _coupling(jaxpr, layout, groups, group_params, coupling_eqns, feeds_hidden):
     """``'hidden-coupling'``: cut equations between hidden state and hidden state."""
-    group_of = {}
-    for g in groups:
-        for leaf in g.leaves:
-            group_of[jaxpr.invars[n_p + leaf]] = {g.index}
+    hidden_in = layout.hidden_invars(jaxpr)
+    group_of = {hidden_in[leaf]: {g.index} for g in groups for leaf in g.leaves}
     for eqn in jaxpr.eqns:
-        sources = set().union(*(group_of.get(v, set()) for v in eqn.invars if _is_var(v)))
+        sources = set().union(*(group_of.get(v, set()) for v in eqn.invars if is_var(v)))
         if sources:
             for v in eqn.outvars:
-                if _is_var(v):
+                if is_var(v):
                     group_of[v] = sources
     by_groups: dict[frozenset[int], list[int]] = {}
     for i in sorted(coupling_eqns):
         eqn = jaxpr.eqns[i]
-        if not any(_is_var(v) and v in feeds_hidden for v in eqn.outvars):
+        if not any(is_var(v) and v in feeds_hidden for v in eqn.outvars):
             continue
-        sources = frozenset().union(*(group_of.get(v, set()) for v in eqn.invars if _is_var(v)))
+        sources = frozenset().union(*(group_of.get(v, set()) for v in eqn.invars if is_var(v)))
         by_groups.setdefault(sources, []).append(i)
     for sources, eqns in by_groups.items():
         params = sorted(set().union(*(group_params.get(g, set()) for g in sources)))
@@ -180,7 +129,7 @@ def _coupling(jaxpr, n_p, groups, group_params, coupling_eqns, feeds_hidden):
             "being elementwise; D keeps only the elementwise part of ∂h^t/∂h^{t-1}")
 
 
-def _untraced_paths(jaxpr, param_paths, relations, exclusions, hidden_out, feeds_hidden):
+def _untraced_paths(jaxpr, layout, relations, exclusions, feeds_hidden):
     """``'untraced-path'``: Params that reach hidden state other than as traced operands."""
     blocked = {(r.eqn_index, k) for r in relations for k in r.operands.values()}
     traced_eqns = {r.eqn_index for r in relations}
@@ -193,12 +142,12 @@ def _untraced_paths(jaxpr, param_paths, relations, exclusions, hidden_out, feeds
                 "untraced-path", tuple(x.param_paths),
                 f"'{x.primitive}' (eqn {x.eqn_index}) is traced into one hidden group but not "
                 f"another: {x.reason}")
-    targets = {v for v in hidden_out if _is_var(v)}
-    for k, path in enumerate(param_paths):
-        values, eqns = reached(jaxpr, [jaxpr.invars[k]], blocked)
+    targets = {v for v in layout.hidden_outvars(jaxpr) if is_var(v)}
+    for var, path in zip(layout.param_invars(jaxpr), layout.param_paths):
+        values, eqns = reached(jaxpr, [var], blocked)
         if not values & targets:
             continue
-        on_path = [i for i in eqns if any(_is_var(v) and v in feeds_hidden
+        on_path = [i for i in eqns if any(is_var(v) and v in feeds_hidden
                                           for v in jaxpr.eqns[i].outvars)]
         why = "; ".join(reasons.get(path, [])) or "no traced ETP operation covers this path"
         yield Approximation(
@@ -207,20 +156,19 @@ def _untraced_paths(jaxpr, param_paths, relations, exclusions, hidden_out, feeds
             f"({why}); it gets its exact same-step gradient but no credit over time")
 
 
-def _carried_state(jaxpr, num_outputs, param_paths, hidden_paths, other_paths, relations):
+def _carried_state(jaxpr, layout, relations):
     """``'carried-state'``: non-hidden Variables that carry gradient-bearing values."""
-    n_p, n_h = len(param_paths), len(hidden_paths)
-    start = num_outputs + n_p + n_h
-    read_again = feeding(jaxpr, jaxpr.outvars[:num_outputs]
-                         + jaxpr.outvars[num_outputs + n_p:start])
-    traced = sorted({p for r in relations for ps in r.param_paths.values() for p in ps})
-    for j, path in enumerate(other_paths):
-        other_in, other_out = jaxpr.invars[n_p + n_h + j], jaxpr.outvars[start + j]
+    outs = layout.split_outputs(jaxpr.outvars)
+    read_again = feeding(jaxpr, outs.y + outs.hidden)
+    traced = sorted({p for r in relations for p in r.all_param_paths})
+    from_hidden, _ = reached(jaxpr, layout.hidden_invars(jaxpr))
+    for path, other_in, other_out in zip(layout.other_paths, layout.other_invars(jaxpr),
+                                         outs.other):
         if other_out is other_in or other_in not in read_again:
             continue
-        params = {p for k, p in enumerate(param_paths)
-                  if other_out in reached(jaxpr, [jaxpr.invars[k]])[0]}
-        if other_out in reached(jaxpr, jaxpr.invars[n_p:n_p + n_h])[0]:
+        params = {p for v, p in zip(layout.param_invars(jaxpr), layout.param_paths)
+                  if other_out in reached(jaxpr, [v])[0]}
+        if other_out in from_hidden:
             params.update(traced)
         if params:
             yield Approximation(

@@ -7,9 +7,11 @@ from typing import Any
 
 from flax import nnx
 
-from braintrace._compiler._graph import ETraceGraph, build_graph
-from braintrace._compiler._report import NOT_READ, same_step_reasons
+from braintrace._compiler._build import build_graph
+from braintrace._compiler._graph import ETraceGraph
+from braintrace._compiler._layout import StepLayout
 from braintrace._compiler._step import TracedStep, trace_function_step, trace_model_step
+from braintrace._primitive import ETPPrimitive
 
 __all__ = ["compile_graph"]
 
@@ -51,7 +53,9 @@ def compile_graph(
 
     Raises:
         ValueError: No hidden state; no Param read by an ETP primitive; a Param
-            written in the step; a step that changes a hidden state's shape;
+            written in the step; a step that changes a hidden state's shape; an
+            ETP primitive whose declared layout (``x_invar_index``,
+            ``y_outvar_index``, trainable inputs) does not fit its equation;
             with ``strict=True``, any approximation of the traces.
             Errors of the model itself (a layer's input-shape check) propagate
             with a note naming the example's shapes and the hidden states.
@@ -102,6 +106,7 @@ def compile_graph(
         raise TypeError(
             f"compile_graph: expected an nnx.Module or a step function, got "
             f"{type(model).__name__}.")
+    _check_layouts(name, step)
     graph = _build(step, scope)
     _check_traceable(name, graph)
     if strict and graph.approximations:
@@ -115,17 +120,27 @@ def compile_graph(
     return graph
 
 
+def _check_layouts(name: str, step: TracedStep) -> None:
+    """Checks the declared layout of every ETP equation before the graph reads it."""
+    for eqn in step.closed_jaxpr.jaxpr.eqns:
+        if isinstance(eqn.primitive, ETPPrimitive):
+            try:
+                eqn.primitive.check_layout(eqn)
+            except ValueError as error:
+                raise ValueError(f"{name}: {error}") from None
+
+
 def _build(step: TracedStep, scope: str) -> ETraceGraph:
-    return build_graph(
-        step.closed_jaxpr, param_paths=step.param_paths, hidden_paths=step.hidden_paths,
-        other_paths=step.other_paths, num_outputs=step.num_outputs,
-        out_treedef=step.out_treedef, scope=scope, notes=step.notes, warnings=step.warnings)
+    layout = StepLayout(param_paths=step.param_paths, hidden_paths=step.hidden_paths,
+                        other_paths=step.other_paths, num_outputs=step.num_outputs,
+                        out_treedef=step.out_treedef)
+    return build_graph(step.closed_jaxpr, layout, scope=scope, notes=step.notes,
+                       warnings=step.warnings)
 
 
 def _check_traceable(name: str, graph: ETraceGraph) -> None:
     """Raises if no Param is read by an ETP primitive (nothing could ever learn online)."""
-    reasons = same_step_reasons(graph)
-    if graph.relations or any(r != [NOT_READ] for r in reasons.values()):
+    if graph.relations or any(x.param_paths for x in graph.exclusions):
         return
     listing = ", ".join(repr(p) for p in graph.param_paths)
     raise ValueError(

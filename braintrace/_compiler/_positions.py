@@ -31,6 +31,7 @@ __all__ = [
     "is_structural",
     "propagate",
     "source_map",
+    "union",
 ]
 
 PositionMap = np.ndarray
@@ -87,7 +88,8 @@ def _normalise(m: PositionMap) -> PositionMap:
     return m[..., :width]
 
 
-def _union(maps: Sequence[PositionMap], shape: Sequence[int]) -> PositionMap:
+def union(maps: Sequence[PositionMap], shape: Sequence[int]) -> PositionMap:
+    """The element-wise union of position maps, broadcast to ``shape``."""
     parts = [np.broadcast_to(m, (*shape, m.shape[-1])) for m in maps]
     return _normalise(np.concatenate(parts, axis=-1))
 
@@ -165,7 +167,7 @@ def _propagate_eqn(
     out_shapes = [tuple(v.aval.shape) for v in eqn.outvars]
     if name in ELEMENTWISE:
         present = [m for m in maps if m is not None]
-        return [_union(present, out_shapes[0])]
+        return [union(present, out_shapes[0])]
     if name in MOVEMENT:
         return _move(eqn, maps)
     if name in OPAQUE_CALLS:

@@ -1,0 +1,225 @@
+"""Run-time programs of a graph: the step, the operands, and the Jacobians ``D`` and ``Df``.
+
+Each is a function of an :class:`~braintrace.ETraceGraph` and one
+:class:`StepLeaves` record, evaluated by the one value interpreter
+(``_interpret.evaluate``) with options:
+
+* :func:`forward`: the model step, also recording each relation's input
+  ``x``; optionally with feedback-alignment operands;
+* :func:`operands` / :func:`operand_pullback`: each relation's trainable
+  operands ``θ`` from the Params (masks and transforms included), and the map
+  of operand gradients back to Param gradients;
+* :func:`jacobians`: by forward-mode differentiation of the *cut* step (ETP
+  operations and mixing operations stopped), each group's
+  ``D = ∂h^t/∂h^{t-1}`` ``(*V, S, S)`` and each relation's ``Df = ∂h^t/∂y``,
+  one JVP per state and colour of a group and per colour of a relation —
+  exact because units of one colour never meet in one output;
+* :func:`coupled_jacobians`: per-position blocks of the full hidden Jacobian
+  (only ETP operations cut), ``N·S`` JVPs per group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.extend.core as jex_core
+import jax.numpy as jnp
+import numpy as np
+
+from braintrace._compiler._interpret import bind_equation, evaluate
+from braintrace._compiler._layout import StepLeaves, StepOutputs
+from braintrace._compiler._records import ElementwiseRelation, HiddenGroup, InputRelation
+
+if TYPE_CHECKING:
+    from braintrace._compiler._graph import ETraceGraph
+
+__all__ = ["coupled_jacobians", "forward", "jacobians", "operand_pullback", "operands"]
+
+
+def forward(graph: ETraceGraph, leaves: StepLeaves,
+            feedback: dict[int, dict[int, jax.Array]] | None = None,
+            ) -> tuple[StepOutputs, list[jax.Array | None]]:
+    """One step of the model, and each relation's input ``x`` (``None`` without input).
+
+    Differentiating its output with respect to ``leaves.params`` and
+    ``leaves.hidden`` gives the exact same-step gradient ``∂L_t/∂θ`` (every
+    path of the step) and the learning signal ``∂L_t/∂h^{t-1}``.
+
+    Args:
+        graph: The graph.
+        leaves: The step's input leaves.
+        feedback: ``{eqn index: {operand position: B}}``: those ETP equations
+            send derivatives to their input through ``B`` instead of their
+            trainable operands (e-prop's random feedback); values and
+            derivatives with respect to the operands stay exact.
+    """
+    inputs = [graph.relation_input_var(r) for r in graph.input_relations]
+    outs, recorded = evaluate(graph.jaxpr, graph.consts, leaves.args(), feedback=feedback,
+                              record=inputs)
+    by_relation = dict(zip((r.index for r in graph.input_relations), recorded))
+    return graph.layout.split_outputs(outs), [by_relation.get(r.index) for r in graph.relations]
+
+
+def operands(graph: ETraceGraph, params: Sequence[jax.Array]) -> list[dict[str, jax.Array]]:
+    """Each relation's trainable operands ``θ``, computed from the Params."""
+    jaxpr = graph.jaxpr
+    targets = [jaxpr.eqns[r.eqn_index].invars[i] for r in graph.relations
+               for i in r.operands.values()]
+    needed = {t for t in targets if not isinstance(t, jex_core.Literal)}
+    eqns = []
+    for eqn in reversed(jaxpr.eqns):
+        if any(v in needed for v in eqn.outvars if not isinstance(v, jex_core.DropVar)):
+            eqns.append(eqn)
+            needed.update(v for v in eqn.invars if not isinstance(v, jex_core.Literal))
+    env: dict[Any, Any] = dict(zip(jaxpr.constvars, graph.consts))
+    env.update(zip(graph.layout.param_invars(jaxpr), params))
+    read = lambda v: v.val if isinstance(v, jex_core.Literal) else env[v]  # noqa: E731
+    for eqn in reversed(eqns):
+        for v, o in zip(eqn.outvars, bind_equation(eqn, [read(v) for v in eqn.invars])):
+            if not isinstance(v, jex_core.DropVar):
+                env[v] = o
+    values = iter(read(t) for t in targets)
+    return [{key: next(values) for key in r.operands} for r in graph.relations]
+
+
+def operand_pullback(graph: ETraceGraph, params: Sequence[jax.Array],
+                     cotangents: Sequence[dict[str, jax.Array]]) -> list[jax.Array]:
+    """Maps gradients of the relations' operands to gradients of the Params.
+
+    Each cotangent is cast to its operand's dtype (traces keep the Params'
+    dtype, while an operand may be promoted, e.g. by Flax's ``dtype``).
+    """
+    values, pullback = jax.vjp(lambda p: operands(graph, p), list(params))
+    cotangents = jax.tree.map(lambda c, o: c.astype(o.dtype), list(cotangents), values)
+    (grads,) = pullback(cotangents)
+    return grads
+
+
+def _etp_stops(graph: ETraceGraph) -> frozenset[int]:
+    return frozenset(e for e in graph.etp_eqns
+                     if not graph.jaxpr.eqns[e].primitive.gradient_enabled)
+
+
+def jacobians(graph: ETraceGraph, leaves: StepLeaves) -> tuple[list[jax.Array], list[jax.Array]]:
+    """Each group's ``D`` ``(*V, S, S)`` and each relation's ``Df``.
+
+    ``Df`` is ``(*y, S)`` for an operation with an input (entry ``[k, s]`` is
+    ``∂h[π(k), s]/∂y[k]``) and ``(*V, S)`` for the elementwise primitive
+    (entry ``[v, s]`` is ``∂h[v, s]/∂y[σ(v)]``).
+    """
+    injected = sorted(graph.traced_eqns)
+    y_avals = [graph.relation_output_var(e).aval for e in injected]
+    stop = graph.cut_eqns | _etp_stops(graph)
+
+    def cut_step(hidden_in, injections):
+        inj = {e: (graph.jaxpr.eqns[e].primitive.y_outvar_index, value)
+               for e, value in zip(injected, injections)}
+        outs, _ = evaluate(graph.jaxpr, graph.consts, leaves.with_hidden(hidden_in).args(),
+                           stop_eqns=stop, injections=inj, forward_mode=True)
+        return graph.layout.split_outputs(outs).hidden
+
+    hidden_in = list(leaves.hidden)
+    zero_y = [jnp.zeros(a.shape, a.dtype) for a in y_avals]
+    _, jvp = jax.linearize(cut_step, hidden_in, zero_y)
+    tangents_h, tangents_y, slots = _tangents(graph, hidden_in, y_avals, injected)
+    if not slots:
+        return [], []
+    outs = jax.vmap(jvp)(tangents_h, tangents_y)
+    row = {slot: i for i, slot in enumerate(slots)}
+    return ([_assemble_d(g, outs, row) for g in graph.groups],
+            [_assemble_df(r, graph.groups[r.group], outs, row) for r in graph.relations])
+
+
+def _tangents(graph, hidden_in, y_avals, injected):
+    """Stacks one tangent per (group, state, colour) and per (relation, colour)."""
+    slots: list[tuple[str, int, int, int]] = []
+    t_h, t_y = [], []
+    zeros_h = [jnp.zeros_like(h) for h in hidden_in]
+    zeros_y = [jnp.zeros(a.shape, a.dtype) for a in y_avals]
+    for g in graph.groups:
+        for s, leaf in enumerate(g.leaves):
+            for c in range(g.num_colours):
+                th = list(zeros_h)
+                mask = np.ones(g.shape, bool) if g.colours is None else (g.colours == c)
+                th[leaf] = jnp.asarray(mask.reshape(g.shape), hidden_in[leaf].dtype)
+                t_h.append(th)
+                t_y.append(zeros_y)
+                slots.append(("group", g.index, s, c))
+    position = {e: i for i, e in enumerate(injected)}
+    for r in graph.relations:
+        j = position[r.eqn_index]
+        for c in range(r.num_colours):
+            ty = list(zeros_y)
+            mask = (np.ones(y_avals[j].shape, bool) if isinstance(r, ElementwiseRelation)
+                    else (r.colours == c).reshape(y_avals[j].shape))
+            ty[j] = jnp.asarray(mask, y_avals[j].dtype)
+            t_h.append(zeros_h)
+            t_y.append(ty)
+            slots.append(("relation", r.index, 0, c))
+    stack = lambda rows: [jnp.stack(col) for col in zip(*rows)]  # noqa: E731
+    return stack(t_h), stack(t_y), slots
+
+
+def _response(g: HiddenGroup, outs: list[jax.Array], i: int) -> jax.Array:
+    """``(*V, S)``: the response of every state of ``g`` to tangent row ``i``."""
+    return jnp.stack([outs[leaf][i] for leaf in g.leaves], axis=-1)
+
+
+def _assemble_d(g: HiddenGroup, outs, row) -> jax.Array:
+    cols = []
+    for s in range(g.num_states):
+        responses = [_response(g, outs, row[("group", g.index, s, c)])
+                     for c in range(g.num_colours)]
+        if g.colours is None:
+            cols.append(responses[0])
+            continue
+        # Position v reads the response to the tangent of its own colour.
+        flat = jnp.stack(responses).reshape(g.num_colours, g.size, g.num_states)
+        cols.append(flat[g.colours, np.arange(g.size)].reshape(*g.shape, g.num_states))
+    return jnp.stack(cols, axis=-1)  # (*V, S, S'): D[..., s, s']
+
+
+def _assemble_df(r, g: HiddenGroup, outs, row) -> jax.Array:
+    responses = jnp.stack([_response(g, outs, row[("relation", r.index, 0, c)])
+                           for c in range(r.num_colours)])
+    if isinstance(r, ElementwiseRelation):
+        return responses[0]
+    assert isinstance(r, InputRelation)
+    flat = responses.reshape(r.num_colours, g.size, g.num_states)
+    df = flat[r.colours, np.maximum(r.y_to_hidden, 0)] * (r.y_to_hidden >= 0)[:, None]
+    return df.reshape(*r.y_shape, g.num_states)
+
+
+def coupled_jacobians(graph: ETraceGraph, leaves: StepLeaves) -> list[jax.Array]:
+    """Per-position blocks ``D[v, s, s'] = ∂h[v,s]/∂h[v,s']`` of the full Jacobian.
+
+    Unlike :func:`jacobians`, only ETP operations are cut: coupling through
+    other operations (a fixed recurrent matrix) is kept in the Jacobian and
+    its diagonal blocks are returned. Costs ``N·S`` JVPs per group.
+    """
+    stop = _etp_stops(graph)
+
+    def step_hidden(hidden_in):
+        outs, _ = evaluate(graph.jaxpr, graph.consts, leaves.with_hidden(hidden_in).args(),
+                           stop_eqns=stop, forward_mode=True)
+        return graph.layout.split_outputs(outs).hidden
+
+    hidden_in = list(leaves.hidden)
+    _, jvp = jax.linearize(step_hidden, hidden_in)
+    d_list = []
+    for g in graph.groups:
+        n = g.size
+        eye = jnp.eye(n, dtype=g.dtype)
+        blocks = []
+        for leaf_in in g.leaves:
+            tangents = [jnp.zeros((n, *h.shape), h.dtype) for h in hidden_in]
+            tangents[leaf_in] = eye.reshape(n, *g.shape)
+            out = jax.vmap(jvp)(tangents)
+            # out[leaf][j, ...] = ∂h_leaf / ∂h_in[j]; keep the diagonal j = v.
+            cols = [jnp.diagonal(out[leaf].reshape(n, n)) for leaf in g.leaves]
+            blocks.append(jnp.stack(cols, axis=-1))  # (N, S) over s for this s'
+        d_list.append(jnp.stack(blocks, axis=-1).reshape(*g.shape, g.num_states,
+                                                         g.num_states))
+    return d_list

@@ -1,0 +1,225 @@
+"""The frozen records of an eligibility-trace graph: groups, relations, exclusions, approximations.
+
+Data only: how they are found is in ``_groups.py``, ``_relations.py`` and
+``_approximations.py``; how they are used at run time is in ``_programs.py``.
+A relation is one of two final kinds: :class:`InputRelation` for an ETP
+operation with an input ``x`` (dense, LoRA, ...) and :class:`ElementwiseRelation`
+for one without (``y = fn(w)``, shaped like the hidden state).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from braintrace._primitive import ETPPrimitive
+
+__all__ = ["Approximation", "ElementwiseRelation", "Exclusion", "HiddenGroup", "InputRelation",
+           "Relation"]
+
+
+@dataclasses.dataclass(frozen=True)
+class HiddenGroup:
+    """Hidden states whose transitions couple elementwise.
+
+    Attributes:
+        index: Position of the group in ``ETraceGraph.groups``.
+        leaves: Hidden-leaf indices of its states, in state order.
+        paths: Their state paths (e.g. ``'layer.v'``).
+        shape: The common shape ``V`` of the states (batch axis included).
+        dtype: The dtype of the first state.
+        colours: ``None`` when each ``h^t[v]`` depends on ``h^{t-1}`` only at
+            position ``v``; otherwise flat position -> colour, where positions
+            one output depends on have distinct colours, so one JVP per colour
+            and state gives the exact per-position blocks of ``D``.
+    """
+
+    index: int
+    leaves: tuple[int, ...]
+    paths: tuple[str, ...]
+    shape: tuple[int, ...]
+    dtype: Any
+    colours: np.ndarray | None = dataclasses.field(default=None, compare=False)
+
+    @property
+    def num_states(self) -> int:
+        """``S``, the number of states per position."""
+        return len(self.leaves)
+
+    @property
+    def size(self) -> int:
+        """``N``, the number of positions."""
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def num_colours(self) -> int:
+        """The number of JVPs per state needed for ``D``."""
+        return 1 if self.colours is None else int(self.colours.max(initial=0)) + 1
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class InputRelation:
+    """An ETP operation ``y = f(x, θ)`` with an input, feeding one hidden group.
+
+    Attributes:
+        index: Position in ``ETraceGraph.relations``.
+        eqn_index: The ETP equation in the flat jaxpr.
+        primitive: The ETP primitive.
+        params: The equation parameters.
+        group: Index of the hidden group it feeds.
+        operands: ``{key: operand position}`` of its trainable inputs.
+        param_paths: ``{key: Param paths}`` each operand is computed from.
+        y_shape: Shape of the output ``y``.
+        group_shape: Shape ``V`` of the group it feeds.
+        x_shape: Shape of the input ``x``.
+        y_to_hidden: Flat ``y`` position -> flat group position, ``-1`` where
+            the unit feeds nothing.
+        colours: Flat ``y`` position -> colour; units of one colour feed
+            distinct hidden units, so one JVP per colour gives ``Df``.
+    """
+
+    index: int
+    eqn_index: int
+    primitive: ETPPrimitive
+    params: dict[str, Any]
+    group: int
+    operands: dict[str, int]
+    param_paths: dict[str, tuple[str, ...]]
+    y_shape: tuple[int, ...]
+    group_shape: tuple[int, ...]
+    x_shape: tuple[int, ...]
+    y_to_hidden: np.ndarray
+    colours: np.ndarray
+
+    has_input = True
+
+    @property
+    def num_colours(self) -> int:
+        """The number of JVPs needed for ``Df``."""
+        return int(self.colours.max(initial=0)) + 1
+
+    @property
+    def batched(self) -> bool:
+        """Whether ``x`` and ``y`` carry a leading batch axis."""
+        return self.primitive.batched
+
+    @property
+    def all_param_paths(self) -> tuple[str, ...]:
+        """Every Param the operands are computed from, sorted."""
+        return tuple(sorted({p for ps in self.param_paths.values() for p in ps}))
+
+    def gather_hidden(self, value: jax.Array) -> jax.Array:
+        """Maps a group-shaped ``(*V, ...)`` array to ``y`` positions ``(*y, ...)``.
+
+        Units that feed no hidden unit get zeros.
+        """
+        tail = value.shape[len(self.group_shape):]
+        flat = value.reshape(-1, *tail)
+        mask = (self.y_to_hidden >= 0).reshape(-1, *([1] * len(tail)))
+        out = jnp.where(mask, flat[np.maximum(self.y_to_hidden, 0)], 0)
+        return out.reshape(*self.y_shape, *tail)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ElementwiseRelation:
+    """An ETP operation ``y = fn(θ)`` without input (a time constant), feeding one group.
+
+    Attributes:
+        index: Position in ``ETraceGraph.relations``.
+        eqn_index: The ETP equation in the flat jaxpr.
+        primitive: The ETP primitive.
+        params: The equation parameters.
+        group: Index of the hidden group it feeds.
+        operands: ``{key: operand position}`` of its trainable inputs.
+        param_paths: ``{key: Param paths}`` each operand is computed from.
+        y_shape: Shape of the output ``y``.
+        group_shape: Shape ``V`` of the group it feeds.
+        hidden_to_y: Flat group position -> the flat ``y`` position it reads,
+            ``-1`` for none.
+    """
+
+    index: int
+    eqn_index: int
+    primitive: ETPPrimitive
+    params: dict[str, Any]
+    group: int
+    operands: dict[str, int]
+    param_paths: dict[str, tuple[str, ...]]
+    y_shape: tuple[int, ...]
+    group_shape: tuple[int, ...]
+    hidden_to_y: np.ndarray
+
+    has_input = False
+    num_colours = 1
+    batched = False
+
+    @property
+    def all_param_paths(self) -> tuple[str, ...]:
+        """Every Param the operands are computed from, sorted."""
+        return tuple(sorted({p for ps in self.param_paths.values() for p in ps}))
+
+    def scatter_to_y(self, value: jax.Array) -> jax.Array:
+        """Sums a group-shaped ``(*V,)`` array into the ``y`` positions each unit reads."""
+        size = int(np.prod(self.y_shape, dtype=np.int64))
+        index = np.where(self.hidden_to_y >= 0, self.hidden_to_y, size)
+        out = jax.ops.segment_sum(value.reshape(-1), index, num_segments=size + 1)[:size]
+        return out.reshape(self.y_shape)
+
+
+Relation = Union[InputRelation, ElementwiseRelation]
+"""A traced ETP operation feeding one hidden group: one of the two final kinds."""
+
+
+EXCLUSION_KINDS = ("operand-not-from-params", "reads-several-outputs", "feeds-several-units",
+                   "batch-mismatch", "through-etp-only", "through-mixing-only", "readout",
+                   "opaque-body")
+
+
+@dataclasses.dataclass(frozen=True)
+class Exclusion:
+    """An ETP operation (or one of its targets) that is not traced online.
+
+    Its Params get their exact same-step gradient only (at this site).
+
+    Attributes:
+        eqn_index: The ETP equation (or the opaque equation hiding one).
+        primitive: Its name.
+        param_paths: The Params it reads.
+        kind: Why, as data: one of :data:`EXCLUSION_KINDS`.
+        detail: The specifics for a person (the operation, group or operand).
+    """
+
+    eqn_index: int
+    primitive: str
+    param_paths: tuple[str, ...]
+    kind: str
+    detail: str
+
+    @property
+    def reason(self) -> str:
+        """The person-readable reason."""
+        return self.detail
+
+
+@dataclasses.dataclass(frozen=True)
+class Approximation:
+    """A place where the traces are not the exact influence of a Param on the hidden state.
+
+    Attributes:
+        kind: ``'hidden-coupling'``, ``'moved-positions'``, ``'output-mixing'``,
+            ``'untraced-path'`` or ``'carried-state'`` (see ``_approximations.py``).
+        param_paths: The Params whose temporal credit it affects.
+        detail: Which operations and states, for a person.
+    """
+
+    kind: str
+    param_paths: tuple[str, ...]
+    detail: str
+
+    def describe(self) -> str:
+        """One line: the Params, the kind and the detail."""
+        return f"{', '.join(self.param_paths)}: {self.kind}: {self.detail}"
