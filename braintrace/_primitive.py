@@ -11,6 +11,7 @@ rules are written by hand.
 from __future__ import annotations
 
 import functools
+import numbers
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -108,44 +109,22 @@ class ETPPrimitive(jex_core.Primitive):
         return self.bind(*operands, **params)
 
     def bind(self, *operands: Any, **params: Any) -> Any:
-        """Binds the primitive after validating the operand layout."""
-        self._validate_layout(len(operands), params)
+        """Binds the primitive, whatever its declared layout.
+
+        The layout (``x_invar_index``, ``y_outvar_index``, the trainable
+        inputs) is checked only where the compiler uses it, by
+        :meth:`check_layout`: a primitive is an ordinary JAX op everywhere else.
+        """
         if self._multiple_results is None:
             structs = [_struct(jax.typeof(a)) for a in operands]
             out = jax.eval_shape(functools.partial(self.impl_fn, **params), *structs)
-            self._set_multiple_results(isinstance(out, (tuple, list)), len(out)
-                                       if isinstance(out, (tuple, list)) else 1)
+            multiple = isinstance(out, (tuple, list))
+            self._multiple_results = multiple
+            self.multiple_results = multiple
         out = super().bind(*operands, **params)
         # Eager execution returns whatever impl_fn returns, traced execution a
         # list: give multiple outputs one type everywhere.
         return tuple(out) if self.multiple_results else out
-
-    def _set_multiple_results(self, multiple: bool, num_outputs: int) -> None:
-        if not 0 <= self.y_outvar_index < num_outputs:
-            raise ValueError(
-                f"ETP primitive '{self.name}': y_outvar_index={self.y_outvar_index} is "
-                f"outside the {num_outputs} output(s) of its impl_fn. Pass the position "
-                "of y among the outputs.")
-        self._multiple_results = multiple
-        self.multiple_results = multiple
-
-    def _validate_layout(self, num_operands: int, params: Mapping[str, Any]) -> None:
-        x_index = self.x_invar_index
-        if x_index is not None and not 0 <= x_index < num_operands:
-            raise ValueError(
-                f"ETP primitive '{self.name}': x_invar_index={x_index} is outside the "
-                f"{num_operands} operand(s) it was called with.")
-        for key, index in self.trainable_invars(params).items():
-            if not 0 <= index < num_operands:
-                raise ValueError(
-                    f"ETP primitive '{self.name}': trainable input '{key}' has index "
-                    f"{index}, outside the {num_operands} operand(s) it was called with. "
-                    "Fix trainable_invars_fn so every index names an operand.")
-            if index == x_index:
-                raise ValueError(
-                    f"ETP primitive '{self.name}': trainable input '{key}' has index "
-                    f"{index}, which is the input x (x_invar_index={x_index}). A trainable "
-                    "input must be a different operand.")
 
     # -- layout ------------------------------------------------------------
 
@@ -156,19 +135,82 @@ class ETPPrimitive(jex_core.Primitive):
             params: The equation parameters (``eqn.params``).
 
         Returns:
-            The layout declared by ``trainable_invars_fn``, or ``{'weight': 1}``
-            when none was given.
+            The layout declared by ``trainable_invars_fn``. Without one, the
+            single trainable input follows ``x``: ``{'weight': 1}``, or
+            ``{'weight': 0}`` for a primitive with no input
+            (``x_invar_index=None``), whose only operand is the weight.
 
         Example:
+            >>> import jax.numpy as jnp
             >>> import braintrace
             >>> p = braintrace.register_primitive('doc_layout', lambda x, w: x * w)
             >>> p.trainable_invars({})
             {'weight': 1}
+            >>> gain = braintrace.register_primitive(
+            ...     'doc_layout_gain', lambda w: jnp.exp(-w), x_invar_index=None)
+            >>> gain.trainable_invars({})
+            {'weight': 0}
         """
         if self._trainable_invars_fn is None:
-            return {"weight": 1}
-        layout = self._trainable_invars_fn(params)
-        return dict(layout)
+            return {"weight": 1 if self.x_invar_index is not None else 0}
+        return dict(self._trainable_invars_fn(params))
+
+    def check_layout(self, eqn: jex_core.JaxprEqn) -> None:
+        """Checks that the declared layout fits an equation of this primitive.
+
+        The compiler calls this on every ETP equation of a traced step before
+        reading ``x``, ``y`` and the trainable inputs by position. Binding,
+        ``jit``, ``grad``, ``jvp`` and ``vmap`` work whatever the layout
+        (``vmap`` falls back to ``jax.vmap`` of the impl, with a warning, when
+        ``x`` is not one of the operands), so they never check it.
+
+        Args:
+            eqn: An equation whose primitive is ``self``.
+
+        Raises:
+            ValueError: ``x_invar_index`` or a trainable input's index is not
+                one of the equation's operands, a trainable input is the input
+                ``x``, or ``y_outvar_index`` is not one of its outputs. The
+                message names the primitive, the key and the index.
+
+        Example:
+            >>> import jax, jax.numpy as jnp
+            >>> import braintrace
+            >>> p = braintrace.register_primitive(
+            ...     'doc_check', lambda x, w: x * w,
+            ...     trainable_invars_fn=lambda params: {'kernel': 2})
+            >>> float(p(2.0, 3.0))  # an ordinary op, whatever the layout
+            6.0
+            >>> eqn = jax.make_jaxpr(p)(2.0, 3.0).jaxpr.eqns[0]
+            >>> p.check_layout(eqn)
+            Traceback (most recent call last):
+            ...
+            ValueError: ETP primitive 'doc_check': trainable input 'kernel' has index 2, ...
+        """
+        num_operands, num_outputs = len(eqn.invars), len(eqn.outvars)
+        operands = f"the {num_operands} operand(s) of its equation"
+        x_index = self.x_invar_index
+        if x_index is not None and not x_index < num_operands:
+            raise ValueError(
+                f"ETP primitive '{self.name}': x_invar_index={x_index} is outside {operands}. "
+                "Register it with the position of x among the operands, or with "
+                "x_invar_index=None if it has no input.")
+        if not self.y_outvar_index < num_outputs:
+            raise ValueError(
+                f"ETP primitive '{self.name}': y_outvar_index={self.y_outvar_index} is "
+                f"outside the {num_outputs} output(s) of its impl_fn. Register it with the "
+                "position of y among the outputs.")
+        for key, index in self.trainable_invars(eqn.params).items():
+            if not isinstance(index, numbers.Integral) or not 0 <= index < num_operands:
+                raise ValueError(
+                    f"ETP primitive '{self.name}': trainable input '{key}' has index "
+                    f"{index!r}, outside {operands}. Fix its trainable_invars_fn so that "
+                    f"every index is an operand position (0 to {num_operands - 1}).")
+            if index == x_index:
+                raise ValueError(
+                    f"ETP primitive '{self.name}': trainable input '{key}' has index "
+                    f"{index}, which is the input x (x_invar_index={x_index}). Fix its "
+                    "trainable_invars_fn so that a trainable input is another operand.")
 
     # -- eligibility-trace rules -------------------------------------------
 
@@ -308,13 +350,18 @@ def register_primitive(
         gradient_enabled: If True, the compiler evaluates this primitive when
             walking ``y -> h`` (identity-like ops such as the elementwise one).
         trainable_invars_fn: ``eqn.params -> {key: invar_index}`` declaring
-            every trainable input; ``None`` means ``{'weight': 1}``.
+            every trainable input; ``None`` means ``{'weight': 1}``, or
+            ``{'weight': 0}`` when ``x_invar_index`` is ``None`` (the weight is
+            then the only operand).
         x_invar_index: Position of the input ``x`` in the operands, or ``None``
             for primitives with no external input.
         y_outvar_index: Position of the output ``y`` among the outputs.
 
     Returns:
-        The registered primitive.
+        The registered primitive. It is an ordinary JAX op whatever its layout:
+        binding, ``jit``, ``grad``, ``jvp`` and ``vmap`` work on any operands
+        ``impl_fn`` accepts. The layout is checked when a model using it is
+        compiled (:meth:`ETPPrimitive.check_layout`).
 
     Raises:
         TypeError: ``impl_fn`` or ``trainable_invars_fn`` is not callable.
@@ -331,6 +378,16 @@ def register_primitive(
         Array([3., 3.], dtype=float32)
         >>> 'doc_mm' in str(jax.make_jaxpr(mm)(x, w))
         True
+
+        A primitive with no input ``x``: its one operand is the weight.
+
+        >>> decay = braintrace.register_primitive(
+        ...     'doc_decay', lambda w: jnp.exp(-w), gradient_enabled=True,
+        ...     x_invar_index=None)
+        >>> decay.trainable_invars({})
+        {'weight': 0}
+        >>> jax.grad(lambda w: decay(w).sum())(jnp.zeros(2))
+        Array([-1., -1.], dtype=float32)
     """
     if not callable(impl_fn):
         raise TypeError(
@@ -443,8 +500,9 @@ def _jvp(prim: ETPPrimitive, primals: Any, tangents: Any, **params: Any) -> Any:
 
 def _batch(prim: ETPPrimitive, args: Any, dims: Any, **params: Any) -> Any:
     x_index = prim.x_invar_index
+    has_x = x_index is not None and x_index < len(args)
     only_x_mapped = (
-        x_index is not None
+        has_x
         and dims[x_index] is not None
         and all(d is None for i, d in enumerate(dims) if i != x_index))
     counterpart = prim.batched_counterpart

@@ -458,33 +458,168 @@ def test_negative_indices():
         register_primitive(_name("negy"), _impl, y_outvar_index=-1)
 
 
-def test_trainable_index_out_of_range():
-    name = _name("oob")
-    p = register_primitive(name, _impl, trainable_invars_fn=lambda params: {"kernel": 2})
-    x, w = _operands()
-    with pytest.raises(ValueError, match=rf"{re.escape(name)}.*'kernel' has index 2, outside"):
-        p(x, w)
-    q = register_primitive(_name("oobx"), _impl, x_invar_index=2)
-    with pytest.raises(ValueError, match="x_invar_index=2 is outside"):
-        q(x, w)
+# -- layout: an ordinary op everywhere, checked when compiled ----------------------------
 
 
-def test_trainable_index_equal_to_x_index():
-    name = _name("xclash")
-    p = register_primitive(name, _impl, trainable_invars_fn=lambda params: {"kernel": 0})
-    x, w = _operands()
-    with pytest.raises(ValueError, match=rf"{re.escape(name)}.*'kernel'.*is the input x"):
-        p(x, w)
-    with pytest.raises(ValueError, match="is the input x"):
-        jax.jit(p)(x, w)
+def _decay(w):
+    return jnp.exp(-w)
 
 
-def test_y_outvar_index_outside_outputs():
-    name = _name("ybad")
-    p = register_primitive(name, _impl, y_outvar_index=1)
-    x, w = _operands()
-    with pytest.raises(ValueError, match=rf"{re.escape(name)}.*y_outvar_index=1.*1 output"):
-        p(x, w)
-    q = register_primitive(_name("ybad2"), _two_outputs, y_outvar_index=2)
-    with pytest.raises(ValueError, match="outside the 2 output"):
-        jax.make_jaxpr(q)(x, w)
+def _scale(x, w):
+    return x * w
+
+
+def _sum_and_scale(x, w):
+    return jnp.sum(x), x * w
+
+
+def _behaves_like_impl(name, f, g, *operands):
+    """Binding, jit, grad, jvp and vmap of ``f`` (using the primitive) equal those of ``g``."""
+    loss = lambda h: lambda *o: jnp.sum(jnp.sin(h(*o)))
+    argnums = tuple(range(len(operands)))
+    _close(f(*operands), g(*operands))
+    _close(jax.jit(f)(*operands), g(*operands))
+    for got, want in zip(jax.jit(jax.grad(loss(f), argnums))(*operands),
+                         jax.grad(loss(g), argnums)(*operands), strict=True):
+        _close(got, want)
+    tangents = tuple(jnp.ones_like(o) for o in operands)
+    _close(jax.jvp(f, operands, tangents)[1], jax.jvp(g, operands, tangents)[1])
+    stacked = tuple(jnp.stack([o, 2 * o]) for o in operands)
+    with pytest.warns(UserWarning, match=re.escape(name)):  # the documented fallback
+        _close(jax.vmap(f)(*stacked), jax.vmap(g)(*stacked))
+
+
+def test_no_input_primitive_defaults_to_weight_operand_zero():
+    # The issue's example: no trainable_invars_fn, no x. It used to fail at bind.
+    name = _name("noinput_default")
+    p = register_primitive(name, lambda w: jnp.exp(-w), gradient_enabled=True,
+                           x_invar_index=None)
+    assert p.trainable_invars({}) == {"weight": 0}
+    w = jnp.array([0.5, 1.0, 2.0])
+    _behaves_like_impl(name, p, _decay, w)
+    _close(jax.grad(lambda w: jnp.sum(p(w)))(w), -jnp.exp(-w))
+    eqn = jax.make_jaxpr(p)(w).jaxpr.eqns[0]
+    p.check_layout(eqn)
+
+    def step(params, hidden, x):
+        h = p(params["w"]) * hidden["h"] + x
+        return {"h": h}, h
+
+    graph = braintrace.compile_graph(step, jnp.ones(3), params={"w": w},
+                                     hidden={"h": jnp.zeros(3)})
+    assert graph.traced_param_paths == ("w",)
+
+
+# tag: (impl, register_primitive keywords, what the error message must say)
+_BAD_LAYOUTS = {
+    "weight_past_operands": (
+        _decay, {"x_invar_index": None, "gradient_enabled": True,
+                 "trainable_invars_fn": lambda params: {"weight": 1}},
+        r"trainable input 'weight' has index 1, outside the 1 operand"),
+    "kernel_past_operands": (
+        _scale, {"trainable_invars_fn": lambda params: {"kernel": 2}},
+        r"trainable input 'kernel' has index 2, outside the 2 operand"),
+    "negative_index": (
+        _scale, {"trainable_invars_fn": lambda params: {"kernel": -1}},
+        r"trainable input 'kernel' has index -1, outside the 2 operand"),
+    "kernel_is_x": (
+        _scale, {"trainable_invars_fn": lambda params: {"kernel": 0}},
+        r"trainable input 'kernel' has index 0, which is the input x \(x_invar_index=0\)"),
+    "x_past_operands": (
+        _scale, {"x_invar_index": 2}, r"x_invar_index=2 is outside the 2 operand"),
+    "y_past_outputs": (
+        _scale, {"y_outvar_index": 1}, r"y_outvar_index=1 is outside the 1 output"),
+    "y_past_two_outputs": (
+        _sum_and_scale, {"y_outvar_index": 2}, r"y_outvar_index=2 is outside the 2 output"),
+}
+
+
+def _bad(tag):
+    impl, keywords, message = _BAD_LAYOUTS[tag]
+    return register_primitive(_name(tag), impl, **keywords), impl, message
+
+
+@pytest.mark.parametrize("tag", sorted(_BAD_LAYOUTS))
+def test_any_layout_binds_and_differentiates_like_its_impl(tag):
+    p, impl, _ = _bad(tag)
+    if p.x_invar_index is None:
+        _behaves_like_impl(p.name, p, impl, jnp.array([0.5, 1.0, 2.0]))
+    elif isinstance(p(jnp.ones(3), jnp.ones(3)), tuple):
+        _behaves_like_impl(p.name, lambda x, w: p(x, w)[1], lambda x, w: impl(x, w)[1],
+                           jnp.array([1.0, -2.0, 3.0]), jnp.array([0.5, 0.25, -1.0]))
+    else:
+        _behaves_like_impl(p.name, p, impl, jnp.array([1.0, -2.0, 3.0]),
+                           jnp.array([0.5, 0.25, -1.0]))
+
+
+@pytest.mark.parametrize("tag", sorted(_BAD_LAYOUTS))
+def test_check_layout_names_primitive_key_and_index(tag):
+    p, _, message = _bad(tag)
+    operands = (jnp.ones(3),) if p.x_invar_index is None else (jnp.ones(3), jnp.ones(3))
+    eqn = jax.make_jaxpr(p)(*operands).jaxpr.eqns[0]
+    with pytest.raises(ValueError, match=rf"ETP primitive '{re.escape(p.name)}': {message}"):
+        p.check_layout(eqn)
+
+
+@pytest.mark.parametrize("tag", sorted(_BAD_LAYOUTS))
+def test_compiling_a_bad_layout_is_a_clear_error(tag):
+    p, _, message = _bad(tag)
+
+    def step(params, hidden, x):
+        if p.x_invar_index is None:
+            y = p(params["w"])
+        else:
+            y = p(x, params["w"])
+        y = y[1] if p.multiple_results else y
+        h = 0.9 * hidden["h"] + y
+        return {"h": h}, h
+
+    with pytest.raises(ValueError, match=rf"^step: ETP primitive '{re.escape(p.name)}': "
+                                         rf"{message}.*\. (Register|Fix) "):
+        braintrace.compile_graph(step, jnp.ones(3), params={"w": jnp.ones(3)},
+                                 hidden={"h": jnp.zeros(3)})
+
+
+def test_compiling_a_module_with_a_bad_layout_names_the_module():
+    from flax import nnx
+
+    p, _, message = _bad("kernel_past_operands")
+
+    class Leaky(nnx.Module):
+        def __init__(self):
+            self.w = nnx.Param(jnp.ones(3))
+            self.h = braintrace.HiddenState(jnp.zeros((2, 3)))
+
+        def __call__(self, x):
+            self.h[...] = 0.9 * self.h[...] + p(x, self.w[...])
+            return self.h[...]
+
+    with pytest.raises(ValueError, match=rf"^Leaky: ETP primitive '{re.escape(p.name)}': "
+                                         rf"{message}"):
+        braintrace.compile(Leaky(), "d_rtrl", jnp.ones((2, 3)))
+
+
+def test_built_in_layouts_pass_the_check():
+    x, k, b = jnp.ones((2, 3)), jnp.ones((3, 4)), jnp.ones(4)
+    closed = jax.make_jaxpr(lambda x, k, b, tau: (
+        braintrace.matmul(x, k, b),
+        braintrace.lora_matmul(x, jnp.ones((3, 2)), jnp.zeros((2, 4)), b),
+        braintrace.element_wise(tau, jnp.exp)))(x, k, b, jnp.ones(4))
+    etp = [e for e in closed.jaxpr.eqns if isinstance(e.primitive, braintrace.ETPPrimitive)]
+    assert len(etp) == 3
+    for eqn in etp:
+        eqn.primitive.check_layout(eqn)
+
+
+def test_vmap_falls_back_when_x_index_names_no_operand():
+    name = _name("vmap_badx")
+    impl = lambda x, w: x * w
+    one = register_primitive(name, impl, x_invar_index=2)
+    many = register_primitive(_name("vmap_badx_b"), impl, x_invar_index=2, batched=True)
+    register_batched_counterpart(one, many)
+    xs, w = jnp.arange(6.0).reshape(2, 3), jnp.ones(3)
+    with pytest.warns(UserWarning, match=re.escape(name)):
+        jaxpr = jax.make_jaxpr(jax.vmap(one, (0, None)))(xs, w)
+    assert one.name not in _primitives_in(jaxpr) and many.name not in _primitives_in(jaxpr)
+    with pytest.warns(UserWarning, match=re.escape(name)):
+        _close(jax.vmap(one, (0, None))(xs, w), xs * w)
