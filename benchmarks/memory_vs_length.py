@@ -142,7 +142,7 @@ def child(args: argparse.Namespace) -> None:
         via = f"learner.etrace_grad on {T // chunk} chunks of {chunk} steps"
     else:
         # Run the very program that was analysed (etrace_grad would trace and compile it again).
-        grads = compiled(*learner._grad_args(xs, ys, None, None, "mean"))
+        grads = compiled(*learner.grad_args(xs, ys))
         via = "compiled etrace_grad program"
     block(grads)
     peak = _rss_bytes()

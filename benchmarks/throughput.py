@@ -119,7 +119,7 @@ def profile_step(model_name: str, method: str, cfg: dict, xs, ys, repeats: int) 
     H, I, O, B = cfg["hidden"], cfg["inputs"], cfg["outputs"], cfg["batch"]
     learner = braintrace.compile(build(model_name, I, H, O, B), method, xs[0], batch_size=B)
     graph, alg = learner.graph, learner.algorithm
-    params, hidden, other = learner._leaves()
+    params, hidden, other = learner.leaves()
     operands = programs.operands(graph, params)
     carry0 = init_carry(graph, alg, params, hidden, other, learner.traces)
     T = xs.shape[0]

@@ -1,4 +1,4 @@
-"""Checks of what a learner's call is given: inputs, masks, chunk sizes.
+"""Checks of what a learner's call is given: inputs, targets, masks, chunk sizes, reductions.
 
 Every check runs on the host before the compiled program, so a bad argument is
 a clear error instead of a wrong result or an error from deep inside XLA.
@@ -12,7 +12,10 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["check_chunk_size", "check_inputs", "shape_of", "step_weights"]
+__all__ = ["REDUCTIONS", "check_chunk_size", "check_inputs", "loss_weights", "shape_of",
+           "step_weights"]
+
+REDUCTIONS = ("mean", "sum")
 
 
 def shape_of(a: Any) -> tuple[int, ...]:
@@ -80,4 +83,54 @@ def step_weights(mask: Any, length: int) -> np.ndarray:
     if bad.size:
         raise ValueError(f"mask[{int(bad[0])}] is {weights[bad[0]]}; every step's weight must "
                          "be finite.")
+    return weights
+
+
+def loss_weights(xs: Any, ys: Any, example: Any, mask: Any, chunk_size: Any,
+                 reduction: str) -> np.ndarray:
+    """The host ``(T,)`` weights ``w_t`` of the loss ``Σ_t w_t L_t``, every argument checked.
+
+    ``w_t`` is the mask (all ones for ``None``), divided by its sum for
+    ``reduction='mean'``.
+
+    Args:
+        xs: Inputs, time axis leading, checked against ``example`` (one step).
+        ys: Targets, one per step of ``xs``.
+        example: The compiled input of one step (``jax.ShapeDtypeStruct`` leaves).
+        mask: ``None`` or finite ``(T,)`` step weights.
+        chunk_size: ``None`` or a positive int dividing ``T``.
+        reduction: One of :data:`REDUCTIONS`.
+
+    Raises:
+        ValueError: ``reduction`` is unknown; ``xs`` is invalid (see
+            :func:`check_inputs`) or has no steps; ``ys`` has another length;
+            ``chunk_size`` or ``mask`` is invalid; or the mask sums to 0 with
+            ``reduction='mean'``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> example = jax.ShapeDtypeStruct((2,), jnp.float32)
+        >>> loss_weights(jnp.ones((4, 2)), jnp.ones((4,)), example, None, 2, 'mean').tolist()
+        [0.25, 0.25, 0.25, 0.25]
+    """
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}.")
+    length = check_inputs(xs, example)
+    if length == 0:
+        raise ValueError("xs has no time steps (T = 0): there is no loss to differentiate. "
+                         "Give at least one step.")
+    y_lengths = {shape_of(a)[0] if shape_of(a) else None for a in jax.tree.leaves(ys)}
+    if y_lengths != {length}:
+        raise ValueError(
+            f"xs has {length} time steps but ys has {sorted(y_lengths, key=str)}; give one "
+            "target per step (time axis leading).")
+    check_chunk_size(chunk_size, length)
+    weights = step_weights(mask, length)
+    if reduction == "mean":
+        if not weights.sum():
+            raise ValueError(
+                "The mask sums to 0, so reduction='mean' (which divides by the mask's sum) "
+                "is undefined. Skip this batch, or use reduction='sum', whose gradient is "
+                "then zero.")
+        weights = weights / weights.sum()
     return weights

@@ -1,4 +1,10 @@
-"""``braintrace.compile``: a model and an algorithm, ready to learn online."""
+"""``braintrace.compile``: a model and an algorithm, ready to learn online.
+
+:class:`OnlineLearner` is a thin shell over pure functions: it holds the model,
+the traces and the programs compiled for every batch size it has run at. The
+programs (``_driver_programs.grad_program``, ``_algorithms._scan.evolve``) work
+on flat arrays; ``_learner_state`` moves those in and out of the model.
+"""
 
 from __future__ import annotations
 
@@ -13,20 +19,30 @@ import numpy as np
 from flax import nnx
 
 from braintrace._algorithms import AbstractAlgorithm, get_algorithm
-from braintrace._algorithms._scan import evolve, online_gradients
-from braintrace._algorithms._windowed import windowed_gradients
-from braintrace._checkpoint import leaf_names, restore_arrays, save_arrays
-from braintrace._compiler._compile import compile_graph
-from braintrace._compiler._graph import ETraceGraph
+from braintrace._algorithms._scan import evolve
+from braintrace._checkpoint import restore_arrays, save_arrays
+from braintrace._compiler import ETraceGraph, compile_graph
 from braintrace._compiler import _programs as programs
-from braintrace._compiler._step import split_model
-from braintrace._hidden import HiddenState
-from braintrace._inputs import check_chunk_size, check_inputs, shape_of, step_weights
+from braintrace._driver_programs import GradArgs, grad_program
+from braintrace._inputs import check_inputs, loss_weights
+from braintrace._learner_state import (
+    LeafAvals,
+    Leaves,
+    check_leaves,
+    leaf_avals,
+    model_leaves,
+    named_arrays,
+    param_state,
+    runs_at,
+    state_batch_size,
+    state_from_arrays,
+    write_params,
+    write_state,
+)
 from braintrace._states import init_states
 
 __all__ = ["OnlineLearner", "compile"]
 
-REDUCTIONS = ("mean", "sum")
 UNCHANGED = ("the model's Params and hidden state and the learner's traces are as they were "
              "before this call")
 
@@ -86,7 +102,7 @@ class _Compiled(NamedTuple):
 
     graph: ETraceGraph
     example: Any
-    leaf_avals: tuple[tuple[tuple[int, ...], Any], ...]
+    leaf_avals: LeafAvals
     grad_fn: Callable[..., Any]
     evolve_fn: Callable[..., Any]
 
@@ -124,7 +140,7 @@ class OnlineLearner:
         self.model = model
         self.algorithm = algorithm
         self.strict = strict
-        self._base_batch_size = _state_batch_size(model)
+        self._base_batch_size = state_batch_size(model)
         compiled = self._compile(model, example_x)
         self._base_example = compiled.example
         self._cache = {self._base_batch_size: compiled}
@@ -133,15 +149,12 @@ class OnlineLearner:
 
     def _compile(self, model: nnx.Module, example_x: Any) -> _Compiled:
         graph = compile_graph(model, example_x, scope=self.algorithm.scope, strict=self.strict)
-        _, *states = split_model(model)
-        leaf_avals = tuple((tuple(np.shape(a)), jnp.result_type(a))
-                           for state in states for a in jax.tree.leaves(state))
         example = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)),
                                example_x)
-        grad_fn = jax.jit(functools.partial(_grad_program, graph, self.algorithm),
+        grad_fn = jax.jit(functools.partial(grad_program, graph, self.algorithm),
                           static_argnames=("loss_fn", "chunk_size"))
         evolve_fn = jax.jit(functools.partial(evolve, graph, self.algorithm))
-        return _Compiled(graph, example, leaf_avals, grad_fn, evolve_fn)
+        return _Compiled(graph, example, leaf_avals(model_leaves(model)), grad_fn, evolve_fn)
 
     def _use(self, batch_size: int | None, compiled: _Compiled) -> None:
         self._batch_size = batch_size
@@ -151,57 +164,60 @@ class OnlineLearner:
         self._grad_fn = compiled.grad_fn
         self._evolve_fn = compiled.evolve_fn
 
-    # -- state ---------------------------------------------------------------
-
-    def _leaves(self) -> tuple[list[jax.Array], list[jax.Array], list[jax.Array]]:
-        _, params, hidden, other = split_model(self.model)
-        return (jax.tree.leaves(params), [_strong(h) for h in jax.tree.leaves(hidden)],
-                jax.tree.leaves(other))
-
-    def _checked_leaves(self) -> tuple[list[jax.Array], list[jax.Array], list[jax.Array]]:
-        """:meth:`_leaves`, after checking they still have the compiled shapes and dtypes."""
-        params, hidden, other = self._leaves()
-        g = self.graph
-        kinds = (["Param"] * len(params) + ["hidden state"] * len(hidden)
-                 + ["Variable"] * len(other))
-        paths = (*g.param_paths, *g.hidden_paths, *g.other_paths)
-        leaves = [*params, *hidden, *other]
-        if len(leaves) != len(self._leaf_avals):
-            raise ValueError(
-                f"The model now has {len(leaves)} Param and state arrays, but this learner was "
-                f"compiled for {len(self._leaf_avals)}: its structure changed after compiling. "
-                "Compile a new learner with braintrace.compile(model, ...).")
-        for kind, path, leaf, (shape, dtype) in zip(kinds, paths, leaves, self._leaf_avals):
-            if tuple(np.shape(leaf)) != shape or jnp.result_type(leaf) != dtype:
-                raise ValueError(self._changed_leaf(kind, path, leaf, shape, dtype))
-        return params, hidden, other
-
-    def _changed_leaf(self, kind: str, path: str, leaf: Any, shape: tuple[int, ...],
-                      dtype: Any) -> str:
-        now = f"{tuple(np.shape(leaf))} {jnp.result_type(leaf)}"
-        where = f"{kind} '{path}' is {now}, but this learner was compiled for {shape} {dtype}"
-        if kind != "hidden state" or jnp.result_type(leaf) != dtype:
-            return f"The model's {where}. Compile a new learner with braintrace.compile(model, ...)."
-        batched = len(np.shape(leaf)) == len(shape) + (self._batch_size is None)
-        hint = f"batch_size={np.shape(leaf)[0]}" if batched and np.shape(leaf) else ""
-        return (f"The model's {where} ({_runs_at(self._batch_size)}); was "
-                "braintrace.init_states called on the model after compiling? Call "
-                f"learner.reset({hint}) to re-initialise the hidden states and traces for the "
-                "batch size you mean (a new batch size is compiled once, then reused).")
-
-    def _write_back(self, hidden: list[jax.Array], other: list[jax.Array]) -> None:
-        _, _, hidden_state, other_state = split_model(self.model)
-        nnx.update(self.model, jax.tree.unflatten(jax.tree.structure(hidden_state), hidden),
-                   jax.tree.unflatten(jax.tree.structure(other_state), other))
-
     def _fresh_traces(self) -> Any:
-        params, _, _ = self._leaves()
+        params = model_leaves(self.model).params
         return self.algorithm.init(self.graph, programs.operands(self.graph, params))
+
+    # -- state ---------------------------------------------------------------
 
     @property
     def batch_size(self) -> int | None:
         """The batch size this learner runs at (``None``: per sample, no batch axis)."""
         return self._batch_size
+
+    def leaves(self) -> Leaves:
+        """The model's Params, hidden states and other Variables, as the programs take them.
+
+        Each is a flat list in the order of the graph's ``param_paths``,
+        ``hidden_paths`` and ``other_paths``.
+
+        Raises:
+            ValueError: A leaf no longer has the shape and dtype this learner
+                was compiled for (e.g. ``braintrace.init_states`` was called
+                with another batch size: the message says to call :meth:`reset`).
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> from flax import nnx
+            >>> import braintrace
+            >>> from braintrace import layers
+            >>> model = nnx.Sequential(layers.ETPLinear(3, 4, rngs=nnx.Rngs(0)), layers.LIF(4))
+            >>> learner = braintrace.compile(model, 'd_rtrl', jnp.ones((2, 3)), batch_size=2)
+            >>> params, hidden, other = learner.leaves()
+            >>> learner.graph.hidden_paths, [h.shape for h in hidden]
+            (('layers.1.v',), [(2, 4)])
+        """
+        return check_leaves(model_leaves(self.model), self.graph, self._leaf_avals,
+                            self._batch_size)
+
+    def check_inputs(self, xs: Any) -> int:
+        """The number of time steps of ``xs``, after checking each step has the compiled shape.
+
+        Raises:
+            ValueError: ``xs`` has another structure, leaves of different
+                lengths, or a step shape other than the compiled one.
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> from flax import nnx
+            >>> import braintrace
+            >>> from braintrace import layers
+            >>> model = nnx.Sequential(layers.ETPLinear(3, 4, rngs=nnx.Rngs(0)), layers.LIF(4))
+            >>> learner = braintrace.compile(model, 'd_rtrl', jnp.ones((2, 3)), batch_size=2)
+            >>> learner.check_inputs(jnp.ones((7, 2, 3)))
+            7
+        """
+        return check_inputs(xs, self._example)
 
     def reset(self, batch_size: int | None = None) -> None:
         """Re-initialises hidden states and traces, for a new ``batch_size`` if given.
@@ -257,31 +273,20 @@ class OnlineLearner:
             raise ValueError(
                 f"reset(batch_size={batch_size}): the model cannot be compiled for inputs of "
                 f"shape {', '.join(map(str, shapes))} ({type(err).__name__}: {err}). The learner "
-                f"is unchanged and still runs {_runs_at(self._batch_size)} (inputs of shape "
+                f"is unchanged and still runs {runs_at(self._batch_size)} (inputs of shape "
                 f"{', '.join(str(tuple(s.shape)) for s in jax.tree.leaves(self._example))}). "
                 "Make the model accept that batch axis, or keep this batch size.") from err
 
     def state(self) -> dict[str, Any]:
         """Everything a resumed run needs: Params, hidden and other state, traces."""
-        params, hidden, other = self._leaves()
+        params, hidden, other = model_leaves(self.model)
         return {"params": params, "hidden": hidden, "other": other, "traces": self.traces}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Loads a :meth:`state` into the model and the learner."""
-        _, param_state, _, _ = split_model(self.model)
-        nnx.update(self.model, jax.tree.unflatten(jax.tree.structure(param_state),
-                                                  list(state["params"])))
-        self._write_back(list(state["hidden"]), list(state["other"]))
+        write_params(self.model, state["params"])
+        write_state(self.model, state["hidden"], state["other"])
         self.traces = state["traces"]
-
-    def _named_state(self) -> dict[str, Any]:
-        """:meth:`state` as named leaves (``'params/w_in.kernel'``, ``'traces[0]'``), in order."""
-        params, hidden, other = self._leaves()
-        g = self.graph
-        names = [*(f"params/{p}" for p in g.param_paths), *(f"hidden/{p}" for p in g.hidden_paths),
-                 *(f"other/{p}" for p in g.other_paths), *leaf_names("traces", self.traces)]
-        return dict(zip(names, [*params, *hidden, *other, *jax.tree.leaves(self.traces)],
-                        strict=True))
 
     def save(self, path: str) -> None:
         """Saves Params, hidden and other state (RNG keys included) and traces to ``path``.
@@ -299,7 +304,7 @@ class OnlineLearner:
             >>> learner.save(path)
             >>> learner.restore(path)
         """
-        save_arrays(path, self._named_state())
+        save_arrays(path, named_arrays(self.graph, self.state()))
 
     def restore(self, path: str) -> None:
         """Restores what :meth:`save` wrote, so the run continues identically.
@@ -309,16 +314,8 @@ class OnlineLearner:
                 match this learner; the message names the file and the first
                 offending leaf. The model and the learner are then unchanged.
         """
-        self._load_named(restore_arrays(path, self._named_state()))
-
-    def _load_named(self, leaves: list[jax.Array]) -> None:
-        """Loads leaves in the order of :meth:`_named_state`."""
-        g = self.graph
-        ends = np.cumsum([g.num_params, g.num_hidden, len(g.other_paths)]).tolist()
-        params, hidden, other, traces = (leaves[a:b] for a, b in
-                                         zip([0, *ends], [*ends, len(leaves)], strict=True))
-        self.load_state({"params": params, "hidden": hidden, "other": other,
-                         "traces": jax.tree.unflatten(jax.tree.structure(self.traces), traces)})
+        arrays = restore_arrays(path, named_arrays(self.graph, self.state()))
+        self.load_state(state_from_arrays(self.graph, self.traces, arrays))
 
     def report(self) -> str:
         """The compiled graph's report: groups, traced Params, same-step Params, warnings."""
@@ -333,10 +330,10 @@ class OnlineLearner:
 
     def etrace_evolve(self, xs: Any) -> Any:
         """Advances hidden state and traces over ``xs`` (time axis leading); returns outputs."""
-        self._check_inputs(xs)
-        params, hidden, other = self._checked_leaves()
+        self.check_inputs(xs)
+        params, hidden, other = self.leaves()
         ys, hidden, other, traces = self._evolve_fn(params, hidden, other, self.traces, xs)
-        self._write_back(hidden, other)
+        write_state(self.model, hidden, other)
         self.traces = traces
         return ys
 
@@ -388,14 +385,13 @@ class OnlineLearner:
             FloatingPointError: A step's loss is not finite (names the first
                 step), or a Param's gradient is not finite (names the Param).
         """
-        args = self._grad_args(xs, ys, mask, chunk_size, reduction)
+        args = self.grad_args(xs, ys, mask=mask, chunk_size=chunk_size, reduction=reduction)
         grads, hidden, other, traces, losses, finite = self._grad_fn(
             *args, loss_fn=loss_fn, chunk_size=_static(chunk_size))
         self._raise_if_not_finite(np.asarray(losses), np.asarray(finite))
-        self._write_back(hidden, other)
+        write_state(self.model, hidden, other)
         self.traces = traces
-        _, param_state, _, _ = split_model(self.model)
-        state = jax.tree.unflatten(jax.tree.structure(param_state), grads)
+        state = param_state(self.model, grads)
         return (state, losses) if return_losses else state
 
     def _raise_if_not_finite(self, losses: np.ndarray, finite: np.ndarray) -> None:
@@ -420,71 +416,42 @@ class OnlineLearner:
 
         ``xs``/``ys`` may be ``jax.ShapeDtypeStruct``s, so long sequences need no data.
         """
-        args = self._grad_args(xs, ys, mask, chunk_size, reduction)
+        args = self.grad_args(xs, ys, mask=mask, chunk_size=chunk_size, reduction=reduction)
         return self._grad_fn.lower(*args, loss_fn=loss_fn, chunk_size=_static(chunk_size))
 
-    def _grad_args(self, xs, ys, mask, chunk_size, reduction):
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}.")
-        length = self._check_inputs(xs)
-        if length == 0:
-            raise ValueError("xs has no time steps (T = 0): there is no loss to differentiate. "
-                             "Give at least one step.")
-        y_lengths = {shape_of(a)[0] if shape_of(a) else None for a in jax.tree.leaves(ys)}
-        if y_lengths != {length}:
-            raise ValueError(
-                f"xs has {length} time steps but ys has {sorted(y_lengths, key=str)}; give one "
-                "target per step (time axis leading).")
-        check_chunk_size(chunk_size, length)
-        weights = step_weights(mask, length)
-        if reduction == "mean":
-            if not weights.sum():
-                raise ValueError(
-                    "The mask sums to 0, so reduction='mean' (which divides by the mask's sum) "
-                    "is undefined. Skip this batch, or use reduction='sum', whose gradient is "
-                    "then zero.")
-            weights = weights / weights.sum()
-        params, hidden, other = self._checked_leaves()
-        weights = jnp.asarray(weights, jnp.result_type(*params))
-        return params, hidden, other, self.traces, xs, ys, weights
+    def grad_args(self, xs: Any, ys: Any, *, mask: jax.Array | None = None,
+                  chunk_size: int | None = None, reduction: str = "mean") -> GradArgs:
+        """The checked arguments of the ``etrace_grad`` program for these inputs.
 
-    def _check_inputs(self, xs: Any) -> int:
-        return check_inputs(xs, self._example)
+        Given to the compiled :meth:`lower_etrace_grad`, they run the very
+        program that was lowered (and measured) without compiling it again; it
+        returns a ``GradResult`` (gradients per Param leaf, final hidden and
+        other state and traces, losses, finiteness per Param). Nothing is
+        written back to the model or the learner.
+
+        Raises:
+            ValueError: As :meth:`etrace_grad`.
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> from flax import nnx
+            >>> import braintrace
+            >>> from braintrace import layers
+            >>> model = layers.Stateful(layers.GRUCell(2, 3, rngs=nnx.Rngs(0)))
+            >>> learner = braintrace.compile(model, 'd_rtrl', jnp.ones((4, 2)), batch_size=4)
+            >>> xs, ys = jnp.ones((5, 4, 2)), jnp.zeros((5, 4, 3))
+            >>> mse = lambda y, t: jnp.mean((y - t) ** 2)
+            >>> compiled = learner.lower_etrace_grad(xs, ys, mse).compile()
+            >>> grads, hidden, other, traces, losses, finite = compiled(*learner.grad_args(xs, ys))
+            >>> losses.shape, bool(finite.all())
+            ((5,), True)
+        """
+        weights = loss_weights(xs, ys, self._example, mask, chunk_size, reduction)
+        params, hidden, other = self.leaves()
+        weights = jnp.asarray(weights, jnp.result_type(*params))
+        return GradArgs(params, hidden, other, self.traces, xs, ys, weights)
 
 
 def _static(chunk_size: Any) -> int | None:
     """A checked ``chunk_size`` as the static argument of the compiled program."""
     return None if chunk_size is None else int(chunk_size)
-
-
-def _grad_program(graph, algorithm, params, hidden, other, traces, xs, ys, weights, *, loss_fn,
-                  chunk_size):
-    """The compiled ``etrace_grad``: gradients, final state, losses, finiteness per Param."""
-    if chunk_size is None:
-        grads, carry, losses = online_gradients(
-            graph, algorithm, loss_fn, params, hidden, other, traces, xs, ys, weights)
-    else:
-        grads, carry, losses = windowed_gradients(
-            graph, algorithm, loss_fn, params, hidden, other, traces, xs, ys, weights,
-            chunk_size)
-    finite = jnp.stack([jnp.all(jnp.isfinite(g)) for g in grads])
-    return grads, carry.hidden, carry.other, carry.traces, losses, finite
-
-
-def _state_batch_size(model: nnx.Module) -> int | None:
-    """The batch size of the model's hidden states (``None`` for per-sample states)."""
-    for _, node in nnx.iter_graph(model):
-        if isinstance(node, HiddenState):
-            sample_shape = tuple(node.get_metadata("sample_shape", node.shape))
-            return node.shape[0] if len(node.shape) > len(sample_shape) else None
-    return None
-
-
-def _runs_at(batch_size: int | None) -> str:
-    return "per sample (no batch axis)" if batch_size is None else f"at batch size {batch_size}"
-
-
-def _strong(a: jax.Array) -> jax.Array:
-    """Drops weak typing so a state that comes back from a program hits the same cache."""
-    a = jnp.asarray(a)
-    return jax.lax.convert_element_type(a, a.dtype) if getattr(a, "weak_type", False) else a

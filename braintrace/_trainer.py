@@ -1,32 +1,27 @@
-"""``OnlineTrainer``: truly online learning with optax, updates inside the time loop."""
+"""``OnlineTrainer``: truly online learning with optax, updates inside the time loop.
+
+A thin shell over ``_driver_programs.train_program``: it checks its arguments
+through the learner's public methods, runs the program and writes the results
+back with ``learner.load_state``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx
 
-from braintrace._algorithms._scan import finish_carry, init_carry, online_step, param_gradients
 from braintrace._checkpoint import leaf_names, restore_arrays, save_arrays
-from braintrace._compiler import _programs as programs
-from braintrace._compiler._step import split_model
+from braintrace._driver_programs import TrainResult, train_program
 from braintrace._inputs import step_weights
 from braintrace._learner import OnlineLearner
+from braintrace._learner_state import named_arrays, state_from_arrays
 
 __all__ = ["OnlineTrainer"]
-
-
-class _TrainCarry(NamedTuple):
-    params: list[jax.Array]
-    opt_state: Any
-    step_carry: Any
-    bad_update_at: jax.Array
-    bad_params: jax.Array
 
 
 class OnlineTrainer:
@@ -69,9 +64,8 @@ class OnlineTrainer:
         self.tx = tx
         self.loss_fn = loss_fn
         self.update_every = int(update_every)
-        params, _, _ = learner._leaves()  # noqa: SLF001
-        self.opt_state = tx.init(params)
-        self._run = jax.jit(self._run_impl)
+        self.opt_state = tx.init(learner.state()["params"])
+        self._run = jax.jit(self._train_program)
 
     def step(self, xs: Any, ys: Any, mask: jax.Array | None = None) -> jax.Array:
         """Learns online from one batch of sequences (time axis leading).
@@ -96,23 +90,28 @@ class OnlineTrainer:
                 before it; the message names the first offending step.
         """
         learner = self.learner
-        length = learner._check_inputs(xs)  # noqa: SLF001
+        length = learner.check_inputs(xs)
         if length == 0 or length % self.update_every:
             raise ValueError(
                 f"The sequence length {length} must be a positive multiple of update_every="
                 f"{self.update_every}.")
-        params, hidden, other = learner._checked_leaves()  # noqa: SLF001
+        params, hidden, other = learner.leaves()
         weights = jnp.asarray(step_weights(mask, length) / self.update_every,
                               jnp.result_type(*params))
         out = self._run(params, self.opt_state, hidden, other, learner.traces, xs, ys, weights)
-        params, opt_state, hidden, other, traces, losses, bad_update_at, bad_params = out
-        self._raise_if_not_finite(np.asarray(losses), int(bad_update_at), np.asarray(bad_params))
-        _, param_state, _, _ = split_model(learner.model)
-        nnx.update(learner.model, jax.tree.unflatten(jax.tree.structure(param_state), params))
-        learner._write_back(hidden, other)  # noqa: SLF001
-        learner.traces = traces
-        self.opt_state = opt_state
-        return losses
+        self._raise_if_not_finite(np.asarray(out.losses), int(out.bad_update_at),
+                                  np.asarray(out.bad_params))
+        learner.load_state({"params": out.params, "hidden": out.hidden, "other": out.other,
+                            "traces": out.traces})
+        self.opt_state = out.opt_state
+        return out.losses
+
+    def _train_program(self, params, opt_state, hidden, other, traces, xs, ys,
+                       weights) -> TrainResult:
+        """:func:`train_program` on the learner's current graph (read when ``jit`` traces)."""
+        return train_program(self.learner.graph, self.learner.algorithm, self.tx, self.loss_fn,
+                             self.update_every, params, opt_state, hidden, other, traces, xs,
+                             ys, weights)
 
     def _raise_if_not_finite(self, losses: np.ndarray, bad_update_at: int,
                              bad_params: np.ndarray) -> None:
@@ -133,7 +132,7 @@ class OnlineTrainer:
                 "learning rate or clip the gradients (optax.clip_by_global_norm).")
 
     def _checkpoint_template(self) -> dict[str, Any]:
-        named = self.learner._named_state()  # noqa: SLF001
+        named = named_arrays(self.learner.graph, self.learner.state())
         names = leaf_names("opt_state", self.opt_state)
         return {**named, **dict(zip(names, jax.tree.leaves(self.opt_state), strict=True))}
 
@@ -153,8 +152,9 @@ class OnlineTrainer:
                 offending leaf. Nothing is changed then.
         """
         leaves = restore_arrays(path, self._checkpoint_template())
-        split = len(self.learner._named_state())  # noqa: SLF001
-        self.learner._load_named(leaves[:split])  # noqa: SLF001
+        learner = self.learner
+        split = len(named_arrays(learner.graph, learner.state()))
+        learner.load_state(state_from_arrays(learner.graph, learner.traces, leaves[:split]))
         self.opt_state = jax.tree.unflatten(jax.tree.structure(self.opt_state), leaves[split:])
 
     def fit(self, batches: Iterable[tuple[Any, Any]], *, epochs: int = 1,
@@ -198,42 +198,3 @@ class OnlineTrainer:
                     bar.set_postfix(loss=f"{history[-1]:.4g}")
                     bar.update()
         return history
-
-    def _run_impl(self, params, opt_state, hidden, other, traces, xs, ys, weights):
-        graph, algorithm = self.learner.graph, self.learner.algorithm
-        k = self.update_every
-        length = jax.tree.leaves(xs)[0].shape[0]
-        windows = length // k
-        split = lambda a: a.reshape(windows, k, *a.shape[1:])  # noqa: E731
-        carry = _TrainCarry(list(params), opt_state,
-                            init_carry(graph, algorithm, params, hidden, other, traces),
-                            jnp.asarray(-1, jnp.int32), jnp.zeros((len(params),), bool))
-
-        def window(carry: _TrainCarry, inputs):
-            xw, yw, ww, t_end = inputs
-            operands = programs.operands(graph, carry.params)
-            fresh = init_carry(graph, algorithm, carry.params, carry.step_carry.hidden,
-                               carry.step_carry.other, carry.step_carry.traces)
-
-            def body(c, xy):
-                return online_step(graph, algorithm, self.loss_fn, carry.params, operands, c,
-                                   xy[0], xy[1], xy[2])
-
-            step_carry, losses = jax.lax.scan(body, fresh, (xw, yw, ww))
-            step_carry = finish_carry(graph, algorithm, operands, step_carry)
-            grads = param_gradients(graph, algorithm, carry.params, operands, step_carry)
-            updates, opt_state = self.tx.update(grads, carry.opt_state, carry.params)
-            new_params = optax.apply_updates(carry.params, updates)
-            bad = ~jnp.stack([jnp.all(jnp.isfinite(p)) for p in new_params])
-            first = (carry.bad_update_at < 0) & jnp.any(bad)
-            return _TrainCarry(new_params, opt_state, step_carry,
-                               jnp.where(first, t_end, carry.bad_update_at),
-                               jnp.where(first, bad, carry.bad_params)), losses
-
-        ends = jnp.arange(1, windows + 1, dtype=jnp.int32) * k - 1
-        carry, losses = jax.lax.scan(
-            window, carry, (jax.tree.map(split, xs), jax.tree.map(split, ys), split(weights),
-                            ends))
-        sc = carry.step_carry
-        return (carry.params, carry.opt_state, sc.hidden, sc.other, sc.traces,
-                losses.reshape(length), carry.bad_update_at, carry.bad_params)

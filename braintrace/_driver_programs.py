@@ -1,0 +1,193 @@
+"""The drivers' programs as pure functions over flat arrays.
+
+:class:`~braintrace.OnlineLearner` and :class:`~braintrace.OnlineTrainer` are
+thin shells: they check their arguments, read the model's arrays
+(``_learner_state``), run one of these programs under ``jax.jit`` and write the
+results back.
+
+* :func:`grad_program` is ``etrace_grad``: the online gradient of
+  ``Σ_t w_t L_t`` over a sequence, in single-step or windowed mode.
+* :func:`train_program` is ``OnlineTrainer.step``: every ``k`` steps the
+  gradient accumulated since the last update is applied with optax, inside the
+  scan, so the Params change while the sequence runs.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from braintrace._algorithms import AbstractAlgorithm
+from braintrace._algorithms._scan import (
+    ScanCarry,
+    finish_carry,
+    init_carry,
+    online_gradients,
+    online_step,
+    param_gradients,
+)
+from braintrace._algorithms._windowed import windowed_gradients
+from braintrace._compiler import ETraceGraph
+from braintrace._compiler import _programs as programs
+
+__all__ = ["GradArgs", "GradResult", "TrainResult", "grad_program", "train_program"]
+
+
+class GradArgs(NamedTuple):
+    """The arguments of the compiled ``etrace_grad`` program (:func:`grad_program`), in order.
+
+    Attributes:
+        params: The Params, in the order of ``graph.param_paths``.
+        hidden: The hidden states, in the order of ``graph.hidden_paths``.
+        other: The other Variables, in the order of ``graph.other_paths``.
+        traces: The algorithm's trace state.
+        xs: Inputs, time axis leading.
+        ys: Targets, time axis leading.
+        weights: ``(T,)`` weights ``w_t`` of the loss ``Σ_t w_t L_t``.
+    """
+
+    params: list[jax.Array]
+    hidden: list[jax.Array]
+    other: list[jax.Array]
+    traces: Any
+    xs: Any
+    ys: Any
+    weights: jax.Array
+
+
+class GradResult(NamedTuple):
+    """What :func:`grad_program` returns.
+
+    Attributes:
+        grads: A gradient per Param leaf.
+        hidden: The hidden states after the last step.
+        other: The other Variables after the last step.
+        traces: The traces after the last step.
+        losses: Each step's loss ``L_t``, ``(T,)``.
+        finite: Whether each Param's gradient is finite, ``(num_params,)``.
+    """
+
+    grads: list[jax.Array]
+    hidden: list[jax.Array]
+    other: list[jax.Array]
+    traces: Any
+    losses: jax.Array
+    finite: jax.Array
+
+
+def grad_program(graph: ETraceGraph, algorithm: AbstractAlgorithm, params, hidden, other, traces,
+                 xs, ys, weights, *, loss_fn: Callable[[Any, Any], jax.Array],
+                 chunk_size: int | None) -> GradResult:
+    """The online gradient of ``Σ_t w_t L_t`` (``etrace_grad``), on the :class:`GradArgs`.
+
+    ``chunk_size=None`` is single-step mode; an int is windowed mode with
+    exact reverse mode inside windows of that many steps.
+    """
+    if chunk_size is None:
+        grads, carry, losses = online_gradients(
+            graph, algorithm, loss_fn, params, hidden, other, traces, xs, ys, weights)
+    else:
+        grads, carry, losses = windowed_gradients(
+            graph, algorithm, loss_fn, params, hidden, other, traces, xs, ys, weights,
+            chunk_size)
+    finite = jnp.stack([jnp.all(jnp.isfinite(g)) for g in grads])
+    return GradResult(grads, carry.hidden, carry.other, carry.traces, losses, finite)
+
+
+class TrainResult(NamedTuple):
+    """What :func:`train_program` returns: the state after the sequence, and its checks.
+
+    Attributes:
+        params: The Params after the last update.
+        opt_state: The optimiser state after the last update.
+        hidden: The hidden states after the last step.
+        other: The other Variables after the last step.
+        traces: The traces after the last step.
+        losses: Each step's loss, ``(T,)``.
+        bad_update_at: The last step of the first update that made a Param not
+            finite, or ``-1``.
+        bad_params: Which Params that update made not finite.
+    """
+
+    params: list[jax.Array]
+    opt_state: Any
+    hidden: list[jax.Array]
+    other: list[jax.Array]
+    traces: Any
+    losses: jax.Array
+    bad_update_at: jax.Array
+    bad_params: jax.Array
+
+
+class _TrainCarry(NamedTuple):
+    params: list[jax.Array]
+    opt_state: Any
+    step_carry: ScanCarry
+    bad_update_at: jax.Array
+    bad_params: jax.Array
+
+
+def train_program(graph: ETraceGraph, algorithm: AbstractAlgorithm,
+                  tx: optax.GradientTransformation, loss_fn: Callable[[Any, Any], jax.Array],
+                  update_every: int, params, opt_state, hidden, other, traces, xs, ys,
+                  weights) -> TrainResult:
+    """Online learning over a sequence: an optax update after every ``update_every`` steps.
+
+    The sequence is cut into windows of ``update_every`` steps. In each window
+    the gradient of ``Σ_t w_t L_t`` is accumulated online (the Params fixed),
+    then applied with ``tx``; hidden state and traces run on across windows
+    (an update does not reset the traces).
+
+    Args:
+        graph, algorithm: The learner's compiled graph and algorithm.
+        tx: The optax transformation; ``opt_state`` is its state.
+        loss_fn: ``loss_fn(y_pred, y_target) -> scalar`` for one step.
+        update_every: Steps per window; it divides the sequence length.
+        params, hidden, other, traces: As in :class:`GradArgs`.
+        xs, ys: Inputs and targets, time axis leading.
+        weights: ``(T,)`` step weights.
+    """
+    k = update_every
+    length = jax.tree.leaves(xs)[0].shape[0]
+    windows = length // k
+    split = lambda a: a.reshape(windows, k, *a.shape[1:])  # noqa: E731
+    carry = _TrainCarry(list(params), opt_state,
+                        init_carry(graph, algorithm, params, hidden, other, traces),
+                        jnp.asarray(-1, jnp.int32), jnp.zeros((len(params),), bool))
+    ends = jnp.arange(1, windows + 1, dtype=jnp.int32) * k - 1
+    window = functools.partial(_train_window, graph, algorithm, tx, loss_fn)
+    carry, losses = jax.lax.scan(
+        window, carry, (jax.tree.map(split, xs), jax.tree.map(split, ys), split(weights), ends))
+    sc = carry.step_carry
+    return TrainResult(carry.params, carry.opt_state, sc.hidden, sc.other, sc.traces,
+                       losses.reshape(length), carry.bad_update_at, carry.bad_params)
+
+
+def _train_window(graph: ETraceGraph, algorithm: AbstractAlgorithm,
+                  tx: optax.GradientTransformation, loss_fn: Callable[[Any, Any], jax.Array],
+                  carry: _TrainCarry, inputs: Any) -> tuple[_TrainCarry, jax.Array]:
+    """One window: accumulate its gradient online, apply it, note the first bad update."""
+    xw, yw, ww, t_end = inputs
+    operands = programs.operands(graph, carry.params)
+    fresh = init_carry(graph, algorithm, carry.params, carry.step_carry.hidden,
+                       carry.step_carry.other, carry.step_carry.traces)
+
+    def body(c, xy):
+        return online_step(graph, algorithm, loss_fn, carry.params, operands, c,
+                           xy[0], xy[1], xy[2])
+
+    step_carry, losses = jax.lax.scan(body, fresh, (xw, yw, ww))
+    step_carry = finish_carry(graph, algorithm, operands, step_carry)
+    grads = param_gradients(graph, algorithm, carry.params, operands, step_carry)
+    updates, opt_state = tx.update(grads, carry.opt_state, carry.params)
+    new_params = optax.apply_updates(carry.params, updates)
+    bad = ~jnp.stack([jnp.all(jnp.isfinite(p)) for p in new_params])
+    first = (carry.bad_update_at < 0) & jnp.any(bad)
+    return _TrainCarry(new_params, opt_state, step_carry,
+                       jnp.where(first, t_end, carry.bad_update_at),
+                       jnp.where(first, bad, carry.bad_params)), losses

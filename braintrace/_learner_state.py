@@ -1,0 +1,198 @@
+"""A learner's state as data: the model's arrays in the order the compiled programs take them.
+
+The drivers (:class:`~braintrace.OnlineLearner`, :class:`~braintrace.OnlineTrainer`)
+hold a stateful model; their compiled programs are pure functions of flat lists
+of arrays. This module converts between the two:
+
+* :func:`model_leaves` reads the model's Params, hidden states and other
+  Variables as a :class:`Leaves` record (in the order of the graph's
+  ``param_paths``, ``hidden_paths`` and ``other_paths``);
+* :func:`check_leaves` checks them against the shapes and dtypes a program was
+  compiled for (:func:`leaf_avals`), with an error that says what to do;
+* :func:`write_params` and :func:`write_state` put a program's results back;
+* :func:`named_arrays` and :func:`state_from_arrays` name a learner's
+  :meth:`~braintrace.OnlineLearner.state` for a checkpoint file and back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from braintrace._checkpoint import leaf_names
+from braintrace._compiler import ETraceGraph
+from braintrace._compiler._step import split_model
+from braintrace._hidden import HiddenState
+
+__all__ = [
+    "LeafAvals",
+    "Leaves",
+    "check_leaves",
+    "leaf_avals",
+    "model_leaves",
+    "named_arrays",
+    "param_state",
+    "runs_at",
+    "state_batch_size",
+    "state_from_arrays",
+    "write_params",
+    "write_state",
+]
+
+LeafAvals = tuple[tuple[tuple[int, ...], Any], ...]
+
+
+class Leaves(NamedTuple):
+    """A model's arrays as the compiled programs take them.
+
+    Attributes:
+        params: The Params, in the order of ``graph.param_paths``.
+        hidden: The hidden states (strongly typed), in the order of ``graph.hidden_paths``.
+        other: Every other Variable (RNG keys, counters), in the order of ``graph.other_paths``.
+    """
+
+    params: list[jax.Array]
+    hidden: list[jax.Array]
+    other: list[jax.Array]
+
+
+def model_leaves(model: nnx.Module) -> Leaves:
+    """The model's Params, hidden states and other Variables as flat lists.
+
+    Example:
+        >>> from flax import nnx
+        >>> from braintrace import layers
+        >>> model = layers.Stateful(layers.GRUCell(2, 3, rngs=nnx.Rngs(0)))
+        >>> leaves = model_leaves(model)
+        >>> [len(leaves.params), len(leaves.hidden), len(leaves.other)]
+        [3, 1, 0]
+    """
+    _, params, hidden, other = split_model(model)
+    return Leaves(jax.tree.leaves(params), [_strong(h) for h in jax.tree.leaves(hidden)],
+                  jax.tree.leaves(other))
+
+
+def leaf_avals(leaves: Leaves) -> LeafAvals:
+    """The ``(shape, dtype)`` of every leaf, params first: what a program is compiled for."""
+    return tuple((tuple(np.shape(a)), jnp.result_type(a)) for group in leaves for a in group)
+
+
+def check_leaves(leaves: Leaves, graph: ETraceGraph, avals: LeafAvals,
+                 batch_size: int | None) -> Leaves:
+    """``leaves``, after checking they still have the compiled shapes and dtypes ``avals``.
+
+    Raises:
+        ValueError: The model's structure changed after compiling, or a leaf
+            has another shape or dtype; the message names the leaf's path and,
+            for a hidden state of another batch size, says to call
+            ``learner.reset``.
+    """
+    kinds = (["Param"] * len(leaves.params) + ["hidden state"] * len(leaves.hidden)
+             + ["Variable"] * len(leaves.other))
+    paths = (*graph.param_paths, *graph.hidden_paths, *graph.other_paths)
+    flat = [*leaves.params, *leaves.hidden, *leaves.other]
+    if len(flat) != len(avals):
+        raise ValueError(
+            f"The model now has {len(flat)} Param and state arrays, but this learner was "
+            f"compiled for {len(avals)}: its structure changed after compiling. "
+            "Compile a new learner with braintrace.compile(model, ...).")
+    for kind, path, leaf, (shape, dtype) in zip(kinds, paths, flat, avals):
+        if tuple(np.shape(leaf)) != shape or jnp.result_type(leaf) != dtype:
+            raise ValueError(_changed_leaf(kind, path, leaf, shape, dtype, batch_size))
+    return leaves
+
+
+def _changed_leaf(kind: str, path: str, leaf: Any, shape: tuple[int, ...], dtype: Any,
+                  batch_size: int | None) -> str:
+    now = f"{tuple(np.shape(leaf))} {jnp.result_type(leaf)}"
+    where = f"{kind} '{path}' is {now}, but this learner was compiled for {shape} {dtype}"
+    if kind != "hidden state" or jnp.result_type(leaf) != dtype:
+        return f"The model's {where}. Compile a new learner with braintrace.compile(model, ...)."
+    batched = len(np.shape(leaf)) == len(shape) + (batch_size is None)
+    hint = f"batch_size={np.shape(leaf)[0]}" if batched and np.shape(leaf) else ""
+    return (f"The model's {where} ({runs_at(batch_size)}); was "
+            "braintrace.init_states called on the model after compiling? Call "
+            f"learner.reset({hint}) to re-initialise the hidden states and traces for the "
+            "batch size you mean (a new batch size is compiled once, then reused).")
+
+
+def param_state(model: nnx.Module, arrays: Sequence[jax.Array]) -> nnx.State:
+    """``arrays`` (one per Param leaf) in the structure of ``nnx.state(model, nnx.Param)``."""
+    _, params, _, _ = split_model(model)
+    return jax.tree.unflatten(jax.tree.structure(params), list(arrays))
+
+
+def write_params(model: nnx.Module, params: Sequence[jax.Array]) -> None:
+    """Writes Param leaves (in :class:`Leaves` order) into the model."""
+    nnx.update(model, param_state(model, params))
+
+
+def write_state(model: nnx.Module, hidden: Sequence[jax.Array],
+                other: Sequence[jax.Array]) -> None:
+    """Writes hidden-state and other Variable leaves (in :class:`Leaves` order) into the model."""
+    _, _, hidden_state, other_state = split_model(model)
+    nnx.update(model, jax.tree.unflatten(jax.tree.structure(hidden_state), list(hidden)),
+               jax.tree.unflatten(jax.tree.structure(other_state), list(other)))
+
+
+def named_arrays(graph: ETraceGraph, state: dict[str, Any]) -> dict[str, Any]:
+    """A learner's ``state()`` as named leaves (``'params/w_in.kernel'``, ``'traces[0]'``).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> import braintrace
+        >>> from braintrace import layers
+        >>> model = nnx.Sequential(layers.ETPLinear(3, 4, rngs=nnx.Rngs(0)), layers.LIF(4))
+        >>> learner = braintrace.compile(model, 'd_rtrl', jnp.ones((2, 3)), batch_size=2)
+        >>> list(named_arrays(learner.graph, learner.state()))
+        ['params/layers.0.bias', 'params/layers.0.kernel', 'hidden/layers.1.v',
+         "traces[0][0]['bias']", "traces[0][0]['kernel']"]
+    """
+    names = [*(f"params/{p}" for p in graph.param_paths),
+             *(f"hidden/{p}" for p in graph.hidden_paths),
+             *(f"other/{p}" for p in graph.other_paths), *leaf_names("traces", state["traces"])]
+    leaves = [*state["params"], *state["hidden"], *state["other"],
+              *jax.tree.leaves(state["traces"])]
+    return dict(zip(names, leaves, strict=True))
+
+
+def state_from_arrays(graph: ETraceGraph, traces: Any,
+                      arrays: Sequence[jax.Array]) -> dict[str, Any]:
+    """The inverse of :func:`named_arrays`: leaves in its order back to a ``state()`` dict.
+
+    Args:
+        graph: The learner's graph (how many Params, hidden and other leaves).
+        traces: Traces of the learner's structure (their values are not used).
+        arrays: The leaves, in the order of :func:`named_arrays`.
+    """
+    ends = np.cumsum([graph.num_params, graph.num_hidden, len(graph.other_paths)]).tolist()
+    params, hidden, other, trace_leaves = (list(arrays[a:b]) for a, b in
+                                           zip([0, *ends], [*ends, len(arrays)], strict=True))
+    return {"params": params, "hidden": hidden, "other": other,
+            "traces": jax.tree.unflatten(jax.tree.structure(traces), trace_leaves)}
+
+
+def state_batch_size(model: nnx.Module) -> int | None:
+    """The batch size of the model's hidden states (``None`` for per-sample states)."""
+    for _, node in nnx.iter_graph(model):
+        if isinstance(node, HiddenState):
+            sample_shape = tuple(node.get_metadata("sample_shape", node.shape))
+            return node.shape[0] if len(node.shape) > len(sample_shape) else None
+    return None
+
+
+def runs_at(batch_size: int | None) -> str:
+    """How a learner at ``batch_size`` runs, in words (for error messages)."""
+    return "per sample (no batch axis)" if batch_size is None else f"at batch size {batch_size}"
+
+
+def _strong(a: jax.Array) -> jax.Array:
+    """Drops weak typing so a state that comes back from a program hits the same cache."""
+    a = jnp.asarray(a)
+    return jax.lax.convert_element_type(a, a.dtype) if getattr(a, "weak_type", False) else a
