@@ -1,9 +1,8 @@
 """Shared reference models and oracles for the algorithm tests (no tests of its own).
 
-Loaded by path by the ``test_algorithms_*`` modules (pytest runs with
-``--import-mode=importlib``, so sibling imports are unavailable). Everything
-here expects float64 (``jax.enable_x64(True)``), which the test modules turn on
-per test.
+Imported by the ``test_algorithms_*`` modules (``tests`` is on pytest's
+``pythonpath``). Everything here expects float64 (``jax.enable_x64(True)``),
+which the test modules turn on per test.
 
 * :func:`bptt_grads`: the oracle, ``jax.grad`` of ``Σ_t w_t L_t`` through a
   ``jax.lax.scan`` of the pure step built with ``nnx.split``/``nnx.merge(copy=True)``.

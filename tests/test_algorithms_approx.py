@@ -12,8 +12,6 @@
 """
 
 import functools
-import importlib.util
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -21,16 +19,13 @@ import numpy as np
 import pytest
 
 import braintrace
+import reference_models as S
 from braintrace._compiler import StepLeaves
 from braintrace._compiler import _programs as programs
 from braintrace._algorithms import get_algorithm
 from braintrace._algorithms._eprop import feedback_equations, random_feedback_operands
 from braintrace._algorithms._es_d_rtrl import IOTrace, decay_from
 
-_spec = importlib.util.spec_from_file_location(
-    "algorithms_support", pathlib.Path(__file__).with_name("test_algorithms_support.py"))
-S = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(S)
 
 
 @pytest.fixture(autouse=True)

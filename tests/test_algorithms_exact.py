@@ -5,10 +5,9 @@
   driven by dense, LoRA and elementwise primitives (batched and unbatched,
   S ∈ {1, 2}), LIF/ALIF layers without recurrent weights and learnable time
   constants, for T ∈ {1, 5, 20};
-* every algorithm = BPTT at T = 1 (on a GRU and a recurrent ALIF network,
-  from a non-zero hidden state);
+* (every algorithm = BPTT at T = 1 on every model shape: ``test_gradient_contract.py``);
 * EProp(κ=0) = D-RTRL; OSTLRecurrent = BPTT on a position-diagonal model that
-  D-RTRL gets wrong, and differs from D-RTRL (closer to BPTT) on a coupled one;
+  D-RTRL gets wrong, and differs from D-RTRL on a coupled one;
 * windowed mode: exact on exact models with short windows, chunk 1 = single
   step, at least as close to BPTT as single step on a GRU;
 * a batched gradient = the sum of per-sequence gradients;
@@ -17,8 +16,6 @@
 * reference models are live.
 """
 
-import importlib.util
-import pathlib
 
 import jax
 import jax.flatten_util
@@ -28,12 +25,9 @@ import pytest
 from flax import nnx
 
 import braintrace
+import reference_models as S
 from braintrace import layers
 
-_spec = importlib.util.spec_from_file_location(
-    "algorithms_support", pathlib.Path(__file__).with_name("test_algorithms_support.py"))
-S = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(S)
 
 T_MAX = 20
 EXACT_TOL = 1e-8
@@ -153,28 +147,6 @@ def test_d_rtrl_equals_bptt_on_exact_models(name):
         want = oracle(name)(weights)
         S.assert_live(want)
         assert_exact(runner.grads(xs, ys, weights), want, what=f"{name}, T={T}")
-
-
-# -- every algorithm at T = 1 --------------------------------------------------------------
-
-ALGORITHMS = {
-    "d_rtrl": braintrace.D_RTRL,
-    "es_d_rtrl": braintrace.ES_D_RTRL,
-    "pp_prop-rank3-x0.2": lambda: braintrace.pp_prop(3, x_decay_or_rank=0.2),
-    "eprop-0.5": lambda: braintrace.EProp(0.5),
-    "ostl_recurrent": braintrace.OSTLRecurrent,
-    "ostl_feedforward": braintrace.OSTLFeedforward,
-}
-
-
-@pytest.mark.parametrize("model", ["gru", "recurrent-alif"])
-@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
-def test_every_algorithm_equals_bptt_at_t1(model, algorithm):
-    make, xs, ys = case(model, T=1)
-    want = bptt(model, T=1)
-    S.assert_live(want)  # the recurrent kernel too: the hidden state starts non-zero
-    got = S.online_grads(make(), ALGORITHMS[algorithm](), xs, ys)
-    assert_exact(got, want, what=f"{algorithm} on {model}")
 
 
 # -- EProp and OSTL -----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import primitive_names
 
 from braintrace import layers
 
@@ -16,18 +17,6 @@ def _x(shape, seed=0):
     return jax.random.normal(jax.random.key(seed), shape)
 
 
-def _primitives(fn, *args):
-    """Names of the primitives in the (flattened) jaxpr of ``fn(*args)``."""
-    names = set()
-
-    def walk(jaxpr):
-        for eqn in jaxpr.eqns:
-            names.add(eqn.primitive.name)
-            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-                walk(sub)
-
-    walk(jax.make_jaxpr(fn)(*args).jaxpr)
-    return names
 
 
 def _randomise(module, seed):
@@ -73,7 +62,7 @@ def test_etp_linear_promotes_integer_spikes_and_honours_dtype():
                                              ((2, 5, 3), "etp_dense_batched")])
 def test_etp_linear_step_binds_the_dense_primitive(shape, primitive):
     graphdef, state = nnx.split(layers.ETPLinear(3, 4, rngs=nnx.Rngs(0)))
-    names = _primitives(lambda s, x: nnx.merge(graphdef, s)(x), state, _x(shape))
+    names = primitive_names(lambda s, x: nnx.merge(graphdef, s)(x), state, _x(shape))
     assert primitive in names
     assert "dot_general" not in names
 
@@ -93,7 +82,7 @@ def test_etp_lora_matches_nnx_lora_after_loading_its_state(shape, with_base):
     np.testing.assert_array_equal(ours(x), theirs(x))
     np.testing.assert_array_equal(nnx.jit(lambda m, x: m(x))(ours, x), theirs(x))
     graphdef, state = nnx.split(ours)
-    names = _primitives(lambda s, x: nnx.merge(graphdef, s)(x), state, x)
+    names = primitive_names(lambda s, x: nnx.merge(graphdef, s)(x), state, x)
     assert ("etp_lora" if len(shape) == 1 else "etp_lora_batched") in names
     assert with_base == bool(names & {"etp_dense", "etp_dense_batched"})
 
@@ -117,7 +106,7 @@ def test_etp_lora_linear_matches_nnx_lora_linear_after_loading_its_state(shape):
     np.testing.assert_array_equal(ours(x), theirs(x))
     np.testing.assert_array_equal(nnx.jit(lambda m, x: m(x))(ours, x), theirs(x))
     graphdef, state = nnx.split(ours)
-    names = _primitives(lambda s, x: nnx.merge(graphdef, s)(x), state, x)
+    names = primitive_names(lambda s, x: nnx.merge(graphdef, s)(x), state, x)
     batched = "_batched" if len(shape) > 1 else ""
     assert {f"etp_dense{batched}", f"etp_lora{batched}"} <= names
 
@@ -133,7 +122,7 @@ def test_etp_elemwise_applies_its_transform_through_the_elementwise_primitive():
     gate = layers.ETPElemwise(jnp.array([0.0, 1.0]), jax.nn.sigmoid)
     np.testing.assert_allclose(gate(), jax.nn.sigmoid(jnp.array([0.0, 1.0])))
     graphdef, state = nnx.split(gate)
-    assert "etp_elemwise" in _primitives(lambda s: nnx.merge(graphdef, s)(), state)
+    assert "etp_elemwise" in primitive_names(lambda s: nnx.merge(graphdef, s)(), state)
     grad = nnx.grad(lambda m: jnp.sum(m()))(gate)
     np.testing.assert_allclose(grad["weight"][...], jax.nn.sigmoid(jnp.array([0.0, 1.0]))
                                * (1 - jax.nn.sigmoid(jnp.array([0.0, 1.0]))), rtol=1e-6)

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import primitive_names
 
 import braintrace
 from braintrace import layers
@@ -15,17 +16,6 @@ PAIRS = [(nnx.SimpleCell, layers.SimpleCell), (nnx.GRUCell, layers.GRUCell),
 IDS = ["SimpleCell", "GRUCell", "LSTMCell"]
 
 
-def _primitives(fn, *args):
-    names = set()
-
-    def walk(jaxpr):
-        for eqn in jaxpr.eqns:
-            names.add(eqn.primitive.name)
-            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-                walk(sub)
-
-    walk(jax.make_jaxpr(fn)(*args).jaxpr)
-    return names
 
 
 def _loaded_pair(flax_cls, our_cls):

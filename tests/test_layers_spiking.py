@@ -8,22 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import primitive_names
 
 import braintrace
 from braintrace import layers
 
 
-def _primitives(fn, *args):
-    names = set()
-
-    def walk(jaxpr):
-        for eqn in jaxpr.eqns:
-            names.add(eqn.primitive.name)
-            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-                walk(sub)
-
-    walk(jax.make_jaxpr(fn)(*args).jaxpr)
-    return names
 
 
 SURROGATE_DERIVATIVES = {
@@ -153,7 +143,7 @@ def test_learnable_time_constant_is_a_param_read_through_the_elementwise_primiti
     assert isinstance(tau, layers.ETPElemwise) and isinstance(tau.weight, nnx.Param)
     assert tau.weight.shape == (3,)
     graphdef, state = nnx.split(layer)
-    assert "etp_elemwise" in _primitives(lambda s, x: nnx.merge(graphdef, s)(x), state,
+    assert "etp_elemwise" in primitive_names(lambda s, x: nnx.merge(graphdef, s)(x), state,
                                          jnp.ones(3))
 
 
@@ -171,7 +161,7 @@ def test_recurrent_spiking_feeds_back_the_previous_spikes():
     np.testing.assert_array_equal(layer(x), [1, 1, 1])        # v = 1.2
     np.testing.assert_array_equal(layer(jnp.zeros(2)), [1, 1, 1])  # reset to 0, then + 5
     graphdef, state = nnx.split(layer)
-    names = _primitives(lambda s, x: nnx.merge(graphdef, s)(x), state, x)
+    names = primitive_names(lambda s, x: nnx.merge(graphdef, s)(x), state, x)
     assert "etp_dense" in names and "custom_jvp_call" in names and "dot_general" not in names
 
 
