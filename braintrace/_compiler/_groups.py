@@ -22,7 +22,7 @@ from collections.abc import Callable
 import jax.extend.core as jex_core
 import numpy as np
 
-from braintrace._compiler import _positions as positions
+from braintrace._compiler._positions import propagate, source_map, union
 from braintrace._compiler._layout import StepLayout
 from braintrace._compiler._records import HiddenGroup
 
@@ -42,7 +42,7 @@ def hidden_groups(jaxpr: jex_core.Jaxpr, layout: StepLayout,
     hidden_in, hidden_out = layout.hidden_invars(jaxpr), layout.hidden_outvars(jaxpr)
     cut_eqns: set[int] = set()
     sources = {v: np.full((*v.aval.shape, 1), k, np.int64) for k, v in enumerate(hidden_in)}
-    env = positions.propagate(jaxpr, sources, cut=stops_at_etp,
+    env = propagate(jaxpr, sources, cut=stops_at_etp,
                               on_mixing=lambda i, e: cut_eqns.add(i))
     parent = list(range(layout.num_hidden))
 
@@ -88,16 +88,16 @@ def colour_groups(jaxpr: jex_core.Jaxpr, layout: StepLayout, groups: list[Hidden
     hidden_in, hidden_out = layout.hidden_invars(jaxpr), layout.hidden_outvars(jaxpr)
     coloured = []
     for g in groups:
-        sources = {hidden_in[k]: positions.source_map(g.shape) for k in g.leaves}
+        sources = {hidden_in[k]: source_map(g.shape) for k in g.leaves}
         over: list[int] = []
-        env = positions.propagate(
+        env = propagate(
             jaxpr, sources, cut=lambda i, e: i in cut_eqns or stops_at_etp(i, e),
             on_mixing=lambda i, e: over.append(i))
         cut_eqns.update(over)
         maps = _maps_of(env, hidden_out, g.leaves)
         colours = None
         if maps:
-            deps = positions.union([m.reshape(g.size, -1) for m in maps], (g.size,))
+            deps = union([m.reshape(g.size, -1) for m in maps], (g.size,))
             own = np.arange(g.size)[:, None]
             if not np.all((deps == own) | (deps < 0)):
                 colours = colour_positions(deps)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import jax.extend.core as jex_core
 import numpy as np
 
-from braintrace._compiler import _positions as positions
+from braintrace._compiler._positions import propagate, source_map, union
 from braintrace._compiler._layout import StepLayout
 from braintrace._compiler._records import (
     ElementwiseRelation,
@@ -87,7 +87,7 @@ def _walk_from_output(jaxpr, e, cut_eqns, stops_at_etp):
             return True
         return i in cut_eqns
 
-    env = positions.propagate(jaxpr, {y_var: positions.source_map(y_var.aval.shape)}, cut=cut,
+    env = propagate(jaxpr, {y_var: source_map(y_var.aval.shape)}, cut=cut,
                               on_mixing=lambda i, _: mixing.append(i))
     return env, crossings, mixing
 
@@ -101,7 +101,7 @@ def _relations_of(jaxpr, layout, groups, env, e, origin, first_index):
                 if not isinstance(hidden_out[k], jex_core.Literal)]
         maps = [m for m in maps if m is not None]
         if maps:
-            union = positions.union([m.reshape(g.size, -1) for m in maps], (g.size,))
+            union = union([m.reshape(g.size, -1) for m in maps], (g.size,))
             index = first_index + sum(not isinstance(r, tuple) for _, r in found)
             found.append((g, make_relation(index, jaxpr.eqns[e], e, g, origin, union)))
     return found

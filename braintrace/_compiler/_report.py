@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from braintrace._compiler._graph import ETraceGraph
+from typing import Any
 
 __all__ = ["graph_report", "same_step_reasons"]
 
 NOT_READ = "no ETP primitive reads it as a trainable input (plain JAX operations only)"
 
 
-def same_step_reasons(graph: ETraceGraph) -> dict[str, list[str]]:
+def same_step_reasons(graph: Any) -> dict[str, list[str]]:
     """``{Param path: reasons}`` for every Param that gets (part of) its gradient in the same step.
 
     A Param traced at one site can still be excluded at another (tied weights),
@@ -29,8 +26,8 @@ def same_step_reasons(graph: ETraceGraph) -> dict[str, list[str]]:
     return {p: reasons[p] for p in graph.param_paths if p in reasons}
 
 
-def graph_report(graph: ETraceGraph) -> str:
-    """Describes hidden groups, traced Params, same-step Params and warnings."""
+def graph_report(graph: Any) -> str:
+    """Describes an ETraceGraph: groups, traced Params, same-step Params, approximations."""
     lines = [f"ETraceGraph ({graph.scope} scope)"]
     lines.append(f"  hidden groups ({len(graph.groups)}):")
     for g in graph.groups:
