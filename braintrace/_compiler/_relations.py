@@ -101,9 +101,9 @@ def _relations_of(jaxpr, layout, groups, env, e, origin, first_index):
                 if not isinstance(hidden_out[k], jex_core.Literal)]
         maps = [m for m in maps if m is not None]
         if maps:
-            union = union([m.reshape(g.size, -1) for m in maps], (g.size,))
+            sources = union([m.reshape(g.size, -1) for m in maps], (g.size,))
             index = first_index + sum(not isinstance(r, tuple) for _, r in found)
-            found.append((g, make_relation(index, jaxpr.eqns[e], e, g, origin, union)))
+            found.append((g, make_relation(index, jaxpr.eqns[e], e, g, origin, sources)))
     return found
 
 
@@ -123,22 +123,26 @@ def _unreached(jaxpr, e, all_paths, crossings, mixing) -> Exclusion:
 
 
 def make_relation(index: int, eqn: jex_core.JaxprEqn, e: int, g: HiddenGroup,
-                  origin: dict[str, tuple[str, ...]], union: np.ndarray):
-    """A relation of equation ``e`` with group ``g``, or ``(exclusion kind, reason)``."""
+                  origin: dict[str, tuple[str, ...]], sources: np.ndarray):
+    """A relation of equation ``e`` with group ``g``, or ``(exclusion kind, reason)``.
+
+    ``sources[v]`` lists (padded with ``-1``) the flat ``y`` positions hidden
+    unit ``v`` depends on.
+    """
     prim: ETPPrimitive = eqn.primitive
     y_shape = tuple(eqn.outvars[prim.y_outvar_index].aval.shape)
     common = dict(index=index, eqn_index=e, primitive=prim, params=dict(eqn.params),
                   group=g.index, operands=dict(prim.trainable_invars(eqn.params)),
                   param_paths=origin, y_shape=y_shape, group_shape=g.shape)
     if prim.x_invar_index is None:
-        if union.shape[-1] > 1:
+        if sources.shape[-1] > 1:
             return ("reads-several-outputs",
                     "a hidden unit reads several units of the elementwise output")
-        return ElementwiseRelation(**common, hidden_to_y=union[:, 0].copy())
+        return ElementwiseRelation(**common, hidden_to_y=sources[:, 0].copy())
     x_shape = tuple(eqn.invars[prim.x_invar_index].aval.shape)
     y_size = int(np.prod(y_shape, dtype=np.int64))
-    valid = union >= 0
-    if np.any(np.bincount(union[valid], minlength=y_size) > 1):
+    valid = sources >= 0
+    if np.any(np.bincount(sources[valid], minlength=y_size) > 1):
         return ("feeds-several-units",
                 "an output unit feeds several hidden units (e.g. a broadcast), so its trace "
                 "cannot follow one hidden unit")
@@ -147,8 +151,8 @@ def make_relation(index: int, eqn: jex_core.JaxprEqn, e: int, g: HiddenGroup,
     y_to_hidden = np.full(y_size, -1, np.int64)
     colours = np.zeros(y_size, np.int64)
     rows, slots = np.nonzero(valid)
-    y_to_hidden[union[rows, slots]] = rows
-    colours[union[rows, slots]] = slots
+    y_to_hidden[sources[rows, slots]] = rows
+    colours[sources[rows, slots]] = slots
     return InputRelation(**common, x_shape=x_shape, y_to_hidden=y_to_hidden, colours=colours)
 
 
