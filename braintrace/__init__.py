@@ -11,6 +11,7 @@ from braintrace._algorithms import AbstractAlgorithm as AbstractAlgorithm
 from braintrace._algorithms import EProp as EProp
 from braintrace._algorithms import OSTLFeedforward as OSTLFeedforward
 from braintrace._algorithms import OSTLRecurrent as OSTLRecurrent
+from braintrace._algorithms import RTRL as RTRL
 from braintrace._algorithms import pp_prop as pp_prop
 from braintrace._compiler import ETraceGraph as ETraceGraph
 from braintrace._compiler import compile_graph as compile_graph
@@ -45,6 +46,7 @@ __all__ = [
     "OSTLRecurrent",
     "OnlineLearner",
     "OnlineTrainer",
+    "RTRL",
     "compile",
     "compile_graph",
     "pp_prop",

@@ -239,11 +239,12 @@ def _alif_taus(readout):
     return Sequential(_linear(IN, HID, 1), alif, _linear(HID, OUT, 2))
 
 
-def _recurrent_lif():
-    return Sequential(layers.RecurrentSpiking(IN, layers.LIF(HID, tau=4.0, v_th=0.3,
-                                                             param_dtype=F64),
-                                              param_dtype=F64, rngs=nnx.Rngs(1)),
-                      _linear(HID, OUT, 2))
+def _recurrent_lif(num_layers=1):
+    stack = [layers.RecurrentSpiking(IN if k == 0 else HID,
+                                     layers.LIF(HID, tau=4.0, v_th=0.3, param_dtype=F64),
+                                     param_dtype=F64, rngs=nnx.Rngs(1 + k))
+             for k in range(num_layers)]
+    return Sequential(*stack, _linear(HID, OUT, 9))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,10 +275,11 @@ MODELS: dict[str, ModelCase] = {
     "integer-state": ModelCase(StepCounter, exact=True),
     "custom-vjp-activation": ModelCase(CustomVJPActivation, exact=True),
     "min-gru": ModelCase(_cell(layers.MinGRUCell), exact=True),
-    "simple-cell": ModelCase(_cell(layers.SimpleCell), exact=False),
+    "simple-cell": ModelCase(_cell(layers.SimpleCell, dtype=F64), exact=False),
     "gru": ModelCase(_cell(layers.GRUCell), exact=False),
     "lstm": ModelCase(_cell(layers.LSTMCell), exact=False),
     "recurrent-lif": ModelCase(_recurrent_lif, exact=False, input_scale=2.0),
+    "recurrent-lif-2-layers": ModelCase(lambda: _recurrent_lif(2), exact=False, input_scale=2.0),
     "layernorm": ModelCase(lambda: Leaky(LayerNormDrive()), exact=False),
     "batchnorm": ModelCase(lambda: Leaky(BatchNormDrive()), exact=False),
     "plain-linear-beside-etp": ModelCase(lambda: Leaky(PlainNextToETP()), exact=False),
@@ -291,5 +293,6 @@ ALGORITHMS: dict[str, Callable[[], braintrace.AbstractAlgorithm]] = {
     "eprop": lambda: braintrace.EProp(0.5),
     "ostl_recurrent": braintrace.OSTLRecurrent,
     "ostl_feedforward": braintrace.OSTLFeedforward,
+    "rtrl": braintrace.RTRL,
 }
 """Every algorithm of the contract (each equals BPTT at ``T = 1`` on every model)."""

@@ -180,8 +180,8 @@ def test_pure_step_needs_params_and_hidden():
 def test_scope_must_be_known():
     model = layers.Stateful(layers.MinGRUCell(I, H, rngs=nnx.Rngs(0)))
     braintrace.init_states(model, B)
-    with pytest.raises(ValueError, match="scope must be 'diagonal' or 'coupled'"):
-        braintrace.compile_graph(model, jnp.ones((B, I)), scope="full")
+    with pytest.raises(ValueError, match="scope must be 'diagonal', 'coupled' or 'full'"):
+        braintrace.compile_graph(model, jnp.ones((B, I)), scope="total")
 
 
 def test_vmapped_etp_primitive_warns_that_its_weights_drop_out():

@@ -108,3 +108,35 @@ def test_d_rtrl_equals_bptt_over_time_exactly_where_strict_compiles(name):
     assert "approximat" in learner.report()
     errors = relative_errors(got, want)
     assert max(errors.values()) > 1e-6, errors  # the approximation is real
+
+
+RTRL_EXACT = {"gru", "lstm", "simple-cell", "recurrent-lif", "recurrent-lif-2-layers",
+              "alif-leaky-readout"}
+"""Models D-RTRL only approximates (recurrent weights, coupled layers) where RTRL is exact."""
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_rtrl_equals_bptt_over_time_wherever_every_trainable_operation_is_traced(name):
+    case = MODELS[name]
+    xs, ys = data(T_LONG, case.input_scale)
+    x = xs[0]
+    graph = braintrace.compile_graph(case.build(), x, scope="full")
+    if graph.approximations:  # only Params no trace can follow (plain JAX operations)
+        assert {a.kind for a in graph.approximations} <= {"untraced-path", "carried-state"}
+        assert name not in RTRL_EXACT and not case.exact
+        with pytest.raises(ValueError, match="strict"):
+            braintrace.compile(case.build(), braintrace.RTRL(), x, strict=True)
+        return
+    want = bptt(case.build(), xs, ys)
+    assert_live(want)
+    _, got = online(case, braintrace.RTRL(), xs, ys, strict=True)
+    errors = relative_errors(got, want)
+    assert max(errors.values()) <= 1e-8, errors
+    assert name in RTRL_EXACT or case.exact  # the list above is complete
+
+
+def test_rtrl_refuses_influence_matrices_over_its_budget():
+    case = MODELS["gru"]
+    x = data(1, 1.0)[0][0]
+    with pytest.raises(ValueError, match=r"max_trace_bytes=1,000.*RTRL\(max_trace_bytes"):
+        braintrace.compile(case.build(), braintrace.RTRL(max_trace_bytes=1000), x)

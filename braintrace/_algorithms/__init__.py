@@ -9,6 +9,7 @@ from braintrace._algorithms._es_d_rtrl import ES_D_RTRL as ES_D_RTRL
 from braintrace._algorithms._es_d_rtrl import pp_prop as pp_prop
 from braintrace._algorithms._ostl import OSTLFeedforward as OSTLFeedforward
 from braintrace._algorithms._ostl import OSTLRecurrent as OSTLRecurrent
+from braintrace._algorithms._rtrl import RTRL as RTRL
 
 ALGORITHMS = {
     "d_rtrl": D_RTRL,
@@ -17,6 +18,7 @@ ALGORITHMS = {
     "eprop": EProp,
     "ostl_recurrent": OSTLRecurrent,
     "ostl_feedforward": OSTLFeedforward,
+    "rtrl": RTRL,
 }
 
 
@@ -39,6 +41,7 @@ __all__ = [
     "EProp",
     "OSTLFeedforward",
     "OSTLRecurrent",
+    "RTRL",
     "get_algorithm",
     "pp_prop",
 ]

@@ -87,6 +87,11 @@ class AbstractAlgorithm(abc.ABC):
         del graph
         return None
 
+    def relation_signal(self, graph: ETraceGraph, delta: Sequence[jax.Array],
+                        relation: Relation) -> jax.Array:
+        """The learning signal a relation's contribution reads: its group's ``(*V, S)``."""
+        return group_signal(graph, delta, relation.group)
+
     def required_rules(self, relation: Relation) -> tuple[str, ...]:
         """The ETP rules this algorithm calls for ``relation``."""
         return self.relation_rule(relation).rules(relation)
@@ -108,7 +113,7 @@ class AbstractAlgorithm(abc.ABC):
                      delta: Sequence[jax.Array],
                      operands: Sequence[dict[str, jax.Array]]) -> list[Any]:
         """Every relation's temporal gradient term, from the per-leaf signal ``delta``."""
-        return [self.relation_rule(r).contribution(r, s, group_signal(graph, delta, r.group),
+        return [self.relation_rule(r).contribution(r, s, self.relation_signal(graph, delta, r),
                                                    theta)
                 for r, s, theta in zip(graph.relations, state, operands)]
 

@@ -82,11 +82,22 @@ class ScanCarry(NamedTuple):
 
 def step_jacobians(graph: ETraceGraph, algorithm: AbstractAlgorithm,
                    leaves: StepLeaves) -> Jacobians:
-    """``D`` (diagonal or coupled, as the algorithm needs) and ``Df`` of one step."""
+    """``D`` (diagonal, coupled or full, as the algorithm needs) and ``Df`` of one step.
+
+    In the full scope every group reads the one per-sample Jacobian ``J``.
+    """
+    if algorithm.scope == "full":
+        jac, df = programs.full_jacobians(graph, leaves, is_batched(graph))
+        return Jacobians(d=[jac] * len(graph.groups), df=df)
     d, df = programs.jacobians(graph, leaves)
     if algorithm.scope == "coupled":
         d = programs.coupled_jacobians(graph, leaves)
     return Jacobians(d=d, df=df)
+
+
+def is_batched(graph: ETraceGraph) -> bool:
+    """Whether the step is batched (its relations' primitives carry a leading batch axis)."""
+    return any(r.batched for r in graph.relations)
 
 
 def online_step(

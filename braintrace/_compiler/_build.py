@@ -23,14 +23,16 @@ from braintrace._primitive import ETPPrimitive
 
 __all__ = ["build_graph"]
 
-SCOPES = ("diagonal", "coupled")
+SCOPES = ("diagonal", "coupled", "full")
+EXACT_IN_FULL_SCOPE = frozenset({"hidden-coupling", "moved-positions", "output-mixing"})
+"""Approximations of the diagonal traces that the full Jacobian (exact RTRL) does not make."""
 
 
 def build_graph(closed: jex_core.ClosedJaxpr, layout: StepLayout, *, scope: str = "diagonal",
                 notes: Sequence[str] = (), warnings: Sequence[str] = ()) -> ETraceGraph:
     """Builds the graph of a flat step jaxpr (see the module docstring)."""
     if scope not in SCOPES:
-        raise ValueError(f"scope must be 'diagonal' or 'coupled', got {scope!r}.")
+        raise ValueError(f"scope must be 'diagonal', 'coupled' or 'full', got {scope!r}.")
     jaxpr = closed.jaxpr
     etp_eqns = frozenset(i for i, e in enumerate(jaxpr.eqns)
                          if isinstance(e.primitive, ETPPrimitive))
@@ -47,6 +49,8 @@ def build_graph(closed: jex_core.ClosedJaxpr, layout: StepLayout, *, scope: str 
     approximations = find_approximations(
         jaxpr, layout, groups=groups, relations=relations, exclusions=exclusions,
         coupling_eqns=coupling_equations(jaxpr, layout, stops), output_mixing=output_mixing)
+    if scope == "full":
+        approximations = tuple(a for a in approximations if a.kind not in EXACT_IN_FULL_SCOPE)
     return ETraceGraph(
         jaxpr=jaxpr, consts=tuple(closed.consts), layout=layout, groups=tuple(groups),
         relations=tuple(relations), exclusions=tuple(exclusions),

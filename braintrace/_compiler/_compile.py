@@ -42,7 +42,7 @@ def compile_graph(
         example_x: An input of one step (any pytree of arrays).
         scope: ``'diagonal'`` (default): the hidden Jacobian ignores operations
             that mix positions; ``'coupled'``: keep their per-position blocks
-            (used by OSTL).
+            (used by OSTL); ``'full'``: the full Jacobian (used by exact RTRL).
         params: The trainable parameters of a pure step function.
         hidden: The hidden state of a pure step function.
         strict: Refuse a model whose traces would be approximate

@@ -35,7 +35,8 @@ from braintrace._compiler._records import ElementwiseRelation, HiddenGroup, Inpu
 if TYPE_CHECKING:
     from braintrace._compiler._graph import ETraceGraph
 
-__all__ = ["coupled_jacobians", "forward", "jacobians", "operand_pullback", "operands"]
+__all__ = ["coupled_jacobians", "forward", "full_jacobians", "jacobians", "operand_pullback",
+           "operands"]
 
 
 def forward(graph: ETraceGraph, leaves: StepLeaves,
@@ -223,3 +224,77 @@ def coupled_jacobians(graph: ETraceGraph, leaves: StepLeaves) -> list[jax.Array]
         d_list.append(jnp.stack(blocks, axis=-1).reshape(*g.shape, g.num_states,
                                                          g.num_states))
     return d_list
+
+
+def full_jacobians(graph: ETraceGraph, leaves: StepLeaves,
+                   batched: bool) -> tuple[jax.Array, list[jax.Array]]:
+    """The full per-sample step Jacobians, for exact RTRL.
+
+    Nothing is cut: ``J[b, n, m] = ∂h^t_n/∂h^{t-1}_m`` over all hidden units of
+    one sample (the leaves flattened in order), and for each relation
+    ``Df[b, n, j] = ∂h^t_n/∂y_j`` over the units ``j`` of one sample's output
+    (for an unbatched output, such as a time constant shared by the batch,
+    over all of its units). One JVP per unit of one sample: ``N + Σ|y|``.
+
+    Args:
+        graph: The graph.
+        leaves: The step's input leaves.
+        batched: Whether every hidden leaf (and batched output) has a leading
+            batch axis; without one the ``b`` axis is absent.
+
+    Returns:
+        ``(J (*B, N, N), [Df (*B, N, *y_sample)] per relation)``.
+    """
+    injected = sorted(graph.traced_eqns)
+    y_avals = [graph.relation_output_var(e).aval for e in injected]
+
+    def step(hidden_in, injections):
+        inj = {e: (graph.jaxpr.eqns[e].primitive.y_outvar_index, value)
+               for e, value in zip(injected, injections)}
+        outs, _ = evaluate(graph.jaxpr, graph.consts, leaves.with_hidden(hidden_in).args(),
+                           injections=inj, forward_mode=True)
+        return graph.layout.split_outputs(outs).hidden
+
+    hidden_in = list(leaves.hidden)
+    _, jvp = jax.linearize(step, hidden_in, [jnp.zeros(a.shape, a.dtype) for a in y_avals])
+    lead = 1 if batched else 0
+    per_unit = ([(h.shape, h.dtype, lead) for h in hidden_in]
+                + [(a.shape, a.dtype, lead if _is_batched_y(graph, e) else 0)
+                   for e, a in zip(injected, y_avals)])
+    tangents = _unit_tangents(per_unit)
+    outs = jax.vmap(jvp)(tangents[:len(hidden_in)], tangents[len(hidden_in):])
+    # outs[k]: (R, *B, *V_k) -> (*B, N, R): response of unit n to tangent row r.
+    flat = jnp.concatenate([o.reshape(o.shape[0], *o.shape[1:1 + lead], -1) for o in outs],
+                           axis=-1)
+    response = jnp.moveaxis(flat, 0, -1)
+    sizes = [int(np.prod(shape[l:], dtype=np.int64)) for shape, _, l in per_unit]
+    starts = np.cumsum([0, *sizes])
+    n_hidden = len(hidden_in)
+    jac = response[..., starts[0]:starts[n_hidden]]
+    by_eqn = {}
+    for i, (e, (shape, _, l)) in enumerate(zip(injected, per_unit[n_hidden:])):
+        block = response[..., starts[n_hidden + i]:starts[n_hidden + i + 1]]
+        by_eqn[e] = block.reshape(*block.shape[:-1], *shape[l:])
+    return jac, [by_eqn[r.eqn_index] for r in graph.relations]
+
+
+def _is_batched_y(graph: ETraceGraph, eqn_index: int) -> bool:
+    return graph.jaxpr.eqns[eqn_index].primitive.batched
+
+
+def _unit_tangents(specs: list[tuple[tuple[int, ...], Any, int]]) -> list[jax.Array]:
+    """One row per unit of one sample of every leaf: a one-hot in that unit, for every sample.
+
+    ``specs`` lists ``(shape, dtype, number of leading batch axes)`` per leaf;
+    the result is one ``(R, *shape)`` array per leaf, ``R`` the total unit count.
+    """
+    sizes = [int(np.prod(shape[lead:], dtype=np.int64)) for shape, _, lead in specs]
+    total = sum(sizes)
+    out, start = [], 0
+    for (shape, dtype, lead), size in zip(specs, sizes):
+        rows = np.zeros((total, size), bool)
+        rows[start:start + size] = np.eye(size, dtype=bool)
+        sample = jnp.asarray(rows.reshape(total, *shape[lead:]), dtype)
+        out.append(jnp.broadcast_to(sample[:, None] if lead else sample, (total, *shape)))
+        start += size
+    return out
