@@ -149,6 +149,17 @@ class JitDrive(nnx.Module):
         return nnx.jit(lambda m, x: m(x))(self.lin, x)
 
 
+class DropoutDrive(nnx.Module):
+    """``Dropout(W x)``: a random mask drawn from the model's ``nnx.Rngs`` every step."""
+
+    def __init__(self):
+        self.lin = _linear(IN, HID, 1)
+        self.dropout = nnx.Dropout(0.3, rngs=nnx.Rngs(dropout=5))
+
+    def __call__(self, x):
+        return self.dropout(self.lin(x))
+
+
 class PreviousStateReadout(nnx.Module):
     """``y_t = R tanh(h_{t-1}) + S x_t``, ``h_t = λ h_{t-1} + W x_t`` (λ fixed)."""
 
@@ -271,6 +282,7 @@ MODELS: dict[str, ModelCase] = {
     "weight-used-twice": ModelCase(lambda: Leaky(TwiceDrive()), exact=True),
     "remat": ModelCase(lambda: Leaky(RematDrive()), exact=True),
     "nnx-jit": ModelCase(lambda: Leaky(JitDrive()), exact=True),
+    "dropout": ModelCase(lambda: Leaky(DropoutDrive()), exact=True),
     "previous-state-readout": ModelCase(PreviousStateReadout, exact=True),
     "integer-state": ModelCase(StepCounter, exact=True),
     "custom-vjp-activation": ModelCase(CustomVJPActivation, exact=True),
