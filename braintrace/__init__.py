@@ -12,6 +12,7 @@ from braintrace._algorithms import EProp as EProp
 from braintrace._algorithms import OSTLFeedforward as OSTLFeedforward
 from braintrace._algorithms import OSTLRecurrent as OSTLRecurrent
 from braintrace._algorithms import RTRL as RTRL
+from braintrace._algorithms import UORO as UORO
 from braintrace._algorithms import pp_prop as pp_prop
 from braintrace._compiler import ETraceGraph as ETraceGraph
 from braintrace._compiler import compile_graph as compile_graph
@@ -47,6 +48,7 @@ __all__ = [
     "OnlineLearner",
     "OnlineTrainer",
     "RTRL",
+    "UORO",
     "compile",
     "compile_graph",
     "pp_prop",

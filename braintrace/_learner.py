@@ -64,7 +64,7 @@ def compile(  # noqa: A001  (the verb users expect: braintrace.compile)
         model: An NNX module whose call ``model(x)`` is one time step.
         algorithm: An instance (``braintrace.D_RTRL()``) or a name: ``'d_rtrl'``,
             ``'es_d_rtrl'``, ``'pp_prop'``, ``'eprop'``, ``'ostl_recurrent'``,
-            ``'ostl_feedforward'``, ``'rtrl'``.
+            ``'ostl_feedforward'``, ``'rtrl'``, ``'uoro'``.
         example_x: The input of one step (with its batch axis, if batched).
         batch_size: Batch size to initialise hidden states for; ``None`` keeps
             the states as they are.

@@ -306,5 +306,6 @@ ALGORITHMS: dict[str, Callable[[], braintrace.AbstractAlgorithm]] = {
     "ostl_recurrent": braintrace.OSTLRecurrent,
     "ostl_feedforward": braintrace.OSTLFeedforward,
     "rtrl": braintrace.RTRL,
+    "uoro": braintrace.UORO,
 }
 """Every algorithm of the contract (each equals BPTT at ``T = 1`` on every model)."""

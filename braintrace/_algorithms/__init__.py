@@ -10,6 +10,7 @@ from braintrace._algorithms._es_d_rtrl import pp_prop as pp_prop
 from braintrace._algorithms._ostl import OSTLFeedforward as OSTLFeedforward
 from braintrace._algorithms._ostl import OSTLRecurrent as OSTLRecurrent
 from braintrace._algorithms._rtrl import RTRL as RTRL
+from braintrace._algorithms._uoro import UORO as UORO
 
 ALGORITHMS = {
     "d_rtrl": D_RTRL,
@@ -19,6 +20,7 @@ ALGORITHMS = {
     "ostl_recurrent": OSTLRecurrent,
     "ostl_feedforward": OSTLFeedforward,
     "rtrl": RTRL,
+    "uoro": UORO,
 }
 
 
@@ -42,6 +44,7 @@ __all__ = [
     "OSTLFeedforward",
     "OSTLRecurrent",
     "RTRL",
+    "UORO",
     "get_algorithm",
     "pp_prop",
 ]

@@ -32,7 +32,8 @@ from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
 from braintrace._algorithms._trace_algebra import param_dtypes
 from braintrace._compiler import ElementwiseRelation, ETraceGraph, InputRelation, Relation
 
-__all__ = ["RTRL", "hidden_size", "rtrl_trace_bytes"]
+__all__ = ["RTRL", "RTRL_ELEMENTWISE", "RTRL_INPUT", "flat_signal", "hidden_size",
+           "rtrl_trace_bytes"]
 
 DEFAULT_MAX_TRACE_BYTES = 1 << 30
 
@@ -41,6 +42,13 @@ def hidden_size(graph: ETraceGraph, batched: bool) -> int:
     """``N``: the hidden units of one sample, over every hidden leaf."""
     return sum(math.prod(v.aval.shape[1 if batched else 0:])
                for v in graph.layout.hidden_invars(graph.jaxpr))
+
+
+def flat_signal(graph: ETraceGraph, delta: Sequence[jax.Array]) -> jax.Array:
+    """The per-leaf learning signal of one sample flattened over every hidden unit: ``(*B, N)``."""
+    batched = _batched(graph)
+    return jnp.concatenate([d.reshape(*d.shape[:1 if batched else 0], -1) for d in delta],
+                           axis=-1)
 
 
 def _batched(graph: ETraceGraph) -> bool:
@@ -183,9 +191,7 @@ class RTRL(AbstractAlgorithm):
     def relation_signal(self, graph: ETraceGraph, delta: Sequence[jax.Array],
                         relation: Relation) -> jax.Array:
         """Every hidden unit's signal of one sample, flattened: ``(*B, N)``."""
-        batched = _batched(graph)
-        return jnp.concatenate([d.reshape(*d.shape[:1 if batched else 0], -1) for d in delta],
-                               axis=-1)
+        return flat_signal(graph, delta)
 
     def init(self, graph: ETraceGraph, operands: Sequence[dict[str, jax.Array]]) -> list[Any]:
         shapes = jax.eval_shape(lambda ops: super(RTRL, self).init(graph, ops), list(operands))
