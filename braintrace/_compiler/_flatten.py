@@ -56,7 +56,6 @@ import jax
 import jax.extend.core as jex_core
 import numpy as np
 from jax import lax
-from jax._src.lax import lax as _lax_internal  # weak-type-preserving casts
 from jax.extend import source_info_util
 
 __all__ = ["FlatJaxpr", "flatten_jaxpr"]
@@ -157,7 +156,8 @@ def _coerce(x: Any, aval: Any) -> Any:
     current = jax.typeof(x)
     if current.dtype == aval.dtype and getattr(current, "weak_type", False) == aval.weak_type:
         return x
-    return _lax_internal._convert_element_type(x, aval.dtype, aval.weak_type)
+    return lax.convert_element_type_p.bind(x, new_dtype=aval.dtype, weak_type=aval.weak_type,
+                                           sharding=None)
 
 
 def _coerce_all(xs: Sequence[Any], avals: Sequence[Any]) -> list[Any]:
