@@ -64,10 +64,10 @@ import braintrace
 
 NAME = "fidelity"
 ALGORITHMS = ("d_rtrl", "es_d_rtrl", "eprop", "eprop_random", "ostl_feedforward",
-              "ostl_recurrent")
+              "ostl_recurrent", "uoro", "rtrl")
 # Names braintrace.compile does not know: the instance to pass instead.
 VARIANTS = {"eprop_random": lambda: braintrace.EProp(feedback="random")}
-SMALL_ONLY = ("ostl_recurrent",)
+SMALL_ONLY = ("ostl_recurrent", "uoro", "rtrl")
 CONFIGS = {
     "small": {"hidden": 32, "inputs": 16, "outputs": 4, "batch": 8, "T": 100},
     "full": {"hidden": 256, "inputs": 64, "outputs": 10, "batch": 16, "T": 100},
