@@ -25,6 +25,7 @@ import optax
 from braintrace._algorithms import AbstractAlgorithm
 from braintrace._algorithms._scan import (
     ScanCarry,
+    evolve,
     finish_carry,
     init_carry,
     online_gradients,
@@ -34,8 +35,10 @@ from braintrace._algorithms._scan import (
 from braintrace._algorithms._windowed import windowed_gradients
 from braintrace._compiler import ETraceGraph
 from braintrace._compiler import _programs as programs
+from braintrace._sharding import Layout, constrain, input_shardings
 
-__all__ = ["GradArgs", "GradResult", "TrainResult", "grad_program", "train_program"]
+__all__ = ["GradArgs", "GradResult", "TrainResult", "evolve_program", "grad_program",
+           "train_program"]
 
 
 class GradArgs(NamedTuple):
@@ -82,12 +85,16 @@ class GradResult(NamedTuple):
 
 def grad_program(graph: ETraceGraph, algorithm: AbstractAlgorithm, params, hidden, other, traces,
                  xs, ys, weights, *, loss_fn: Callable[[Any, Any], jax.Array],
-                 chunk_size: int | None) -> GradResult:
+                 chunk_size: int | None, layout: Layout | None = None) -> GradResult:
     """The online gradient of ``Σ_t w_t L_t`` (``etrace_grad``), on the :class:`GradArgs`.
 
     ``chunk_size=None`` is single-step mode; an int is windowed mode with
-    exact reverse mode inside windows of that many steps.
+    exact reverse mode inside windows of that many steps. With a ``layout``
+    (data parallel) the state keeps its shardings from entry to exit.
     """
+    if layout is not None:
+        params, hidden, other, traces = _constrain_state(layout, params, hidden, other, traces)
+        xs, ys = _constrain_inputs(layout, xs), _constrain_inputs(layout, ys)
     if chunk_size is None:
         grads, carry, losses = online_gradients(
             graph, algorithm, loss_fn, params, hidden, other, traces, xs, ys, weights)
@@ -96,7 +103,33 @@ def grad_program(graph: ETraceGraph, algorithm: AbstractAlgorithm, params, hidde
             graph, algorithm, loss_fn, params, hidden, other, traces, xs, ys, weights,
             chunk_size)
     finite = jnp.stack([jnp.all(jnp.isfinite(g)) for g in grads])
-    return GradResult(grads, carry.hidden, carry.other, carry.traces, losses, finite)
+    if layout is None:
+        return GradResult(grads, carry.hidden, carry.other, carry.traces, losses, finite)
+    grads, hidden, other, traces = _constrain_state(layout, grads, carry.hidden, carry.other,
+                                                    carry.traces)
+    return GradResult(grads, hidden, other, traces, losses, finite)
+
+
+def _constrain_inputs(layout: Layout, tree: Any) -> Any:
+    return constrain(tree, input_shardings(layout, tree))
+
+
+def _constrain_state(layout: Layout, params, hidden, other, traces) -> tuple[Any, ...]:
+    """Params (or their gradients) replicated, hidden state and traces batch-sharded."""
+    return (constrain(list(params), layout.params), constrain(list(hidden), layout.hidden),
+            constrain(list(other), layout.other), constrain(traces, layout.traces))
+
+
+def evolve_program(graph: ETraceGraph, algorithm: AbstractAlgorithm, params, hidden, other,
+                   traces, xs, *, layout: Layout | None = None) -> tuple[Any, ...]:
+    """``etrace_evolve``: :func:`evolve` (outputs, hidden, other, traces), sharded by ``layout``."""
+    if layout is None:
+        return evolve(graph, algorithm, params, hidden, other, traces, xs)
+    params, hidden, other, traces = _constrain_state(layout, params, hidden, other, traces)
+    ys, hidden, other, traces = evolve(graph, algorithm, params, hidden, other, traces,
+                                       _constrain_inputs(layout, xs))
+    _, hidden, other, traces = _constrain_state(layout, params, hidden, other, traces)
+    return _constrain_inputs(layout, ys), hidden, other, traces
 
 
 class TrainResult(NamedTuple):
@@ -135,7 +168,7 @@ class _TrainCarry(NamedTuple):
 def train_program(graph: ETraceGraph, algorithm: AbstractAlgorithm,
                   tx: optax.GradientTransformation, loss_fn: Callable[[Any, Any], jax.Array],
                   update_every: int, params, opt_state, hidden, other, traces, xs, ys,
-                  weights) -> TrainResult:
+                  weights, layout: Layout | None = None) -> TrainResult:
     """Online learning over a sequence: an optax update after every ``update_every`` steps.
 
     The sequence is cut into windows of ``update_every`` steps. In each window
@@ -151,7 +184,13 @@ def train_program(graph: ETraceGraph, algorithm: AbstractAlgorithm,
         params, hidden, other, traces: As in :class:`GradArgs`.
         xs, ys: Inputs and targets, time axis leading.
         weights: ``(T,)`` step weights.
+        layout: Data parallel: the shardings of the state, kept from entry to
+            exit (the optimiser state is replicated like the Params).
     """
+    if layout is not None:
+        params, hidden, other, traces = _constrain_state(layout, params, hidden, other, traces)
+        opt_state = constrain(opt_state, jax.tree.map(lambda _: layout.replicated, opt_state))
+        xs, ys = _constrain_inputs(layout, xs), _constrain_inputs(layout, ys)
     k = update_every
     length = jax.tree.leaves(xs)[0].shape[0]
     windows = length // k
@@ -164,8 +203,13 @@ def train_program(graph: ETraceGraph, algorithm: AbstractAlgorithm,
     carry, losses = jax.lax.scan(
         window, carry, (jax.tree.map(split, xs), jax.tree.map(split, ys), split(weights), ends))
     sc = carry.step_carry
-    return TrainResult(carry.params, carry.opt_state, sc.hidden, sc.other, sc.traces,
-                       losses.reshape(length), carry.bad_update_at, carry.bad_params)
+    params, hidden, other, traces, opt_state = (carry.params, sc.hidden, sc.other, sc.traces,
+                                                carry.opt_state)
+    if layout is not None:
+        params, hidden, other, traces = _constrain_state(layout, params, hidden, other, traces)
+        opt_state = constrain(opt_state, jax.tree.map(lambda _: layout.replicated, opt_state))
+    return TrainResult(params, opt_state, hidden, other, traces, losses.reshape(length),
+                       carry.bad_update_at, carry.bad_params)
 
 
 def _train_window(graph: ETraceGraph, algorithm: AbstractAlgorithm,

@@ -19,11 +19,10 @@ import numpy as np
 from flax import nnx
 
 from braintrace._algorithms import AbstractAlgorithm, get_algorithm
-from braintrace._algorithms._scan import evolve
 from braintrace._checkpoint import restore_arrays, save_arrays
 from braintrace._compiler import ETraceGraph, compile_graph
 from braintrace._compiler import _programs as programs
-from braintrace._driver_programs import GradArgs, grad_program
+from braintrace._driver_programs import GradArgs, evolve_program, grad_program
 from braintrace._inputs import check_inputs, loss_weights
 from braintrace._learner_state import (
     LeafAvals,
@@ -39,6 +38,7 @@ from braintrace._learner_state import (
     write_params,
     write_state,
 )
+from braintrace._sharding import Layout, check_mesh, host_array, layout, place, place_inputs
 from braintrace._states import init_states
 
 __all__ = ["OnlineLearner", "compile"]
@@ -54,6 +54,8 @@ def compile(  # noqa: A001  (the verb users expect: braintrace.compile)
     *,
     batch_size: int | None = None,
     strict: bool = False,
+    mesh: jax.sharding.Mesh | None = None,
+    data_axis: str = "data",
 ) -> OnlineLearner:
     """Compiles a stateful model for online learning with ``algorithm``.
 
@@ -71,9 +73,18 @@ def compile(  # noqa: A001  (the verb users expect: braintrace.compile)
         strict: Refuse a model whose eligibility traces would be approximate
             (``learner.graph.approximations``; the report lists them), so that
             D-RTRL equals BPTT. The same-step gradient is exact either way.
+        mesh: Data parallel over the devices of this mesh: the batch axis of
+            inputs, targets, hidden states and traces is split over its axis
+            ``data_axis``; Params are replicated and XLA sums the gradients over
+            the devices. ``None`` runs on the default device.
+        data_axis: The name of the mesh axis the batch is split over.
 
     Returns:
         An :class:`OnlineLearner`.
+
+    Raises:
+        ValueError: With a ``mesh``: it has no axis ``data_axis``, or
+            ``batch_size`` is missing or not divisible by that axis's size.
 
     Example:
         >>> import jax.numpy as jnp
@@ -92,9 +103,13 @@ def compile(  # noqa: A001  (the verb users expect: braintrace.compile)
         ('w_in.bias', 'w_in.kernel')
     """
     algorithm = get_algorithm(algorithm)
+    if mesh is not None:
+        check_mesh(mesh, data_axis, batch_size if batch_size is not None
+                   else state_batch_size(model))
     if batch_size is not None:
         init_states(model, batch_size)
-    return OnlineLearner(model, algorithm, example_x, strict=strict)
+    return OnlineLearner(model, algorithm, example_x, strict=strict, mesh=mesh,
+                         data_axis=data_axis)
 
 
 class _Compiled(NamedTuple):
@@ -105,6 +120,7 @@ class _Compiled(NamedTuple):
     leaf_avals: LeafAvals
     grad_fn: Callable[..., Any]
     evolve_fn: Callable[..., Any]
+    layout: Layout | None
 
 
 class OnlineLearner:
@@ -119,6 +135,8 @@ class OnlineLearner:
         algorithm: The learning algorithm.
         graph: The compiled :class:`~braintrace.ETraceGraph`.
         traces: The algorithm's current trace state.
+        mesh: The device mesh of data parallel, or ``None``.
+        data_axis: The mesh axis the batch is split over.
 
     Example:
         >>> import jax.numpy as jnp
@@ -136,25 +154,59 @@ class OnlineLearner:
     """
 
     def __init__(self, model: nnx.Module, algorithm: AbstractAlgorithm, example_x: Any, *,
-                 strict: bool = False):
+                 strict: bool = False, mesh: jax.sharding.Mesh | None = None,
+                 data_axis: str = "data"):
         self.model = model
         self.algorithm = algorithm
         self.strict = strict
+        self.mesh = mesh
+        self.data_axis = data_axis
         self._base_batch_size = state_batch_size(model)
+        if mesh is not None:
+            check_mesh(mesh, data_axis, self._base_batch_size)
         compiled = self._compile(model, example_x)
         self._base_example = compiled.example
         self._cache = {self._base_batch_size: compiled}
         self._use(self._base_batch_size, compiled)
+        self._place_model()
         self.traces = self._fresh_traces()
 
     def _compile(self, model: nnx.Module, example_x: Any) -> _Compiled:
         graph = compile_graph(model, example_x, scope=self.algorithm.scope, strict=self.strict)
         example = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)),
                                example_x)
-        grad_fn = jax.jit(functools.partial(grad_program, graph, self.algorithm),
+        lay = None if self.mesh is None else self._layout_for(model, graph, example)
+        grad_fn = jax.jit(functools.partial(grad_program, graph, self.algorithm, layout=lay),
                           static_argnames=("loss_fn", "chunk_size"))
-        evolve_fn = jax.jit(functools.partial(evolve, graph, self.algorithm))
-        return _Compiled(graph, example, leaf_avals(model_leaves(model)), grad_fn, evolve_fn)
+        evolve_fn = jax.jit(functools.partial(evolve_program, graph, self.algorithm, layout=lay))
+        return _Compiled(graph, example, leaf_avals(model_leaves(model)), grad_fn, evolve_fn,
+                         lay)
+
+    def _layout_for(self, model: nnx.Module, graph: ETraceGraph, example: Any) -> Layout:
+        """Where each array lives on the mesh: what grows with the batch size is split."""
+        batch_size = state_batch_size(model)
+        twice = nnx.clone(model)
+        init_states(twice, 2 * batch_size)
+        example_2b = jax.tree.map(lambda s: jnp.zeros((2 * batch_size, *s.shape[1:]), s.dtype),
+                                  example)
+        graph_2b = compile_graph(twice, example_2b, scope=self.algorithm.scope,
+                                 strict=self.strict)
+        return layout(self.mesh, self.data_axis, batch_size, self._shapes(model, graph),
+                      self._shapes(twice, graph_2b))
+
+    def _shapes(self, model: nnx.Module, graph: ETraceGraph) -> tuple[Any, ...]:
+        leaves = model_leaves(model)
+        traces = jax.eval_shape(
+            lambda p: self.algorithm.init(graph, programs.operands(graph, p)), leaves.params)
+        return (*leaves, traces)
+
+    def _place_model(self) -> None:
+        """Puts the model's Params and states on the mesh (nothing without one)."""
+        lay = self._layout_now
+        if lay is not None:
+            params, hidden, other = model_leaves(self.model)
+            write_params(self.model, place(params, lay.params))
+            write_state(self.model, place(hidden, lay.hidden), place(other, lay.other))
 
     def _use(self, batch_size: int | None, compiled: _Compiled) -> None:
         self._batch_size = batch_size
@@ -163,10 +215,13 @@ class OnlineLearner:
         self._leaf_avals = compiled.leaf_avals
         self._grad_fn = compiled.grad_fn
         self._evolve_fn = compiled.evolve_fn
+        self._layout_now = compiled.layout
 
     def _fresh_traces(self) -> Any:
         params = model_leaves(self.model).params
-        return self.algorithm.init(self.graph, programs.operands(self.graph, params))
+        traces = self.algorithm.init(self.graph, programs.operands(self.graph, params))
+        lay = self._layout_now
+        return traces if lay is None else place(traces, lay.traces)
 
     # -- state ---------------------------------------------------------------
 
@@ -197,8 +252,13 @@ class OnlineLearner:
             >>> learner.graph.hidden_paths, [h.shape for h in hidden]
             (('layers.1.v',), [(2, 4)])
         """
-        return check_leaves(model_leaves(self.model), self.graph, self._leaf_avals,
-                            self._batch_size)
+        leaves = check_leaves(model_leaves(self.model), self.graph, self._leaf_avals,
+                              self._batch_size)
+        lay = self._layout_now
+        if lay is None:
+            return leaves
+        return Leaves(place(leaves.params, lay.params), place(leaves.hidden, lay.hidden),
+                      place(leaves.other, lay.other))
 
     def check_inputs(self, xs: Any) -> int:
         """The number of time steps of ``xs``, after checking each step has the compiled shape.
@@ -251,12 +311,15 @@ class OnlineLearner:
                 f"reset: batch_size must be a positive int or None, got {batch_size!r}; the "
                 "learner is unchanged.")
         target = self._batch_size if batch_size is None else int(batch_size)
+        if self.mesh is not None:
+            check_mesh(self.mesh, self.data_axis, target)
         compiled = self._cache.get(target)
         if compiled is None:
             compiled = self._compile_for(target)
             self._cache[target] = compiled
         init_states(self.model, target)
         self._use(target, compiled)
+        self._place_model()
         self.traces = self._fresh_traces()
 
     def _compile_for(self, batch_size: int) -> _Compiled:
@@ -283,7 +346,13 @@ class OnlineLearner:
         return {"params": params, "hidden": hidden, "other": other, "traces": self.traces}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        """Loads a :meth:`state` into the model and the learner."""
+        """Loads a :meth:`state` into the model and the learner (onto the mesh, if any)."""
+        lay = self._layout_now
+        if lay is not None:
+            state = {"params": place(state["params"], lay.params),
+                     "hidden": place(state["hidden"], lay.hidden),
+                     "other": place(state["other"], lay.other),
+                     "traces": place(state["traces"], lay.traces)}
         write_params(self.model, state["params"])
         write_state(self.model, state["hidden"], state["other"])
         self.traces = state["traces"]
@@ -330,6 +399,7 @@ class OnlineLearner:
 
     def etrace_evolve(self, xs: Any) -> Any:
         """Advances hidden state and traces over ``xs`` (time axis leading); returns outputs."""
+        xs = self._place_inputs(xs)
         self.check_inputs(xs)
         params, hidden, other = self.leaves()
         ys, hidden, other, traces = self._evolve_fn(params, hidden, other, self.traces, xs)
@@ -388,7 +458,7 @@ class OnlineLearner:
         args = self.grad_args(xs, ys, mask=mask, chunk_size=chunk_size, reduction=reduction)
         grads, hidden, other, traces, losses, finite = self._grad_fn(
             *args, loss_fn=loss_fn, chunk_size=_static(chunk_size))
-        self._raise_if_not_finite(np.asarray(losses), np.asarray(finite))
+        self._raise_if_not_finite(host_array(losses), host_array(finite))
         write_state(self.model, hidden, other)
         self.traces = traces
         state = param_state(self.model, grads)
@@ -446,10 +516,23 @@ class OnlineLearner:
             >>> losses.shape, bool(finite.all())
             ((5,), True)
         """
+        xs, ys = self._place_inputs(xs), self._place_inputs(ys)
         weights = loss_weights(xs, ys, self._example, mask, chunk_size, reduction)
         params, hidden, other = self.leaves()
         weights = jnp.asarray(weights, jnp.result_type(*params))
+        if self._layout_now is not None:
+            weights = place(weights, self._layout_now.replicated)
         return GradArgs(params, hidden, other, self.traces, xs, ys, weights)
+
+    def _place_inputs(self, tree: Any) -> Any:
+        """Inputs or targets split over the mesh's data axis (as they are without a mesh).
+
+        ``jax.ShapeDtypeStruct`` leaves (for :meth:`lower_etrace_grad`) stay as they are.
+        """
+        lay = self._layout_now
+        if lay is None or any(isinstance(a, jax.ShapeDtypeStruct) for a in jax.tree.leaves(tree)):
+            return tree
+        return place_inputs(lay, tree)
 
 
 def _static(chunk_size: Any) -> int | None:

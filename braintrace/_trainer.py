@@ -20,6 +20,7 @@ from braintrace._driver_programs import TrainResult, train_program
 from braintrace._inputs import step_weights
 from braintrace._learner import OnlineLearner
 from braintrace._learner_state import named_arrays, state_from_arrays
+from braintrace._sharding import host_array, place
 
 __all__ = ["OnlineTrainer"]
 
@@ -64,8 +65,15 @@ class OnlineTrainer:
         self.tx = tx
         self.loss_fn = loss_fn
         self.update_every = int(update_every)
-        self.opt_state = tx.init(learner.state()["params"])
+        self.opt_state = self._placed(tx.init(learner.state()["params"]))
         self._run = jax.jit(self._train_program)
+
+    def _placed(self, opt_state: Any) -> Any:
+        """The optimiser state replicated over the learner's mesh (as it is without one)."""
+        lay = self.learner._layout_now
+        if lay is None:
+            return opt_state
+        return place(opt_state, jax.tree.map(lambda _: lay.replicated, opt_state))
 
     def step(self, xs: Any, ys: Any, mask: jax.Array | None = None) -> jax.Array:
         """Learns online from one batch of sequences (time axis leading).
@@ -90,6 +98,7 @@ class OnlineTrainer:
                 before it; the message names the first offending step.
         """
         learner = self.learner
+        xs, ys = learner._place_inputs(xs), learner._place_inputs(ys)
         length = learner.check_inputs(xs)
         if length == 0 or length % self.update_every:
             raise ValueError(
@@ -98,9 +107,13 @@ class OnlineTrainer:
         params, hidden, other = learner.leaves()
         weights = jnp.asarray(step_weights(mask, length) / self.update_every,
                               jnp.result_type(*params))
-        out = self._run(params, self.opt_state, hidden, other, learner.traces, xs, ys, weights)
-        self._raise_if_not_finite(np.asarray(out.losses), int(out.bad_update_at),
-                                  np.asarray(out.bad_params))
+        lay = learner._layout_now
+        if lay is not None:
+            weights = place(weights, lay.replicated)
+        out = self._run(params, self._placed(self.opt_state), hidden, other, learner.traces,
+                        xs, ys, weights)
+        self._raise_if_not_finite(host_array(out.losses), int(host_array(out.bad_update_at)),
+                                  host_array(out.bad_params))
         learner.load_state({"params": out.params, "hidden": out.hidden, "other": out.other,
                             "traces": out.traces})
         self.opt_state = out.opt_state
@@ -111,7 +124,7 @@ class OnlineTrainer:
         """:func:`train_program` on the learner's current graph (read when ``jit`` traces)."""
         return train_program(self.learner.graph, self.learner.algorithm, self.tx, self.loss_fn,
                              self.update_every, params, opt_state, hidden, other, traces, xs,
-                             ys, weights)
+                             ys, weights, layout=self.learner._layout_now)
 
     def _raise_if_not_finite(self, losses: np.ndarray, bad_update_at: int,
                              bad_params: np.ndarray) -> None:

@@ -1,0 +1,147 @@
+"""Data parallel on 4 forced host devices: the same gradients and Params as on one device.
+
+The test process keeps its one device; the sharded runs happen in one
+subprocess with ``jax_num_cpu_devices=4``, which reports what it measured as
+JSON and the tests below check it.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+import braintrace
+from braintrace import layers
+
+SCRIPT = textwrap.dedent("""
+    import json
+    import jax
+    jax.config.update("jax_num_cpu_devices", 4)
+    import jax.numpy as jnp, optax
+    from flax import nnx
+    import braintrace
+    from braintrace import layers
+
+    def make():
+        return nnx.Sequential(layers.Stateful(layers.GRUCell(3, 8, rngs=nnx.Rngs(0))),
+                              layers.ETPLinear(8, 2, rngs=nnx.Rngs(1)))
+
+    def gap(a, b):
+        return max(jax.tree.leaves(jax.tree.map(lambda u, v: float(jnp.max(jnp.abs(u - v))),
+                                                a, b)))
+
+    mesh = jax.make_mesh((4,), ("data",))
+    B = 8
+    xs = jax.random.normal(jax.random.key(0), (4, B, 3))
+    ys = jax.random.normal(jax.random.key(1), (4, B, 2))
+    mse = lambda y, t: jnp.mean((y - t) ** 2)
+    out = {"devices": jax.device_count()}
+    for alg in ["d_rtrl", "es_d_rtrl"]:
+        one = braintrace.compile(make(), alg, jnp.ones((B, 3)), batch_size=B)
+        four = braintrace.compile(make(), alg, jnp.ones((B, 3)), batch_size=B, mesh=mesh)
+        r = {"grad": gap(one.etrace_grad(xs, ys, mse), four.etrace_grad(xs, ys, mse)),
+             "windowed": gap(one.etrace_grad(xs, ys, mse, chunk_size=2),
+                             four.etrace_grad(xs, ys, mse, chunk_size=2)),
+             "evolve": gap(one.etrace_evolve(xs), four.etrace_evolve(xs))}
+        batched = [t for t in jax.tree.leaves(four.traces) if t.ndim]
+        r["trace_rows_per_device"] = sorted({t.addressable_shards[0].data.shape[0]
+                                             for t in batched})
+        r["trace_specs"] = sorted({str(t.sharding.spec) for t in batched})
+        r["hidden_rows_per_device"] = [h.addressable_shards[0].data.shape[0]
+                                       for h in four.leaves().hidden]
+        r["params_replicated"] = all(p.sharding.is_fully_replicated
+                                     for p in four.leaves().params)
+        t1 = braintrace.OnlineTrainer(one, optax.adam(1e-2), loss_fn=mse, update_every=2)
+        t4 = braintrace.OnlineTrainer(four, optax.adam(1e-2), loss_fn=mse, update_every=2)
+        t1.step(xs, ys)
+        t4.step(xs, ys)
+        r["trainer"] = gap(nnx.state(one.model, nnx.Param), nnx.state(four.model, nnx.Param))
+        r["opt_state_replicated"] = all(a.sharding.is_fully_replicated
+                                        for a in jax.tree.leaves(t4.opt_state))
+        out[alg] = r
+    errors = {}
+    for name, kwargs in [("indivisible", dict(batch_size=6, mesh=mesh)),
+                         ("no_axis", dict(batch_size=8, mesh=mesh, data_axis="batch"))]:
+        try:
+            braintrace.compile(make(), "d_rtrl", jnp.ones((kwargs["batch_size"], 3)), **kwargs)
+        except ValueError as err:
+            errors[name] = str(err)
+    try:
+        four.reset(batch_size=6)
+    except ValueError as err:
+        errors["reset"] = str(err)
+    errors["reset_kept"] = four.batch_size
+    out["errors"] = errors
+    print("RESULT" + json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module")
+def sharded():
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
+                          env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("RESULT"))
+    return json.loads(line[len("RESULT"):])
+
+
+def test_the_test_process_keeps_one_device():
+    assert jax.device_count() == 1
+
+
+@pytest.mark.parametrize("alg", ["d_rtrl", "es_d_rtrl"])
+def test_gradients_on_four_devices_equal_one_device(sharded, alg):
+    assert sharded["devices"] == 4
+    for mode in ("grad", "windowed", "evolve"):
+        assert sharded[alg][mode] < 1e-6, (mode, sharded[alg][mode])
+
+
+@pytest.mark.parametrize("alg", ["d_rtrl", "es_d_rtrl"])
+def test_traces_and_hidden_states_are_sharded_params_replicated(sharded, alg):
+    r = sharded[alg]
+    assert r["trace_rows_per_device"] == [2]          # B = 8 over 4 devices
+    assert r["trace_specs"] == ["P('data',)"]
+    assert r["hidden_rows_per_device"] == [2]
+    assert r["params_replicated"] and r["opt_state_replicated"]
+
+
+@pytest.mark.parametrize("alg", ["d_rtrl", "es_d_rtrl"])
+def test_online_trainer_step_on_four_devices_gives_the_same_params(sharded, alg):
+    assert sharded[alg]["trainer"] < 1e-6
+
+
+def test_indivisible_batch_or_missing_axis_is_a_clear_error(sharded):
+    errors = sharded["errors"]
+    assert "batch_size=6 is not divisible by the size 4 of the mesh's data axis 'data'" in (
+        errors["indivisible"])
+    assert "no axis named 'batch'" in errors["no_axis"] and "('data',)" in errors["no_axis"]
+    assert "batch_size=6 is not divisible" in errors["reset"]
+    assert errors["reset_kept"] == 8
+
+
+def test_per_sample_learner_cannot_be_data_parallel():
+    mesh = jax.make_mesh((1,), ("data",))
+    model = layers.Stateful(layers.GRUCell(2, 3, rngs=nnx.Rngs(0)))
+    braintrace.init_states(model, None)
+    with pytest.raises(ValueError, match="runs per sample"):
+        braintrace.compile(model, "d_rtrl", jnp.ones((2,)), mesh=mesh)
+
+
+def test_one_device_mesh_gives_the_unsharded_gradient():
+    mesh = jax.make_mesh((1,), ("data",))
+    make = lambda: layers.Stateful(layers.GRUCell(2, 3, rngs=nnx.Rngs(0)))
+    xs, ys = jnp.ones((3, 4, 2)), jnp.zeros((3, 4, 3))
+    mse = lambda y, t: jnp.mean((y - t) ** 2)
+    plain = braintrace.compile(make(), "d_rtrl", jnp.ones((4, 2)), batch_size=4)
+    meshed = braintrace.compile(make(), "d_rtrl", jnp.ones((4, 2)), batch_size=4, mesh=mesh)
+    a, b = plain.etrace_grad(xs, ys, mse), meshed.etrace_grad(xs, ys, mse)
+    assert all(bool(jnp.array_equal(u, v)) for u, v in zip(jax.tree.leaves(a),
+                                                            jax.tree.leaves(b)))
