@@ -1,17 +1,24 @@
-"""Checkpoint files: named arrays, Flax msgpack serialisation, a SHA-256 integrity digest.
+"""Checkpoints: named arrays in an orbax checkpoint directory, with SHA-256 digests.
 
-A file is ``HEADER``, then the SHA-256 digest of the payload, then the payload:
-a msgpack map from a zero-padded index to ``{'name', 'impl', 'data'}`` per leaf.
-Typed PRNG keys (``jax.random.key``, e.g. inside ``nnx.Rngs``) are stored as
-their ``jax.random.key_data`` with the name of their implementation in ``impl``
-(``''`` for an ordinary array). Restoring checks the header, the digest, the
-leaf names and every shape and dtype against a template before returning
-anything, so a failed restore changes nothing.
+A checkpoint is an orbax directory of two items: ``arrays``, the leaves under
+zero-padded indices (written by orbax, sharded arrays included, from every
+process), and ``meta``, a JSON record of each leaf's name, shape, dtype and
+PRNG implementation. Typed PRNG keys (``jax.random.key``, e.g. inside
+``nnx.Rngs``) are stored as their ``jax.random.key_data``, with the name of
+their implementation. Once orbax has finished, :data:`MANIFEST` lists the
+SHA-256 digest of every file of the directory.
+
+Restoring checks every file against its digest (an error names the damaged
+file), then checks the record's names, shapes and dtypes against a template,
+then lets orbax read the arrays straight onto the template's shardings (so a
+checkpoint restores onto another mesh or another number of devices), all
+before returning anything: a failed restore changes nothing.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -19,12 +26,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import serialization
 
-__all__ = ["leaf_names", "restore_arrays", "save_arrays"]
+__all__ = ["FORMAT", "MANIFEST", "leaf_names", "restore_arrays", "save_arrays"]
 
-HEADER = b"braintrace-ckpt\x01"
-_DIGEST_BYTES = hashlib.sha256().digest_size
+FORMAT = "braintrace-ckpt/2"
+MANIFEST = "braintrace.sha256.json"
 _SHOWN = 3
 
 
@@ -35,7 +41,10 @@ def leaf_names(prefix: str, tree: Any) -> list[str]:
 
 
 def save_arrays(path: str | os.PathLike, arrays: dict[str, Any]) -> None:
-    """Writes named arrays to ``path`` (atomically: a partial file never replaces a good one).
+    """Writes named arrays as an orbax checkpoint directory at ``path`` (replacing one there).
+
+    On several processes every process calls this with the same global arrays;
+    the first writes the manifest of digests once every process has written.
 
     Example:
         >>> import os, tempfile, jax, jax.numpy as jnp
@@ -45,84 +54,152 @@ def save_arrays(path: str | os.PathLike, arrays: dict[str, Any]) -> None:
         >>> restored[0].tolist(), bool(restored[1] == jax.random.key(0))
         ([1.0, 1.0], True)
     """
-    entries = {f"{i:06d}": _entry(name, leaf) for i, (name, leaf) in enumerate(arrays.items())}
-    payload = serialization.msgpack_serialize(entries)
-    temporary = f"{os.fspath(path)}.partial"
-    with open(temporary, "wb") as f:
-        f.write(HEADER + hashlib.sha256(payload).digest() + payload)
-    os.replace(temporary, path)
+    import orbax.checkpoint as ocp
+
+    entries = [(name, _impl(leaf), _data(leaf)) for name, leaf in arrays.items()]
+    meta = {"format": FORMAT,
+            "leaves": [{"name": name, "impl": impl, "shape": list(data.shape),
+                        "dtype": str(data.dtype)} for name, impl, data in entries]}
+    tree = {f"{i:06d}": data for i, (_, _, data) in enumerate(entries)}
+    where = os.path.abspath(path)
+    with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
+        checkpointer.save(where, force=True, args=ocp.args.Composite(
+            arrays=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)))
+    if jax.process_index() == 0:
+        files = {os.path.relpath(f, where): _file_digest(f) for f in _files(where)}
+        with open(os.path.join(where, MANIFEST), "w") as f:
+            json.dump(files, f, indent=0, sort_keys=True)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(f"braintrace checkpoint {where}")
 
 
 def restore_arrays(path: str | os.PathLike, template: dict[str, Any]) -> list[jax.Array]:
     """Reads arrays written by :func:`save_arrays`, checked against ``template``.
 
     Args:
-        path: The checkpoint file.
+        path: The checkpoint directory.
         template: The expected names, in order, with arrays of the expected
-            shapes and dtypes (typed PRNG keys of the expected implementation).
+            shapes and dtypes (typed PRNG keys of the expected implementation);
+            each array's sharding is where its stored value is put.
 
     Returns:
         The stored arrays in the order of ``template``.
 
     Raises:
-        ValueError: The file is not a checkpoint, is damaged (its digest does not
-            match), or does not match ``template`` (a name, shape or dtype);
-            the message names the file and the first offending leaf.
+        ValueError: ``path`` is not a checkpoint, is damaged (a file's digest
+            does not match, or an array cannot be read), or does not match
+            ``template`` (a name, shape or dtype); the message names the path
+            and the first offending leaf.
     """
-    stored = _read(os.fspath(path))
+    import orbax.checkpoint as ocp
+
+    where = os.fspath(path)
+    _check_files(where)
+    stored = _read_meta(where)
     missing = [name for name in template if name not in stored]
     extra = [name for name in stored if name not in template]
     if missing or extra:
         raise ValueError(
-            f"The checkpoint {os.fspath(path)} does not match: it lacks {_few(missing)}, "
+            f"The checkpoint {where} does not match: it lacks {_few(missing)}, "
             f"expected here, and holds {_few(extra)}, unknown here. Was it saved by another "
             "model, algorithm or optimiser?")
-    return [_checked(os.fspath(path), name, stored[name], template[name]) for name in template]
-
-
-def _entry(name: str, leaf: Any) -> dict[str, Any]:
-    if _is_key(leaf):
-        return {"name": name, "impl": str(jax.random.key_impl(leaf)),
-                "data": np.asarray(jax.random.key_data(leaf))}
-    return {"name": name, "impl": "", "data": np.asarray(leaf)}
-
-
-def _read(path: str) -> dict[str, dict[str, Any]]:
-    with open(path, "rb") as f:
-        content = f.read()
-    head = len(HEADER)
-    if content[:head] != HEADER or len(content) < head + _DIGEST_BYTES:
-        raise ValueError(
-            f"{path} is not a braintrace checkpoint: it does not start with the checkpoint "
-            "header (another kind of file, or a damaged one). Write checkpoints with "
-            "learner.save(path) or trainer.save(path).")
-    digest, payload = content[head:head + _DIGEST_BYTES], content[head + _DIGEST_BYTES:]
-    if hashlib.sha256(payload).digest() != digest:
-        raise ValueError(
-            f"The checkpoint {path} is damaged: the SHA-256 digest of its contents does not "
-            "match the one stored in it (the file was truncated or altered). Restore from "
-            "another copy.")
+    for name, expected in template.items():
+        _check(where, name, stored[name], expected)
+    order = list(stored)
+    abstract = {f"{order.index(name):06d}": _abstract(leaf) for name, leaf in template.items()}
     try:
-        entries = serialization.msgpack_restore(payload)
-        return {e["name"]: e for _, e in sorted(entries.items())}
-    except Exception as err:  # any decoding failure means the same thing
+        with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
+            restored = checkpointer.restore(os.path.abspath(where), args=ocp.args.Composite(
+                arrays=ocp.args.StandardRestore(abstract)))["arrays"]
+    except Exception as err:  # any failure to read the arrays means the same thing
         raise ValueError(
-            f"The checkpoint {path} passed its integrity check but could not be decoded "
-            f"({err}); it was written by an incompatible version.") from err
+            f"The checkpoint {where} is damaged: orbax could not read its arrays "
+            f"({type(err).__name__}: {err}). Restore from another copy.") from err
+    return [_wrapped(stored[name]["impl"], restored[f"{order.index(name):06d}"])
+            for name in template]
 
 
-def _checked(path: str, name: str, entry: dict[str, Any], expected: Any) -> jax.Array:
-    data = np.asarray(entry["data"])
-    stored = _describe(entry["impl"], data.shape, data.dtype)
+def _files(path: str) -> list[str]:
+    return sorted(os.path.join(root, name) for root, _, names in os.walk(path) for name in names
+                  if name != MANIFEST)
+
+
+def _file_digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _check_files(path: str) -> None:
+    """Checks every file of the checkpoint against the manifest's digest."""
+    manifest = os.path.join(path, MANIFEST)
+    try:
+        with open(manifest) as f:
+            digests = json.load(f)
+        listed = {os.path.join(path, name): str(digest) for name, digest in digests.items()}
+    except Exception as err:  # a missing, unreadable or foreign manifest means the same thing
+        raise ValueError(
+            f"{path} is not a braintrace checkpoint: its manifest {manifest} is missing or "
+            f"unreadable ({type(err).__name__}: {err}); another kind of file, a damaged "
+            "checkpoint, or a save that was interrupted. Write checkpoints with "
+            "learner.save(path) or trainer.save(path).") from err
+    for name, digest in listed.items():
+        if not os.path.isfile(name) or _file_digest(name) != digest:
+            what = ("is missing" if not os.path.isfile(name) else
+                    "has another SHA-256 digest than when it was saved (truncated or altered)")
+            raise ValueError(f"The checkpoint {path} is damaged: its file {name} {what}. "
+                             "Restore from another copy.")
+
+
+def _read_meta(path: str) -> dict[str, dict[str, Any]]:
+    """The stored leaves by name, in order."""
+    meta_file = os.path.join(path, "meta", "metadata")
+    try:
+        with open(meta_file) as f:
+            meta = json.load(f)
+        if meta["format"] != FORMAT:
+            raise ValueError(f"format {meta['format']!r}")
+        return {e["name"]: {"impl": e["impl"], "shape": tuple(e["shape"]),
+                            "dtype": np.dtype(e["dtype"])} for e in meta["leaves"]}
+    except Exception as err:  # a missing, unreadable or foreign record means the same thing
+        raise ValueError(
+            f"{path} is not a braintrace checkpoint: its record {meta_file} is missing or "
+            f"unreadable ({type(err).__name__}: {err}). Write checkpoints with "
+            "learner.save(path) or trainer.save(path).") from err
+
+
+def _check(path: str, name: str, entry: dict[str, Any], expected: Any) -> None:
+    stored = _describe(entry["impl"], entry["shape"], entry["dtype"])
     if _is_key(expected):
         impl, want = str(jax.random.key_impl(expected)), jax.random.key_data(expected)
-        if entry["impl"] != impl or data.shape != want.shape:
+        if entry["impl"] != impl or entry["shape"] != want.shape:
             raise ValueError(_mismatch(path, name, stored, _describe(impl, want.shape, "")))
-        return jax.random.wrap_key_data(data, impl=impl)
+        return
     shape, dtype = tuple(np.shape(expected)), np.dtype(jnp.result_type(expected))
-    if entry["impl"] or data.shape != shape or data.dtype != dtype:
+    if entry["impl"] or entry["shape"] != shape or entry["dtype"] != dtype:
         raise ValueError(_mismatch(path, name, stored, _describe("", shape, dtype)))
-    return jnp.asarray(data)
+
+
+def _abstract(leaf: Any) -> jax.ShapeDtypeStruct:
+    """Where and as what a stored leaf is restored: the template leaf's shape and sharding."""
+    data = _data(leaf)
+    sharding = getattr(leaf, "sharding", None) or jax.sharding.SingleDeviceSharding(
+        jax.devices()[0])
+    return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=sharding)
+
+
+def _impl(leaf: Any) -> str:
+    return str(jax.random.key_impl(leaf)) if _is_key(leaf) else ""
+
+
+def _data(leaf: Any) -> Any:
+    return jax.random.key_data(leaf) if _is_key(leaf) else (
+        leaf if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct) else jnp.asarray(leaf))
+
+
+def _wrapped(impl: str, data: jax.Array) -> jax.Array:
+    return jax.random.wrap_key_data(data, impl=impl) if impl else data
 
 
 def _describe(impl: str, shape: tuple[int, ...], dtype: Any) -> str:

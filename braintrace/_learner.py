@@ -360,7 +360,9 @@ class OnlineLearner:
     def save(self, path: str) -> None:
         """Saves Params, hidden and other state (RNG keys included) and traces to ``path``.
 
-        The file carries a SHA-256 digest of its contents, checked by :meth:`restore`.
+        ``path`` becomes an orbax checkpoint directory (replacing one there),
+        sharded arrays included; on several hosts every process calls this. It
+        carries a SHA-256 digest of its contents, checked by :meth:`restore`.
 
         Example:
             >>> import os, tempfile, jax.numpy as jnp
@@ -378,8 +380,11 @@ class OnlineLearner:
     def restore(self, path: str) -> None:
         """Restores what :meth:`save` wrote, so the run continues identically.
 
+        The arrays are read onto this learner's devices: a checkpoint saved on
+        another mesh (or without one) restores here.
+
         Raises:
-            ValueError: The file is damaged or not a checkpoint, or it does not
+            ValueError: The checkpoint is damaged or not one, or it does not
                 match this learner; the message names the file and the first
                 offending leaf. The model and the learner are then unchanged.
         """

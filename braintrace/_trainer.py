@@ -152,7 +152,8 @@ class OnlineTrainer:
     def save(self, path: str) -> None:
         """Saves Params, hidden state, traces and the optimiser state to ``path``.
 
-        The file carries a SHA-256 digest of its contents, checked by :meth:`restore`.
+        ``path`` becomes an orbax checkpoint directory, as for
+        :meth:`OnlineLearner.save`, with a SHA-256 digest checked by :meth:`restore`.
         """
         save_arrays(path, self._checkpoint_template())
 
@@ -160,7 +161,7 @@ class OnlineTrainer:
         """Restores what :meth:`save` wrote; the run then continues identically.
 
         Raises:
-            ValueError: The file is damaged or not a checkpoint, or it does not
+            ValueError: The checkpoint is damaged or not one, or it does not
                 match this trainer; the message names the file and the first
                 offending leaf. Nothing is changed then.
         """

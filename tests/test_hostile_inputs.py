@@ -272,13 +272,25 @@ DAMAGE = {
 }
 
 
+def _checkpoint_files(path, part):
+    """The files of an orbax checkpoint directory: its JSON record, or its array data."""
+    if part == "record":
+        return [path / "meta" / "metadata"]
+    return sorted(f for f in (path / "arrays").rglob("*") if f.is_file() and f.parent.name == "d")
+
+
+@pytest.mark.parametrize("part", ["record", "arrays"])
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
-def test_damaged_checkpoint_is_refused_naming_the_file_and_changes_nothing(tmp_path, damage):
+def test_damaged_checkpoint_is_refused_naming_the_file_and_changes_nothing(tmp_path, damage,
+                                                                           part):
     xs, ys = data(4)
     learner = leaky()
     path = tmp_path / "run.ckpt"
     learner.save(str(path))
-    path.write_bytes(DAMAGE[damage](path.read_bytes()))
+    files = _checkpoint_files(path, part)
+    assert files
+    for f in files:
+        f.write_bytes(DAMAGE[damage](f.read_bytes()))
     warmed(learner)
     learner.etrace_grad(xs, ys, mse)
     before = snapshot(learner)
