@@ -1,4 +1,4 @@
-r"""Built-in synthetic tasks for demonstrations, tutorials and tests.
+r"""Built-in tasks for demonstrations, tutorials, tests and benchmarks.
 
 Each task is a frozen dataclass whose :meth:`sample` draws a :class:`Batch`
 of sequences, time axis leading, ready for
@@ -10,59 +10,46 @@ of sequences, time axis leading, ready for
   separated by a delay, answer whether they were the same;
 * :class:`Integrator` — regression onto a leaky integral of the inputs.
 
-The tasks need no downloads: every batch is generated from a PRNG key, and a
+These need no downloads: every batch is generated from a PRNG key, and a
 task's fixed structure (the class templates) from its ``seed``.
+
+Three real data sets, with train / validation / test splits, need the optional
+``tasks`` extra (``pip install -e ".[tasks]"``) and never download either:
+
+* :class:`MNIST1D` — the MNIST-1D benchmark (Greydanus 2020), generated
+  offline by the ``mnist1d`` package, 40 steps of one channel;
+* :class:`SequentialDigits` — scikit-learn's 8×8 digits read pixel by pixel,
+  64 steps of one channel;
+* :class:`SpikingDigits` — the same digits latency-coded as spikes on 64
+  channels.
+
+Their :meth:`sample` draws a training batch; ``split('test')`` returns a whole
+split as one :class:`Batch`. The class is scored at the last step.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-__all__ = ["Batch", "DelayedMatchToSample", "Integrator", "SpikePatterns", "accuracy"]
+from braintrace._batch import Batch as Batch
+from braintrace._batch import accuracy as accuracy
+from braintrace._datasets import MNIST1D as MNIST1D
+from braintrace._datasets import SequentialDigits as SequentialDigits
+from braintrace._datasets import SpikingDigits as SpikingDigits
 
-
-class Batch(NamedTuple):
-    """A batch of sequences, time axis leading.
-
-    Attributes:
-        xs: Inputs ``(T, B, I)``, float32 (spikes are 0/1).
-        ys: Targets: integer labels ``(T, B)`` for a classification task,
-            float ``(T, B, O)`` for a regression task.
-        mask: ``(T,)`` weights of the steps that are scored (1 where the
-            model must answer, 0 elsewhere).
-    """
-
-    xs: jax.Array
-    ys: jax.Array
-    mask: jax.Array
-
-
-def accuracy(outputs: jax.Array, batch: Batch) -> jax.Array:
-    """Fraction of sequences whose mask-weighted mean output picks the right class.
-
-    Args:
-        outputs: Logits ``(T, B, C)`` of a classification task.
-        batch: The batch they answer; its labels are read at the last scored step.
-
-    Returns:
-        A scalar in ``[0, 1]``.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from braintrace.tasks import Batch, accuracy
-        >>> batch = Batch(jnp.zeros((3, 2, 1)), jnp.array([[0, 1]] * 3), jnp.array([0., 1, 1]))
-        >>> logits = jnp.array([[[0., 9], [9, 0]], [[1, 0], [0, 1]], [[1, 0], [1, 0]]])
-        >>> float(accuracy(logits, batch))
-        0.5
-    """
-    weights = batch.mask / jnp.sum(batch.mask)
-    votes = jnp.einsum("t,tbc->bc", weights, outputs)
-    last = jnp.max(jnp.nonzero(batch.mask, size=batch.mask.shape[0], fill_value=0)[0])
-    return jnp.mean(jnp.argmax(votes, axis=-1) == batch.ys[last])
+__all__ = [
+    "MNIST1D",
+    "Batch",
+    "DelayedMatchToSample",
+    "Integrator",
+    "SequentialDigits",
+    "SpikePatterns",
+    "SpikingDigits",
+    "accuracy",
+]
 
 
 @dataclasses.dataclass(frozen=True)
