@@ -122,3 +122,15 @@ def test_strict_refuses_exactly_the_models_with_approximations(name):
         with pytest.raises(ValueError, match="strict=True") as error:
             braintrace.compile(case.build(), "d_rtrl", x, strict=True)
         assert graph.approximations[0].param_paths[0] in str(error.value)
+
+
+def test_batch_statistics_are_reported_for_exact_rtrl():
+    """RTRL keeps per-sample influences: a step that mixes samples is an approximation."""
+    graph = braintrace.compile_graph(MODELS["batchnorm"].build(),
+                                     jnp.zeros((BATCH, IN), jnp.float64), scope="full")
+    mixing = [a for a in graph.approximations if a.kind == "sample-mixing"]
+    assert len(mixing) == 1 and "drive.lin.kernel" in mixing[0].param_paths
+    assert "reduce_sum" in mixing[0].detail
+    full = braintrace.compile_graph(MODELS["layernorm"].build(),
+                                    jnp.zeros((BATCH, IN), jnp.float64), scope="full")
+    assert "sample-mixing" not in {a.kind for a in full.approximations}  # per-sample norm

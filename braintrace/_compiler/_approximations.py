@@ -21,7 +21,10 @@ D-RTRL then equals BPTT) unless one of these holds, each reported as an
   plain operations, an ETP operation that is excluded): that path has no
   trace at all;
 * ``'carried-state'``: a non-hidden Variable is carried from step to step,
-  depends on Params or hidden state and is read again: no trace follows it.
+  depends on Params or hidden state and is read again: no trace follows it;
+* ``'sample-mixing'`` (reported in the full scope, where the others above but
+  the last two are exact): the step combines the samples of a batch (batch
+  statistics), which per-sample traces cannot follow.
 
 ``braintrace.compile(..., strict=True)`` refuses a graph with any of these.
 """
@@ -36,7 +39,42 @@ from braintrace._compiler._layout import StepLayout
 from braintrace._compiler._records import Approximation, Exclusion, HiddenGroup, Relation
 from braintrace._compiler._walk import feeding, is_var, reached
 
-__all__ = ["Approximation", "coupling_equations", "find_approximations"]
+__all__ = ["Approximation", "coupling_equations", "find_approximations", "sample_mixing"]
+
+
+def mixes_samples(eqn: jex_core.JaxprEqn) -> bool:
+    """Whether ``eqn`` combines values along the leading (batch) axis.
+
+    Reductions over axis 0 (BatchNorm's batch statistics, a mean over the
+    batch), cumulative ops along it, and contractions of the left operand's
+    axis 0.
+    """
+    name, params = eqn.primitive.name, eqn.params
+    if name.startswith("reduce_") or name in ("argmax", "argmin"):
+        return 0 in tuple(params.get("axes", ()))
+    if name.startswith("cum"):
+        return params.get("axis") == 0
+    if name == "dot_general":
+        (lhs_contract, _), _ = params["dimension_numbers"]
+        return 0 in tuple(lhs_contract) and len(eqn.invars[0].aval.shape) >= 2
+    return False
+
+
+def sample_mixing(jaxpr: jex_core.Jaxpr, eqns: Iterable[int],
+                  relations: Sequence[Relation]) -> tuple[Approximation, ...]:
+    """``'sample-mixing'``: operations among ``eqns`` that combine samples of a batch.
+
+    Every trace, exact RTRL's included, is kept per sample; a step that mixes
+    samples (batch statistics) couples them, which no per-sample trace follows.
+    """
+    mixing = sorted(i for i in set(eqns) if mixes_samples(jaxpr.eqns[i]))
+    params = tuple(sorted({p for r in relations for p in r.all_param_paths}))
+    if not mixing or not params:
+        return ()
+    return (Approximation(
+        "sample-mixing", params,
+        f"{_names(jaxpr, mixing)} combine the samples of the batch (e.g. batch statistics); "
+        "traces are kept per sample, so the coupling between samples over time is dropped"),)
 
 
 def coupling_equations(jaxpr: jex_core.Jaxpr, layout: StepLayout,

@@ -14,7 +14,11 @@ from collections.abc import Sequence
 
 import jax.extend.core as jex_core
 
-from braintrace._compiler._approximations import coupling_equations, find_approximations
+from braintrace._compiler._approximations import (
+    coupling_equations,
+    find_approximations,
+    sample_mixing,
+)
 from braintrace._compiler._graph import ETraceGraph
 from braintrace._compiler._groups import colour_groups, hidden_groups
 from braintrace._compiler._layout import StepLayout
@@ -46,11 +50,14 @@ def build_graph(closed: jex_core.ClosedJaxpr, layout: StepLayout, *, scope: str 
         jaxpr, layout, groups, cut_eqns, etp_eqns, stops_at_etp)
     exclusions.extend(opaque_exclusions(jaxpr, layout, etp_eqns))
     stops = cut_eqns | {i for i in etp_eqns if stops_at_etp(i, jaxpr.eqns[i])}
+    coupling = coupling_equations(jaxpr, layout, stops)
     approximations = find_approximations(
         jaxpr, layout, groups=groups, relations=relations, exclusions=exclusions,
-        coupling_eqns=coupling_equations(jaxpr, layout, stops), output_mixing=output_mixing)
+        coupling_eqns=coupling, output_mixing=output_mixing)
     if scope == "full":
         approximations = tuple(a for a in approximations if a.kind not in EXACT_IN_FULL_SCOPE)
+        approximations += sample_mixing(jaxpr, coupling.union(*output_mixing.values()),
+                                        relations)
     return ETraceGraph(
         jaxpr=jaxpr, consts=tuple(closed.consts), layout=layout, groups=tuple(groups),
         relations=tuple(relations), exclusions=tuple(exclusions),
