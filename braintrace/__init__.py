@@ -12,6 +12,7 @@ from braintrace._algorithms import EProp as EProp
 from braintrace._algorithms import OSTLFeedforward as OSTLFeedforward
 from braintrace._algorithms import OSTLRecurrent as OSTLRecurrent
 from braintrace._algorithms import RTRL as RTRL
+from braintrace._algorithms import SnAp as SnAp
 from braintrace._algorithms import UORO as UORO
 from braintrace._algorithms import pp_prop as pp_prop
 from braintrace._compiler import ETraceGraph as ETraceGraph
@@ -48,6 +49,7 @@ __all__ = [
     "OnlineLearner",
     "OnlineTrainer",
     "RTRL",
+    "SnAp",
     "UORO",
     "compile",
     "compile_graph",

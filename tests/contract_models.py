@@ -307,5 +307,7 @@ ALGORITHMS: dict[str, Callable[[], braintrace.AbstractAlgorithm]] = {
     "ostl_feedforward": braintrace.OSTLFeedforward,
     "rtrl": braintrace.RTRL,
     "uoro": braintrace.UORO,
+    "snap-1": lambda: braintrace.SnAp(1),
+    "snap-2": lambda: braintrace.SnAp(2),
 }
 """Every algorithm of the contract (each equals BPTT at ``T = 1`` on every model)."""

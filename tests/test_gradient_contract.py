@@ -141,3 +141,17 @@ def test_rtrl_refuses_influence_matrices_over_its_budget():
     x = data(1, 1.0)[0][0]
     with pytest.raises(ValueError, match=r"max_trace_bytes=1,000.*RTRL\(max_trace_bytes"):
         braintrace.compile(case.build(), braintrace.RTRL(max_trace_bytes=1000), x)
+
+
+@pytest.mark.parametrize("name", ["gru", "lstm", "simple-cell", "recurrent-lif-2-layers", "dense"])
+def test_snap_reaches_rtrl_once_its_steps_cover_the_recurrent_graph(name):
+    case = MODELS[name]
+    xs, ys = data(T_LONG, case.input_scale)
+    _, rtrl = online(case, braintrace.RTRL(), xs, ys)
+    _, snap2 = online(case, braintrace.SnAp(2), xs, ys)
+    _, snap1 = online(case, braintrace.SnAp(1), xs, ys)
+    assert max(relative_errors(snap2, rtrl).values()) <= 1e-10  # dense recurrence: n = 2
+    if case.exact:  # a diagonal model: a parameter's influence stays on its own units
+        assert max(relative_errors(snap1, rtrl).values()) <= 1e-10
+    else:
+        assert max(relative_errors(snap1, rtrl).values()) > 1e-4

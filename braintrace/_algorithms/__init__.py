@@ -10,6 +10,7 @@ from braintrace._algorithms._es_d_rtrl import pp_prop as pp_prop
 from braintrace._algorithms._ostl import OSTLFeedforward as OSTLFeedforward
 from braintrace._algorithms._ostl import OSTLRecurrent as OSTLRecurrent
 from braintrace._algorithms._rtrl import RTRL as RTRL
+from braintrace._algorithms._snap import SnAp as SnAp
 from braintrace._algorithms._uoro import UORO as UORO
 
 ALGORITHMS = {
@@ -21,6 +22,7 @@ ALGORITHMS = {
     "ostl_feedforward": OSTLFeedforward,
     "rtrl": RTRL,
     "uoro": UORO,
+    "snap": SnAp,
 }
 
 
@@ -44,6 +46,7 @@ __all__ = [
     "OSTLFeedforward",
     "OSTLRecurrent",
     "RTRL",
+    "SnAp",
     "UORO",
     "get_algorithm",
     "pp_prop",
