@@ -45,11 +45,12 @@ SCRIPT = textwrap.dedent("""
                                         for u, v in zip(a, b))
 
     out = {}
-    # etrace_grad: the first half on 4 devices, saved; the second half restored on n.
+    # etrace_grad: the first half on 4 devices, saved; the second half restored on n
+    # (per-sample hidden states and traces are bitwise the same on any number of devices).
     first = learner(4)
     first.etrace_grad(xs[:3], ys[:3], mse)
     first.save(f"{tmp}/learner")
-    for n in (4, 2, None):
+    for n in (2, None):
         straight = learner(n)
         straight.etrace_grad(xs[:3], ys[:3], mse)
         expected = straight.etrace_grad(xs[3:], ys[3:], mse)
@@ -61,25 +62,25 @@ SCRIPT = textwrap.dedent("""
         out[f"learner_{n}"] = {"grads": same(got, expected),
                                "state": same(resumed.state(), straight.state()),
                                "trace_specs": sorted(shards)}
-    # OnlineTrainer: Params and optimizer state change inside the scan.
+    # OnlineTrainer: Params and optimizer state change inside the scan. The uninterrupted
+    # run on n devices starts from the live state of the first half on 4 (a gradient summed
+    # over 4 devices is not bitwise the one summed over 2).
     first = trainer(4)
     first.step(xs[:3], ys[:3])
     first.save(f"{tmp}/trainer")
+    live = (first.learner.state(), first.opt_state)
+    continued = trainer(2, seed=7)
+    continued.learner.load_state(live[0])
+    continued.opt_state = live[1]
+    runs = {4: first, 2: continued}
     for n in (4, 2):
-        # The uninterrupted run: the first half on 4 devices, its live state moved onto n
-        # (a gradient summed over 4 devices is not bitwise the one summed over 2).
-        straight = trainer(n, seed=7)
-        live = trainer(4)
-        live.step(xs[:3], ys[:3])
-        straight.learner.load_state(live.learner.state())
-        straight.opt_state = live.opt_state
-        expected = straight.step(xs[3:], ys[3:])
+        expected = runs[n].step(xs[3:], ys[3:])
         resumed = trainer(n, seed=5)
         resumed.restore(f"{tmp}/trainer")
         got = resumed.step(xs[3:], ys[3:])
         out[f"trainer_{n}"] = {"losses": same(got, expected),
-                               "state": same(resumed.learner.state(), straight.learner.state()),
-                               "opt_state": same(resumed.opt_state, straight.opt_state)}
+                               "state": same(resumed.learner.state(), runs[n].learner.state()),
+                               "opt_state": same(resumed.opt_state, runs[n].opt_state)}
     # A checkpoint of another batch size is refused on a mesh, and nothing changes.
     other = braintrace.compile(
         nnx.Sequential(layers.Stateful(layers.GRUCell(3, 8, rngs=nnx.Rngs(0))),
@@ -107,7 +108,7 @@ def resumed(tmp_path_factory):
     return json.loads(line[len("RESULT"):])
 
 
-@pytest.mark.parametrize("devices", ["4", "2", "None"])
+@pytest.mark.parametrize("devices", ["2", "None"])
 def test_learner_saved_on_four_devices_resumes_bit_identically(resumed, devices):
     r = resumed[f"learner_{devices}"]
     assert r["grads"] and r["state"]
