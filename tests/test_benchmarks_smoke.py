@@ -101,3 +101,26 @@ def test_fidelity_quick_writes_cosines_against_a_live_bptt_reference(quick_resul
                 for key in ("cosine", "relative_error", "norm_ratio", "sign_agreement"):
                     assert finite(alg[key]), key
                 assert -1.0 <= alg["cosine"] <= 1.0
+
+
+def test_tasks_quick_trains_every_model_and_reports_test_accuracy(tmp_path):
+    # Its own process, not the fixture's: the three scripts above already share the 2 cores.
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "tasks.py"), "--quick", "--out",
+         str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
+    assert proc.returncode == 0, f"tasks --quick failed:\n{(proc.stdout + proc.stderr)[-4000:]}"
+    assert (tmp_path / "tasks.png").stat().st_size > 0
+    payload = json.loads((tmp_path / "tasks.json").read_text())
+    assert payload["benchmark"] == "tasks" and payload["quick"] is True
+    results = payload["results"]
+    assert set(results) == {"mnist1d", "digits", "spiking_digits"}
+    models = {m for task in results.values() for m in task}
+    assert models == {"gru", "mingru2", "alif"}
+    methods = {meth for task in results.values() for rows in task.values() for meth in rows}
+    assert {"bptt", "d_rtrl@8", "es_d_rtrl", "eprop"} <= methods
+    for task in results.values():
+        for rows in task.values():
+            for row in rows.values():
+                assert 0.0 <= row["test_accuracy_mean"] <= 1.0
+                assert finite(row["train_wall_s_mean"]) and row["lr"] in payload["config"]["lrs"]
+                assert all(0.0 <= v <= 1.0 for v in row["validation_accuracy_per_lr"].values())

@@ -1,0 +1,303 @@
+"""Learning real tasks: test accuracy of BPTT and the online rules on the data sets.
+
+Tasks (``braintrace.tasks``, the ``tasks`` extra): ``mnist1d`` (MNIST-1D, T = 40),
+``digits`` (sequential 8×8 digits, T = 64) and ``spiking_digits`` (latency-coded
+digits, 64 channels, T = 32). Models: ``gru`` (one GRU cell, linear readout),
+``mingru2`` (two stacked minGRU cells, linear readout) on the first two; ``alif``
+(a recurrent layer of adaptive LIF neurons, leaky readout) on the spiking one.
+
+Methods: ``bptt`` (``jax.grad`` through ``jax.lax.scan``), ``d_rtrl``,
+``es_d_rtrl``, ``eprop`` (``EProp(kappa=0.9)``, SNN only), ``d_rtrl@8`` and
+``d_rtrl@16`` (D-RTRL in windowed mode, ``chunk_size`` 8 / 16: exact reverse mode
+inside each window, traces across windows; a window that does not divide T is
+skipped), and ``rtrl`` (exact RTRL) with its own ``bptt@small`` reference at a
+small hidden size (``--small-hidden``), where RTRL's ``B·|θ|·N`` influence fits.
+
+Every row of one model and task starts from the same initialisation (seed),
+sees the same batches (``task.sample(fold_in(key, step))``), and takes the same
+number of Adam steps (``--steps``) with the loss at the last step (cross-entropy).
+The learning rate is chosen per row from ``--lrs`` by validation accuracy after
+training with seed 0; further seeds (``--seeds``) rerun only the chosen rate.
+Reported: test accuracy of each seed (mean and spread), validation accuracy of
+every rate tried, wall time of training.
+
+Usage::
+
+    python benchmarks/tasks.py            # full run (see benchmarks/README.md)
+    python benchmarks/tasks.py --quick    # seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from _models import environment, write_json
+from flax import nnx
+
+import braintrace
+from braintrace import layers
+from braintrace import tasks as bt_tasks
+
+NAME = "tasks"
+TASKS = {
+    "mnist1d": (bt_tasks.MNIST1D, ("gru", "mingru2")),
+    "digits": (bt_tasks.SequentialDigits, ("gru", "mingru2")),
+    "spiking_digits": (bt_tasks.SpikingDigits, ("alif",)),
+}
+METHODS = {
+    "gru": ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@8", "d_rtrl@16", "bptt@small", "rtrl"),
+    "mingru2": ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@8", "d_rtrl@16"),
+    "alif": ("bptt", "d_rtrl", "es_d_rtrl", "eprop", "d_rtrl@8", "d_rtrl@16"),
+}
+FULL = {"hidden": 64, "small_hidden": 16, "batch": 32, "steps": 300, "seeds": 2,
+        "lrs": (3e-3, 1e-2, 3e-2)}
+QUICK = {"hidden": 4, "small_hidden": 4, "batch": 4, "steps": 2, "seeds": 1, "lrs": (1e-2,)}
+SMALL = ("rtrl", "bptt@small")
+EVAL_CHUNK = 500  # validation and test run in chunks of this many sequences: one compilation
+# --quick: one task per model, BPTT and one online rule each
+QUICK_TASKS = {"mnist1d": ("gru",), "digits": ("mingru2",), "spiking_digits": ("alif",)}
+QUICK_METHODS = {"gru": ("bptt", "d_rtrl@8"), "mingru2": ("es_d_rtrl",), "alif": ("eprop",)}
+
+
+class GRUNet(nnx.Module):
+    """One GRU cell and a linear readout."""
+
+    def __init__(self, inputs: int, hidden: int, outputs: int, rngs: nnx.Rngs):
+        self.rnn = layers.Stateful(layers.GRUCell(inputs, hidden, rngs=rngs))
+        self.readout = layers.ETPLinear(hidden, outputs, rngs=rngs)
+
+    def __call__(self, x):
+        return self.readout(self.rnn(x))
+
+
+class MinGRU2(nnx.Module):
+    """Two stacked minGRU cells and a linear readout."""
+
+    def __init__(self, inputs: int, hidden: int, outputs: int, rngs: nnx.Rngs):
+        self.l1 = layers.Stateful(layers.MinGRUCell(inputs, hidden, rngs=rngs))
+        self.l2 = layers.Stateful(layers.MinGRUCell(hidden, hidden, rngs=rngs))
+        self.readout = layers.ETPLinear(hidden, outputs, rngs=rngs)
+
+    def __call__(self, x):
+        return self.readout(self.l2(self.l1(x)))
+
+
+class ALIFNet(nnx.Module):
+    """A recurrent layer of adaptive LIF neurons and a leaky-integrator readout."""
+
+    def __init__(self, inputs: int, hidden: int, outputs: int, rngs: nnx.Rngs):
+        self.recurrent = layers.RecurrentSpiking(
+            inputs, layers.ALIF(hidden, tau=20.0, tau_a=100.0), rngs=rngs)
+        self.readout = layers.LeakyReadout(hidden, outputs, tau=10.0, rngs=rngs)
+
+    def __call__(self, x):
+        return self.readout(self.recurrent(x))
+
+
+MODELS = {"gru": GRUNet, "mingru2": MinGRU2, "alif": ALIFNet}
+
+
+def cross_entropy(logits, labels):
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+
+def split(model):
+    return nnx.split(model, nnx.Param, braintrace.HiddenState, ...)
+
+
+def scan_fn(model: nnx.Module, batch_size: int):
+    """``run(params, xs) -> outputs`` of the model from a fresh state of ``batch_size``."""
+    model = nnx.clone(model)
+    braintrace.init_states(model, batch_size)
+    graphdef, _, hidden, other = split(model)
+
+    def run(params, xs):
+        def body(h, x):
+            m = nnx.merge(graphdef, params, h, other, copy=True)
+            y = m(x)
+            return split(m)[2], y
+
+        return jax.lax.scan(body, hidden, xs)[1]
+
+    return run
+
+
+def masked_loss(outputs, batch):
+    losses = jax.vmap(cross_entropy)(outputs, batch.ys)
+    return jnp.sum(losses * batch.mask) / jnp.sum(batch.mask)
+
+
+def grad_function(model: nnx.Module, method: str, task, batch_size: int):
+    """``grad(batch) -> nnx.State`` of the masked loss for ``method``."""
+    if method.startswith("bptt"):
+        run = scan_fn(model, batch_size)
+        g = jax.jit(jax.grad(lambda p, b: masked_loss(run(p, b.xs), b)))
+        return lambda batch: g(nnx.state(model, nnx.Param), batch)
+    name, _, window = method.partition("@")
+    algorithm = braintrace.EProp(kappa=0.9) if name == "eprop" else name
+    example = jnp.zeros((batch_size, task.num_inputs))
+    learner = braintrace.compile(model, algorithm, example, batch_size=batch_size)
+    chunk = int(window) if window else None
+
+    def grad(batch):
+        learner.reset()
+        return learner.etrace_grad(batch.xs, batch.ys, cross_entropy, mask=batch.mask,
+                                   chunk_size=chunk)
+
+    return grad
+
+
+def train(task, model_name: str, method: str, lr: float, cfg: dict, seed: int) -> dict:
+    hidden = cfg["small_hidden"] if method in SMALL else cfg["hidden"]
+    model = MODELS[model_name](task.num_inputs, hidden, task.num_classes, nnx.Rngs(seed))
+    braintrace.init_states(model, cfg["batch"])
+    grad = grad_function(model, method, task, cfg["batch"])
+    tx = optax.adam(lr)
+    params = nnx.state(model, nnx.Param)
+    opt_state = tx.init(params)
+
+    @jax.jit
+    def apply(params, opt_state, grads):
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    key = jax.random.key(seed)
+    start = time.perf_counter()
+    for step in range(cfg["steps"]):
+        grads = grad(task.sample(jax.random.fold_in(key, step), cfg["batch"]))
+        params, opt_state = apply(params, opt_state, grads)
+        nnx.update(model, params)
+    jax.block_until_ready(params)
+    wall = time.perf_counter() - start
+    out = {"hidden": hidden, "train_wall_s": wall, "lr": lr, "seed": seed}
+    last_logits = jax.jit(lambda p, xs: run(p, xs)[-1])
+    run = scan_fn(model, EVAL_CHUNK)
+    for name in ("validation", "test"):
+        batch = task.split(name)
+        n = batch.xs.shape[1]
+        xs = jnp.pad(batch.xs, ((0, 0), (0, -n % EVAL_CHUNK), (0, 0)))
+        logits = jnp.concatenate([last_logits(params, xs[:, i:i + EVAL_CHUNK])
+                                  for i in range(0, xs.shape[1], EVAL_CHUNK)])[:n]
+        labels = batch.ys[-1]
+        out[f"{name}_accuracy"] = float(jnp.mean(jnp.argmax(logits, -1) == labels))
+        out[f"{name}_loss"] = float(cross_entropy(logits, labels))
+    return out
+
+
+def run_row(task, model_name: str, method: str, cfg: dict) -> dict:
+    window = method.partition("@")[2]
+    if window.isdigit() and task.seq_len % int(window):
+        return {"skipped": f"chunk_size {window} does not divide T = {task.seq_len}"}
+    tried = {lr: train(task, model_name, method, lr, cfg, seed=0) for lr in cfg["lrs"]}
+    lr = max(tried, key=lambda r: tried[r]["validation_accuracy"])
+    runs = [tried[lr]] + [train(task, model_name, method, lr, cfg, seed=s)
+                          for s in range(1, cfg["seeds"])]
+    test = np.array([r["test_accuracy"] for r in runs])
+    return {
+        "lr": lr,
+        "validation_accuracy_per_lr": {str(r): v["validation_accuracy"] for r, v in tried.items()},
+        "test_accuracy_mean": float(test.mean()),
+        "test_accuracy_std": float(test.std()),
+        "test_accuracy_per_seed": test.tolist(),
+        "train_wall_s_mean": float(np.mean([r["train_wall_s"] for r in runs])),
+        "hidden": runs[0]["hidden"],
+        "runs": runs,
+    }
+
+
+def plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(t, m) for t in results for m in results[t]]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4), squeeze=False)
+    for ax, (task, model) in zip(axes[0], panels):
+        rows = {k: v for k, v in results[task][model].items() if "skipped" not in v}
+        names = list(rows)
+        means = [rows[n]["test_accuracy_mean"] for n in names]
+        stds = [rows[n]["test_accuracy_std"] for n in names]
+        ax.bar(np.arange(len(names)), means, yerr=stds, capsize=3)
+        ax.set_xticks(np.arange(len(names)))
+        ax.set_xticklabels(names, rotation=30, fontsize=8)
+        ax.set_ylim(0, 1)
+        ax.axhline(0.1, color="k", lw=0.5, ls=":")
+        ax.set_ylabel("test accuracy")
+        ax.set_title(f"{task} / {model}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny sizes, seconds")
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--name", default=NAME, help="file name of the JSON and plot")
+    p.add_argument("--tasks", default=None, help="comma-separated: " + ",".join(TASKS))
+    p.add_argument("--methods", default=None, help="comma-separated subset of each model's")
+    for key in ("hidden", "small_hidden", "batch", "steps", "seeds"):
+        p.add_argument(f"--{key.replace('_', '-')}", type=int, default=None)
+    p.add_argument("--lrs", default=None, help="comma-separated Adam learning rates")
+    args = p.parse_args(argv)
+    cfg = dict(QUICK if args.quick else FULL)
+    for key in ("hidden", "small_hidden", "batch", "steps", "seeds"):
+        if getattr(args, key) is not None:
+            cfg[key] = getattr(args, key)
+    if args.lrs:
+        cfg["lrs"] = tuple(float(x) for x in args.lrs.split(","))
+    task_names = args.tasks.split(",") if args.tasks else list(TASKS)
+    wanted = set(args.methods.split(",")) if args.methods else None
+    start_all = time.perf_counter()
+    results = {}
+    for task_name in task_names:
+        cls, model_names = TASKS[task_name]
+        if args.quick:
+            model_names = QUICK_TASKS[task_name]
+        task = cls()
+        results[task_name] = {}
+        for model_name in model_names:
+            rows = results[task_name][model_name] = {}
+            methods = QUICK_METHODS.get(model_name, ()) if args.quick else METHODS[model_name]
+            for method in methods:
+                if wanted and method not in wanted:
+                    continue
+                t0 = time.perf_counter()
+                rows[method] = row = run_row(task, model_name, method, cfg)
+                if "skipped" in row:
+                    print(f"{task_name:15s} {model_name:8s} {method:11s} skipped: "
+                          f"{row['skipped']}", flush=True)
+                    continue
+                print(f"{task_name:15s} {model_name:8s} {method:11s} test "
+                      f"{row['test_accuracy_mean']:.3f} ± {row['test_accuracy_std']:.3f}  lr "
+                      f"{row['lr']:g}  train {row['train_wall_s_mean']:.1f}s/run  "
+                      f"({time.perf_counter() - t0:.0f}s)", flush=True)
+    payload = {
+        "benchmark": NAME,
+        "quick": args.quick,
+        "config": {**cfg, "lrs": list(cfg["lrs"])},
+        "loss": "softmax cross-entropy at the last step; Adam",
+        "lr_selection": "validation accuracy after training with seed 0, per row",
+        "environment": environment(),
+        "results": results,
+        "total_wall_s": time.perf_counter() - start_all,
+    }
+    os.makedirs(args.out, exist_ok=True)
+    write_json(os.path.join(args.out, f"{args.name}.json"), payload)
+    plot(results, os.path.join(args.out, f"{args.name}.png"))
+    return payload
+
+
+if __name__ == "__main__":
+    main()
