@@ -1,6 +1,6 @@
-"""Orbax checkpoints of sharded learners: save on 4 devices, restore on 4, 2 or 1, continue.
+"""Orbax checkpoints of sharded learners: save on 4 devices, restore on 4 or 2, continue.
 
-One subprocess with ``jax_num_cpu_devices=4`` runs every scenario and reports
+(``tests/test_multihost.py`` restores a checkpoint of two processes on one device.) One subprocess with ``jax_num_cpu_devices=4`` runs every scenario and reports
 as JSON whether the resumed runs equal the uninterrupted ones bit for bit.
 """
 
@@ -50,7 +50,7 @@ SCRIPT = textwrap.dedent("""
     first = learner(4)
     first.etrace_grad(xs[:3], ys[:3], mse)
     first.save(f"{tmp}/learner")
-    for n in (2, None):
+    for n in (2,):
         straight = learner(n)
         straight.etrace_grad(xs[:3], ys[:3], mse)
         expected = straight.etrace_grad(xs[3:], ys[3:], mse)
@@ -108,11 +108,10 @@ def resumed(tmp_path_factory):
     return json.loads(line[len("RESULT"):])
 
 
-@pytest.mark.parametrize("devices", ["2", "None"])
-def test_learner_saved_on_four_devices_resumes_bit_identically(resumed, devices):
-    r = resumed[f"learner_{devices}"]
+def test_learner_saved_on_four_devices_resumes_on_two_bit_identically(resumed):
+    r = resumed["learner_2"]
     assert r["grads"] and r["state"]
-    assert r["trace_specs"] == ([] if devices == "None" else ["P('data',)"])
+    assert r["trace_specs"] == ["P('data',)"]
 
 
 @pytest.mark.parametrize("devices", ["4", "2"])

@@ -58,14 +58,14 @@ SCRIPT = textwrap.dedent("""
                                        for h in four.leaves().hidden]
         r["params_replicated"] = all(p.sharding.is_fully_replicated
                                      for p in four.leaves().params)
-        t1 = braintrace.OnlineTrainer(one, optax.adam(1e-2), loss_fn=mse, update_every=2)
-        t4 = braintrace.OnlineTrainer(four, optax.adam(1e-2), loss_fn=mse, update_every=2)
-        t1.step(xs, ys)
-        t4.step(xs, ys)
-        r["trainer"] = gap(nnx.state(one.model, nnx.Param), nnx.state(four.model, nnx.Param))
-        r["opt_state_replicated"] = all(a.sharding.is_fully_replicated
-                                        for a in jax.tree.leaves(t4.opt_state))
         out[alg] = r
+    t1 = braintrace.OnlineTrainer(one, optax.adam(1e-2), loss_fn=mse, update_every=2)
+    t4 = braintrace.OnlineTrainer(four, optax.adam(1e-2), loss_fn=mse, update_every=2)
+    t1.step(xs, ys)
+    t4.step(xs, ys)
+    out["trainer"] = gap(nnx.state(one.model, nnx.Param), nnx.state(four.model, nnx.Param))
+    out["opt_state_replicated"] = all(a.sharding.is_fully_replicated
+                                      for a in jax.tree.leaves(t4.opt_state))
     errors = {}
     for name, kwargs in [("indivisible", dict(batch_size=6, mesh=mesh)),
                          ("no_axis", dict(batch_size=8, mesh=mesh, data_axis="batch"))]:
@@ -112,12 +112,11 @@ def test_traces_and_hidden_states_are_sharded_params_replicated(sharded, alg):
     assert r["trace_rows_per_device"] == [2]          # B = 8 over 4 devices
     assert r["trace_specs"] == ["P('data',)"]
     assert r["hidden_rows_per_device"] == [2]
-    assert r["params_replicated"] and r["opt_state_replicated"]
+    assert r["params_replicated"] and sharded["opt_state_replicated"]
 
 
-@pytest.mark.parametrize("alg", ["d_rtrl", "es_d_rtrl"])
-def test_online_trainer_step_on_four_devices_gives_the_same_params(sharded, alg):
-    assert sharded[alg]["trainer"] < 1e-6
+def test_online_trainer_step_on_four_devices_gives_the_same_params(sharded):
+    assert sharded["trainer"] < 1e-6  # ES-D-RTRL (the last learner compiled)
 
 
 def test_indivisible_batch_or_missing_axis_is_a_clear_error(sharded):
