@@ -46,6 +46,10 @@ def save_arrays(path: str | os.PathLike, arrays: dict[str, Any]) -> None:
     On several processes every process calls this with the same global arrays;
     the first writes the manifest of digests once every process has written.
 
+    Raises:
+        ValueError: ``path`` exists and is not a braintrace checkpoint (it is
+            never replaced then).
+
     Example:
         >>> import os, tempfile, jax, jax.numpy as jnp
         >>> path = os.path.join(tempfile.mkdtemp(), 'arrays.ckpt')
@@ -56,12 +60,16 @@ def save_arrays(path: str | os.PathLike, arrays: dict[str, Any]) -> None:
     """
     import orbax.checkpoint as ocp
 
+    where = os.path.abspath(path)
+    if os.path.lexists(where) and not os.path.isfile(os.path.join(where, MANIFEST)):
+        raise ValueError(
+            f"{where} exists and is not a braintrace checkpoint (it has no {MANIFEST}); save "
+            "replaces only a checkpoint. Choose another path, or delete it first.")
     entries = [(name, _impl(leaf), _data(leaf)) for name, leaf in arrays.items()]
     meta = {"format": FORMAT,
             "leaves": [{"name": name, "impl": impl, "shape": list(data.shape),
                         "dtype": str(data.dtype)} for name, impl, data in entries]}
     tree = {f"{i:06d}": data for i, (_, _, data) in enumerate(entries)}
-    where = os.path.abspath(path)
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
         checkpointer.save(where, force=True, args=ocp.args.Composite(
             arrays=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)))

@@ -27,8 +27,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["Layout", "check_mesh", "constrain", "host_array", "layout", "place",
-           "place_inputs"]
+__all__ = ["Layout", "check_mesh", "constrain", "host_array", "input_shardings", "layout",
+           "place", "place_inputs"]
 
 
 class Layout(NamedTuple):

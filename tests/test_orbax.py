@@ -10,7 +10,12 @@ import subprocess
 import sys
 import textwrap
 
+import jax.numpy as jnp
 import pytest
+from flax import nnx
+
+import braintrace
+from braintrace import layers
 
 SCRIPT = textwrap.dedent("""
     import json, sys
@@ -125,3 +130,15 @@ def test_checkpoint_of_another_batch_size_on_a_mesh_names_the_leaf_and_changes_n
     assert "does not match at 'hidden/layers.0.carry': it stores (8, 8) float32, but (4, 8) " in (
         resumed["mismatch"])
     assert resumed["mismatch_unchanged"]
+
+
+def test_save_never_replaces_something_that_is_not_a_checkpoint(tmp_path):
+    learner = braintrace.compile(layers.Stateful(layers.GRUCell(2, 3, rngs=nnx.Rngs(0))),
+                                 "d_rtrl", jnp.ones((2, 2)), batch_size=2)
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="exists and is not a braintrace checkpoint"):
+        learner.save(str(tmp_path))
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    learner.save(str(tmp_path / "run"))
+    learner.save(str(tmp_path / "run"))  # a checkpoint is replaced
+    learner.restore(str(tmp_path / "run"))
