@@ -246,6 +246,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--name", default=NAME, help="file name of the JSON and plot")
     p.add_argument("--tasks", default=None, help="comma-separated: " + ",".join(TASKS))
+    p.add_argument("--models", default=None, help="comma-separated: gru,mingru2,alif")
     p.add_argument("--methods", default=None, help="comma-separated subset of each model's")
     for key in ("hidden", "small_hidden", "batch", "steps", "seeds"):
         p.add_argument(f"--{key.replace('_', '-')}", type=int, default=None)
@@ -265,6 +266,8 @@ def main(argv: list[str] | None = None) -> dict:
         cls, model_names = TASKS[task_name]
         if args.quick:
             model_names = QUICK_TASKS[task_name]
+        if args.models:
+            model_names = [m for m in model_names if m in args.models.split(",")]
         task = cls()
         results[task_name] = {}
         for model_name in model_names:
