@@ -12,7 +12,7 @@ from flax import nnx
 from flax.typing import Dtype
 from jax.typing import ArrayLike
 
-from braintrace._elemwise import element_wise
+from braintrace._primitives import element_wise
 
 __all__ = ["ETPElemwise", "ExpDecay"]
 

@@ -14,7 +14,7 @@ from flax.nnx.nn.linear import default_bias_init, default_kernel_init
 from flax.typing import Dtype, Initializer, PrecisionLike
 from jax.typing import ArrayLike
 
-from braintrace._dense import matmul
+from braintrace._primitives import matmul
 
 from ._checks import check_features
 

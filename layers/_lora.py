@@ -14,7 +14,7 @@ from flax.nnx.nn.lora import default_a_initializer, default_b_initializer
 from flax.typing import Dtype, Initializer
 from jax.typing import ArrayLike
 
-from braintrace._lora import lora_matmul
+from braintrace._primitives import lora_matmul
 
 from ._checks import check_features
 from ._linear import ETPLinear

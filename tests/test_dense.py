@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import braintrace
 from braintrace import etp_dense_batched_p, etp_dense_p, matmul
@@ -297,60 +294,7 @@ def test_init_rules(num_states, batched, bias, dtype):
         assert pp.shape == (2, num_states) and pp.dtype == dtype and not jnp.any(pp)
 
 
-# -- properties over shapes ----------------------------------------------------------------
-
-
-@functools.partial(jax.jit, static_argnames=("batched", "bias"))
-def _property_check(x, k, b, d, scale, *, batched, bias):
-    prim = etp_dense_batched_p if batched else etp_dense_p
-    params = _params(bias, jnp.abs)
-    theta = _theta(k, b, bias)
-    got = prim.rule("xy_to_dw")(x, d, theta, **params)
-    (want,) = jax.vjp(_impl_of(prim, x, theta, params), theta)[1](d)
-    xs, ds = (x[0], d[0]) if batched else (x, d)
-    rule = etp_dense_p.rule
-    scaled = rule("dt_to_t")(scale, rule("xy_to_dw")(xs, ds, theta, **params), **params)
-    direct = rule("xy_to_dw")(xs, ds * scale, theta, **params)
-    return got, want, scaled, direct
-
-
-@settings(max_examples=20, deadline=None)
-@given(case=st.sampled_from([(1, 1, 0, True), (4, 3, 2, False), (2, 5, 0, False),
-                             (3, 1, 3, True), (5, 2, 1, True), (2, 4, 0, True)]),
-       seed=st.integers(0, 2**16))
-def test_property_xy_to_dw_and_dt_to_t(case, seed):
-    i, o, batch, bias = case  # few shapes, so few compilations
-    x, k, b = _data(i, o, lead=(batch,) if batch else (), seed=seed)
-    d = _normal(seed + 1, (*x.shape[:-1], o))
-    scale = _normal(seed + 2, (o,))
-    got, want, scaled, direct = _property_check(x, k, b, d, scale, batched=bool(batch),
-                                                bias=bias)
-    for key in got:
-        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(scaled[key], direct[key], rtol=1e-5, atol=1e-5)
-    assert set(got) == ({"kernel", "bias"} if bias else {"kernel"})
-
-
 def test_registered_in_registry():
     prims = braintrace.etp_primitives()
     assert prims["etp_dense"] is etp_dense_p
     assert prims["etp_dense_batched"] is etp_dense_batched_p
-
-
-@pytest.mark.parametrize("primitive", ["dense", "lora"])
-@pytest.mark.parametrize("lead", [(), (4,), (2, 3)])
-def test_closed_form_contract_equals_general_form(primitive, lead):
-    prim = braintrace.etp_dense_p if primitive == "dense" else braintrace.etp_lora_p
-    rng = np.random.default_rng(0)
-    shapes = ({"kernel": (3, 5), "bias": (5,)} if primitive == "dense"
-              else {"lora_a": (3, 5), "lora_b": (2, 5), "bias": (5,)})
-    trace = {k: jnp.asarray(rng.normal(size=(*lead, *s))) for k, s in shapes.items()}
-    d = jnp.asarray(rng.normal(size=(*lead, 5)))
-    per_sample = prim.rule("dt_to_t")
-    for _ in lead:
-        per_sample = jax.vmap(per_sample)
-    general = jax.tree.map(lambda a: a.reshape(-1, *a.shape[len(lead):]).sum(0),
-                           per_sample(d, trace))
-    closed = prim.rule("contract")(d, trace)
-    for key in shapes:
-        np.testing.assert_allclose(closed[key], general[key], rtol=1e-5, atol=1e-5)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import re
 import warnings
 
@@ -10,8 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import braintrace
 from braintrace import element_wise, etp_elemwise_p
@@ -233,25 +230,3 @@ def test_init_rules(y_shape, num_states, dtype):
         assert not jnp.any(tr["weight"])
         pp = etp_elemwise_p.rule("init_pp")(None, y, {"weight": w}, num_states)
         assert pp.shape == (*y_shape, num_states) and pp.dtype == dtype and not jnp.any(pp)
-
-
-# -- properties over shapes -------------------------------------------------------------------
-
-
-@functools.partial(jax.jit, static_argnames=("d_shape",))
-def _property_check(w, d, *, d_shape):
-    got = etp_elemwise_p.rule("xy_to_dw")(None, d, {"weight": w}, fn=jax.nn.softplus)["weight"]
-    (want,) = jax.vjp(lambda w: jnp.broadcast_to(jax.nn.softplus(w), d_shape), w)[1](d)
-    return got, want
-
-
-@settings(max_examples=20, deadline=None)
-@given(case=st.sampled_from([((), (3,)), ((3,), (2, 3)), ((1, 3), (2, 3)), ((2, 1), (2, 5)),
-                             ((1,), (4,)), ((5,), (2, 1, 5))]),
-       seed=st.integers(0, 2**16))
-def test_property_xy_to_dw(case, seed):
-    w_shape, d_shape = case  # few shapes, so few compilations
-    w, d = _normal(seed, w_shape), _normal(seed + 1, d_shape)
-    got, want = _property_check(w, d, d_shape=d_shape)
-    assert got.shape == w_shape
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

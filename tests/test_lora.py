@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import braintrace
 from braintrace import etp_lora_batched_p, etp_lora_p, lora_matmul
@@ -342,34 +339,3 @@ def test_init_rules(num_states, batched, dtype):
                 assert not jnp.any(value)
         pp = prim.rule("init_pp")(v["x"], y, theta, num_states)
         assert pp.shape == (3, num_states) and pp.dtype == dtype and not jnp.any(pp)
-
-
-# -- properties over shapes ------------------------------------------------------------
-
-
-@functools.partial(jax.jit, static_argnames=("batched", "bias"))
-def _property_check(x, a, b, bias_arr, d, *, batched, bias):
-    prim = etp_lora_batched_p if batched else etp_lora_p
-    params = _params(bias, False, 0.25)
-    theta = _theta({"a": a, "b": b, "bias": bias_arr}, bias)
-    got = prim.rule("xy_to_dw")(x, d, theta, **params)
-    (want,) = jax.vjp(_impl_of(prim, x, theta, None, params), theta)[1](d)
-    trip = prim.rule("trace_to_dw")(
-        prim.rule("xy_to_trace")(x, d, theta, **params), theta, **params)
-    return got, want, trip
-
-
-@settings(max_examples=20, deadline=None)
-@given(case=st.sampled_from([(1, 1, 1, 0, True), (3, 2, 4, 2, False), (4, 1, 2, 0, False),
-                             (2, 3, 1, 3, True), (1, 2, 5, 1, True), (5, 2, 3, 0, True)]),
-       seed=st.integers(0, 2**16))
-def test_property_rules(case, seed):
-    i, r, o, batch, bias = case  # few shapes, so few compilations
-    v = _data(i, r, o, lead=(batch,) if batch else (), seed=seed)
-    d = _normal(seed + 1, (*v["x"].shape[:-1], o))
-    got, want, trip = _property_check(v["x"], v["a"], v["b"], v["bias"], d,
-                                      batched=bool(batch), bias=bias)
-    assert set(got) == set(want) == set(trip)
-    for key in got:
-        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(trip[key], want[key], rtol=1e-5, atol=1e-5)

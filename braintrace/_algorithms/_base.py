@@ -36,7 +36,7 @@ import jax
 
 from braintrace._algorithms._trace_algebra import group_signal
 from braintrace._compiler import ETraceGraph, Relation
-from braintrace._primitive import MissingRuleError
+from braintrace._primitives import MissingRuleError
 
 __all__ = ["AbstractAlgorithm", "Jacobians", "RelationRule", "check_rules"]
 

@@ -23,7 +23,7 @@ from braintrace._compiler._graph import ETraceGraph
 from braintrace._compiler._groups import colour_groups, hidden_groups
 from braintrace._compiler._layout import StepLayout
 from braintrace._compiler._relations import find_relations, opaque_exclusions
-from braintrace._primitive import ETPPrimitive
+from braintrace._primitives import ETPPrimitive
 
 __all__ = ["build_graph"]
 

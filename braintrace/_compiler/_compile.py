@@ -11,7 +11,7 @@ from braintrace._compiler._build import build_graph
 from braintrace._compiler._graph import ETraceGraph
 from braintrace._compiler._layout import StepLayout
 from braintrace._compiler._step import TracedStep, trace_function_step, trace_model_step
-from braintrace._primitive import ETPPrimitive
+from braintrace._primitives import ETPPrimitive
 
 __all__ = ["compile_graph"]
 

@@ -307,7 +307,7 @@ class _Flattener:
         body, _ = _split_closed(eqn.params.get("call_jaxpr", eqn.params.get("fun_jaxpr")))
         if body is None:
             return
-        from braintrace._primitive import ETPPrimitive  # local: avoid import cycles
+        from braintrace._primitives import ETPPrimitive  # local: avoid import cycles
 
         seen: list[str] = []
         for inner in _walk_eqns(body):

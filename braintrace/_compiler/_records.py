@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from braintrace._primitive import ETPPrimitive
+from braintrace._primitives import ETPPrimitive
 
 __all__ = ["Approximation", "ElementwiseRelation", "Exclusion", "HiddenGroup", "InputRelation",
            "Relation"]

@@ -33,7 +33,7 @@ from braintrace._compiler._records import (
     Relation,
 )
 from braintrace._compiler._walk import producers, sources_of
-from braintrace._primitive import ETPPrimitive
+from braintrace._primitives import ETPPrimitive
 
 __all__ = ["find_relations", "opaque_exclusions"]
 

@@ -21,14 +21,23 @@ directly.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from braintrace._dense import outer_sum, output_axis_contract
-from braintrace._primitive import ETPPrimitive, register_batched_counterpart, register_primitive
+from braintrace._primitives._register import register_pair
+from braintrace._primitives._rules import (
+    ETPRules,
+    outer_sum,
+    output_axis_contract,
+    scale_output_axis,
+    sum_leading,
+    zeros_like_output,
+)
 
-__all__ = ["etp_lora_batched_p", "etp_lora_p", "lora_matmul"]
+__all__ = ["LORA_RULES", "etp_lora_batched_p", "etp_lora_p", "lora_matmul"]
 
 
 def _lora_impl(x, lora_a, lora_b, *rest, has_bias: bool, has_base: bool, scaling: float):
@@ -48,34 +57,28 @@ def _lora_layout(params) -> dict[str, int]:
     return layout
 
 
-def _sum_leading(d: jax.Array) -> jax.Array:
-    return jnp.sum(d.reshape(-1, d.shape[-1]), axis=0)
+def _lora_b_and_bias(x, d, theta, scaling: float) -> dict[str, jax.Array]:
+    """The ``lora_b`` and ``bias`` terms, the same in the pullback and in the trace."""
+    terms = {"lora_b": (scaling * jnp.einsum("...r,...o->ro", x @ theta["lora_a"], d)
+                        ).astype(theta["lora_b"].dtype)}
+    if "bias" in theta:
+        terms["bias"] = sum_leading(d).astype(theta["bias"].dtype)
+    return terms
 
 
 def lora_xy_to_dw(x, d, theta, *, scaling: float, **params) -> dict[str, jax.Array]:
     """Pullback of the LoRA map at ``(x, θ)``; leading axes of ``x``/``d`` are summed."""
     del params
     a, b = theta["lora_a"], theta["lora_b"]
-    grads = {
-        "lora_a": (scaling * jnp.einsum("...i,...r->ir", x, d @ b.T)).astype(a.dtype),
-        "lora_b": (scaling * jnp.einsum("...r,...o->ro", x @ a, d)).astype(b.dtype),
-    }
-    if "bias" in theta:
-        grads["bias"] = _sum_leading(d).astype(theta["bias"].dtype)
-    return grads
+    dlora_a = (scaling * jnp.einsum("...i,...r->ir", x, d @ b.T)).astype(a.dtype)
+    return {"lora_a": dlora_a, **_lora_b_and_bias(x, d, theta, scaling)}
 
 
 def lora_xy_to_trace(x, d, theta, *, scaling: float, **params) -> dict[str, jax.Array]:
     """Instantaneous D-RTRL term; ``lora_a``'s lives in the effective-weight space."""
     del params
-    a = theta["lora_a"]
-    terms = {
-        "lora_a": outer_sum(x, d).astype(a.dtype),
-        "lora_b": (scaling * jnp.einsum("...r,...o->ro", x @ a, d)).astype(theta["lora_b"].dtype),
-    }
-    if "bias" in theta:
-        terms["bias"] = _sum_leading(d).astype(theta["bias"].dtype)
-    return terms
+    w_term = outer_sum(x, d).astype(theta["lora_a"].dtype)
+    return {"lora_a": w_term, **_lora_b_and_bias(x, d, theta, scaling)}
 
 
 def lora_trace_to_dw(g, theta, *, scaling: float, **params) -> dict[str, jax.Array]:
@@ -84,12 +87,6 @@ def lora_trace_to_dw(g, theta, *, scaling: float, **params) -> dict[str, jax.Arr
     grads = dict(g)
     grads["lora_a"] = scaling * (g["lora_a"] @ theta["lora_b"].T)
     return grads
-
-
-def lora_dt_to_t(d, trace, **params) -> dict[str, jax.Array]:
-    """Scales every per-sample trace along its output axis: ``ε[..., o] · d[o]``."""
-    del params
-    return {key: value * d for key, value in trace.items()}
 
 
 def lora_init_drtrl(x, y, theta, num_states: int) -> dict[str, jax.Array]:
@@ -106,22 +103,19 @@ def lora_init_drtrl(x, y, theta, num_states: int) -> dict[str, jax.Array]:
     return trace
 
 
-def lora_init_pp(x, y, theta, num_states: int) -> jax.Array:
-    """Per-sample IO-dim output-side trace: ``(*y.shape, S)`` zeros."""
-    del x
-    return jnp.zeros((*jnp.shape(y), num_states), theta["lora_b"].dtype)
+LORA_RULES = ETPRules(
+    xy_to_dw=lora_xy_to_dw,
+    dt_to_t=scale_output_axis,
+    init_drtrl=lora_init_drtrl,
+    init_pp=functools.partial(zeros_like_output, dtype_of="lora_b"),
+    xy_to_trace=lora_xy_to_trace,
+    trace_to_dw=lora_trace_to_dw,
+    contract=output_axis_contract,
+)
+"""The LoRA rules: ``lora_a``'s trace kept as the effective weight's, all scaled along ``O``."""
 
-
-etp_lora_p: ETPPrimitive = register_primitive(
-    "etp_lora", _lora_impl, trainable_invars_fn=_lora_layout)
-etp_lora_batched_p: ETPPrimitive = register_primitive(
-    "etp_lora_batched", _lora_impl, batched=True, trainable_invars_fn=_lora_layout)
-register_batched_counterpart(etp_lora_p, etp_lora_batched_p)
-for _p in (etp_lora_p, etp_lora_batched_p):
-    _p.register_etp_rules(dt_to_t=lora_dt_to_t, xy_to_dw=lora_xy_to_dw,
-                          init_drtrl=lora_init_drtrl, init_pp=lora_init_pp)
-    _p.register_trace_space_rules(xy_to_trace=lora_xy_to_trace, trace_to_dw=lora_trace_to_dw)
-    _p.register_contract(output_axis_contract)
+etp_lora_p, etp_lora_batched_p = register_pair(
+    "etp_lora", _lora_impl, LORA_RULES, trainable_invars_fn=_lora_layout)
 
 
 def lora_matmul(

@@ -17,6 +17,7 @@ Rules (per sample ``x: (I,)``, output cotangent ``d: (O,)``):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -24,9 +25,18 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from braintrace._primitive import ETPPrimitive, register_batched_counterpart, register_primitive
+from braintrace._primitives._register import register_pair
+from braintrace._primitives._rules import (
+    ETPRules,
+    outer_sum,
+    output_axis_contract,
+    scale_output_axis,
+    sum_leading,
+    zeros_like_output,
+    zeros_like_params,
+)
 
-__all__ = ["etp_dense_batched_p", "etp_dense_p", "matmul"]
+__all__ = ["DENSE_RULES", "etp_dense_batched_p", "etp_dense_p", "matmul"]
 
 
 def _dense_impl(x, kernel, *bias, has_bias: bool, kernel_transform, precision):
@@ -50,13 +60,6 @@ def _transform_pullback(kernel: jax.Array, dkernel: jax.Array, kernel_transform)
     return pullback(dkernel.astype(kernel.dtype))[0]
 
 
-def outer_sum(x: jax.Array, d: jax.Array) -> jax.Array:
-    """``Σ_lead x[..., i] d[..., o]``; per sample a broadcast product XLA can fuse."""
-    if x.ndim == 1 and d.ndim == 1:
-        return x[:, None] * d[None, :]
-    return jnp.einsum("...i,...o->io", x, d)
-
-
 def dense_xy_to_dw(x, d, theta, *, kernel_transform=None, **params) -> dict[str, jax.Array]:
     """Pullback of the dense map at ``(x, θ)`` with output cotangent ``d``.
 
@@ -67,52 +70,21 @@ def dense_xy_to_dw(x, d, theta, *, kernel_transform=None, **params) -> dict[str,
     dkernel = outer_sum(x, d).astype(kernel.dtype)
     grads = {"kernel": _transform_pullback(kernel, dkernel, kernel_transform)}
     if "bias" in theta:
-        grads["bias"] = jnp.sum(d.reshape(-1, d.shape[-1]), axis=0).astype(theta["bias"].dtype)
+        grads["bias"] = sum_leading(d).astype(theta["bias"].dtype)
     return grads
 
 
-def dense_dt_to_t(d, trace, **params) -> dict[str, jax.Array]:
-    """Scales a per-sample trace along its output axis: ``ε[..., o] · d[o]``."""
-    del params
-    return {key: value * d for key, value in trace.items()}
+DENSE_RULES = ETPRules(
+    xy_to_dw=dense_xy_to_dw,
+    dt_to_t=scale_output_axis,
+    init_drtrl=zeros_like_params,
+    init_pp=functools.partial(zeros_like_output, dtype_of="kernel"),
+    contract=output_axis_contract,
+)
+"""The dense rules: traces shaped like ``θ``, scaled along their output axis."""
 
-
-def output_axis_contract(d, trace, **params) -> dict[str, jax.Array]:
-    """``Σ_{lead} dt_to_t(d, trace)``: a trace contracted with a signal, as one einsum per key.
-
-    The closed form for traces scaled along their output axis (the ``dt_to_t``
-    of dense and LoRA): ``d`` is ``(*lead, O)``, each trace ``(*lead, O)`` or
-    ``(*lead, X, O)``; the shared leading (batch) axes are summed.
-    """
-    del params
-    out = {}
-    for key, value in trace.items():
-        spec = "...o,...o->o" if value.ndim == d.ndim else "...xo,...o->xo"
-        out[key] = jnp.einsum(spec, value, d.astype(value.dtype))
-    return out
-
-
-def dense_init_drtrl(x, y, theta, num_states: int) -> dict[str, jax.Array]:
-    """Per-sample D-RTRL trace: ``(*θ_key.shape, S)`` zeros for each key."""
-    del x, y
-    return {key: jnp.zeros((*value.shape, num_states), value.dtype) for key, value in theta.items()}
-
-
-def dense_init_pp(x, y, theta, num_states: int) -> jax.Array:
-    """Per-sample IO-dim output-side trace: ``(*y.shape, S)`` zeros."""
-    del x
-    return jnp.zeros((*jnp.shape(y), num_states), theta["kernel"].dtype)
-
-
-etp_dense_p: ETPPrimitive = register_primitive(
-    "etp_dense", _dense_impl, trainable_invars_fn=_dense_layout)
-etp_dense_batched_p: ETPPrimitive = register_primitive(
-    "etp_dense_batched", _dense_impl, batched=True, trainable_invars_fn=_dense_layout)
-register_batched_counterpart(etp_dense_p, etp_dense_batched_p)
-for _p in (etp_dense_p, etp_dense_batched_p):
-    _p.register_etp_rules(dt_to_t=dense_dt_to_t, xy_to_dw=dense_xy_to_dw,
-                          init_drtrl=dense_init_drtrl, init_pp=dense_init_pp)
-    _p.register_contract(output_axis_contract)
+etp_dense_p, etp_dense_batched_p = register_pair(
+    "etp_dense", _dense_impl, DENSE_RULES, trainable_invars_fn=_dense_layout)
 
 
 def matmul(

@@ -15,15 +15,18 @@ Rules (per sample, ``d`` and traces shaped like the broadcast ``y``):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from braintrace._primitive import ETPPrimitive, register_primitive
+from braintrace._primitives._core import ETPPrimitive
+from braintrace._primitives._register import register_primitive
+from braintrace._primitives._rules import ETPRules, scale_output_axis, zeros_like_output
 
-__all__ = ["element_wise", "etp_elemwise_p"]
+__all__ = ["ELEMWISE_RULES", "element_wise", "etp_elemwise_p"]
 
 
 def _identity(w):
@@ -51,28 +54,23 @@ def elemwise_xy_to_dw(x, d, theta, *, fn, **params) -> dict[str, jax.Array]:
     return {"weight": dw}
 
 
-def elemwise_dt_to_t(d, trace, **params) -> dict[str, jax.Array]:
-    """Scales a hidden-shaped trace elementwise: ``ε ⊙ d``."""
-    del params
-    return {key: value * d for key, value in trace.items()}
-
-
 def elemwise_init_drtrl(x, y, theta, num_states: int) -> dict[str, jax.Array]:
     """Per-sample trace shaped like ``y`` broadcast to the hidden group: ``(*y.shape, S)``."""
-    del x
-    return {"weight": jnp.zeros((*jnp.shape(y), num_states), theta["weight"].dtype)}
+    return {"weight": zeros_like_output(x, y, theta, num_states, dtype_of="weight")}
 
 
-def elemwise_init_pp(x, y, theta, num_states: int) -> jax.Array:
-    """Output-side trace ``(*y.shape, S)``, the same as the D-RTRL one."""
-    return elemwise_init_drtrl(x, y, theta, num_states)["weight"]
-
+ELEMWISE_RULES = ETPRules(
+    xy_to_dw=elemwise_xy_to_dw,
+    dt_to_t=scale_output_axis,
+    init_drtrl=elemwise_init_drtrl,
+    init_pp=functools.partial(zeros_like_output, dtype_of="weight"),
+)
+"""The elementwise rules: one trace shaped like the hidden group, scaled elementwise."""
 
 etp_elemwise_p: ETPPrimitive = register_primitive(
     "etp_elemwise", _elemwise_impl, gradient_enabled=True,
     trainable_invars_fn=lambda params: {"weight": 0}, x_invar_index=None)
-etp_elemwise_p.register_etp_rules(dt_to_t=elemwise_dt_to_t, xy_to_dw=elemwise_xy_to_dw,
-                                  init_drtrl=elemwise_init_drtrl, init_pp=elemwise_init_pp)
+etp_elemwise_p.register_etp_rules(ELEMWISE_RULES)
 
 
 def element_wise(weight: ArrayLike, fn: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
