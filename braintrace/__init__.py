@@ -19,7 +19,7 @@ from braintrace._compiler import ETraceGraph as ETraceGraph
 from braintrace._compiler import compile_graph as compile_graph
 from braintrace._hidden import HiddenState as HiddenState
 from braintrace._learner import OnlineLearner as OnlineLearner
-from braintrace._learner import compile as compile  # noqa: A004
+from braintrace._compile_learner import compile as compile  # noqa: A004
 from braintrace._primitives import ETPPrimitive as ETPPrimitive
 from braintrace._primitives import MissingRuleError as MissingRuleError
 from braintrace._primitives import element_wise as element_wise

@@ -1,0 +1,81 @@
+"""``braintrace.compile``: a stateful model and an algorithm to an :class:`OnlineLearner`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from flax import nnx
+
+from braintrace._algorithms import AbstractAlgorithm, get_algorithm
+from braintrace._learner import OnlineLearner
+from braintrace._learner_state import state_batch_size
+from braintrace._sharding import check_mesh
+from braintrace._states import init_states
+
+__all__ = ["compile"]
+
+
+def compile(  # noqa: A001  (the verb users expect: braintrace.compile)
+    model: nnx.Module,
+    algorithm: str | AbstractAlgorithm,
+    example_x: Any,
+    *,
+    batch_size: int | None = None,
+    strict: bool = False,
+    mesh: jax.sharding.Mesh | None = None,
+    data_axis: str = "data",
+) -> OnlineLearner:
+    """Compiles a stateful model for online learning with ``algorithm``.
+
+    Initialises the hidden states for ``batch_size`` (when given), compiles one
+    step into an eligibility-trace graph and initialises the traces.
+
+    Args:
+        model: An NNX module whose call ``model(x)`` is one time step.
+        algorithm: An instance (``braintrace.D_RTRL()``) or a name: ``'d_rtrl'``,
+            ``'es_d_rtrl'``, ``'pp_prop'``, ``'eprop'``, ``'ostl_recurrent'``,
+            ``'ostl_feedforward'``, ``'rtrl'``, ``'snap'``, ``'uoro'``.
+        example_x: The input of one step (with its batch axis, if batched).
+        batch_size: Batch size to initialise hidden states for; ``None`` keeps
+            the states as they are.
+        strict: Refuse a model whose eligibility traces would be approximate
+            (``learner.graph.approximations``; the report lists them), so that
+            D-RTRL equals BPTT. The same-step gradient is exact either way.
+        mesh: Data parallel over the devices of this mesh: the batch axis of
+            inputs, targets, hidden states and traces is split over its axis
+            ``data_axis``; Params are replicated and XLA sums the gradients over
+            the devices. ``None`` runs on the default device.
+        data_axis: The name of the mesh axis the batch is split over.
+
+    Returns:
+        An :class:`OnlineLearner`.
+
+    Raises:
+        ValueError: With a ``mesh``: it has no axis ``data_axis``, or
+            ``batch_size`` is missing or not divisible by that axis's size.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> import braintrace
+        >>> from braintrace import layers
+        >>> class Net(nnx.Module):
+        ...     def __init__(self, rngs):
+        ...         self.rnn = layers.LIF(4)
+        ...         self.w_in = layers.ETPLinear(3, 4, rngs=rngs)
+        ...     def __call__(self, x):
+        ...         return self.rnn(self.w_in(x))
+        >>> learner = braintrace.compile(Net(nnx.Rngs(0)), 'd_rtrl', jnp.ones((2, 3)),
+        ...                              batch_size=2)
+        >>> learner.graph.traced_param_paths
+        ('w_in.bias', 'w_in.kernel')
+    """
+    algorithm = get_algorithm(algorithm)
+    if mesh is not None:
+        check_mesh(mesh, data_axis, batch_size if batch_size is not None
+                   else state_batch_size(model))
+    if batch_size is not None:
+        init_states(model, batch_size)
+    return OnlineLearner(model, algorithm, example_x, strict=strict, mesh=mesh,
+                         data_axis=data_axis)
