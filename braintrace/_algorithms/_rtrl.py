@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
+from braintrace._algorithms._scan import is_batched
 from braintrace._algorithms._trace_algebra import param_dtypes
 from braintrace._compiler import ElementwiseRelation, ETraceGraph, InputRelation, Relation
 
@@ -46,13 +47,9 @@ def hidden_size(graph: ETraceGraph, batched: bool) -> int:
 
 def flat_signal(graph: ETraceGraph, delta: Sequence[jax.Array]) -> jax.Array:
     """The per-leaf learning signal of one sample flattened over every hidden unit: ``(*B, N)``."""
-    batched = _batched(graph)
+    batched = is_batched(graph)
     return jnp.concatenate([d.reshape(*d.shape[:1 if batched else 0], -1) for d in delta],
                            axis=-1)
-
-
-def _batched(graph: ETraceGraph) -> bool:
-    return any(r.batched for r in graph.relations)
 
 
 def _immediate(r: InputRelation):
@@ -124,7 +121,7 @@ RTRL_INPUT = RelationRule(init=_input_init, update=_input_update,
 def _elementwise_init(graph: ETraceGraph, r: ElementwiseRelation, theta) -> jax.Array:
     """``M``: ``(*B, N, *y)``, the influence of the output ``y`` (constant in time)."""
     del theta
-    batched = _batched(graph)
+    batched = is_batched(graph)
     g = graph.groups[r.group]
     lead = (g.shape[0],) if batched else ()
     dtype = jnp.result_type(*param_dtypes(graph, r).values())
@@ -197,7 +194,7 @@ class RTRL(AbstractAlgorithm):
         shapes = jax.eval_shape(lambda ops: super(RTRL, self).init(graph, ops), list(operands))
         size = rtrl_trace_bytes(graph, shapes)
         if size > self.max_trace_bytes:
-            units = hidden_size(graph, _batched(graph))
+            units = hidden_size(graph, is_batched(graph))
             raise ValueError(
                 f"RTRL: the influence matrices of this model need {size:,} bytes "
                 f"({size / 2**20:.1f} MiB: batch × traced weights × {units} hidden units), "

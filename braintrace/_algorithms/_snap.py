@@ -29,6 +29,7 @@ import numpy as np
 
 from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
 from braintrace._algorithms._rtrl import RTRL_ELEMENTWISE, RTRL_INPUT, flat_signal
+from braintrace._algorithms._scan import is_batched
 from braintrace._compiler import ETraceGraph, InputRelation, Relation
 from braintrace._compiler._patterns import reach, unit_patterns
 
@@ -86,8 +87,7 @@ class SnAp(AbstractAlgorithm):
 
     def _graph_rules(self, graph: ETraceGraph) -> list[RelationRule]:
         if id(graph) not in self._rules:
-            batched = any(r.batched for r in graph.relations)
-            adjacency, immediate = unit_patterns(graph, batched)
+            adjacency, immediate = unit_patterns(graph, is_batched(graph))
             rules = [snap_rule(r, reach(adjacency, imm, self.n_steps - 1))
                      for r, imm in zip(graph.relations, immediate)]
             self._rules[id(graph)] = (graph, rules)
