@@ -63,8 +63,16 @@ import braintrace
 
 NAME = "throughput"
 MODELS = ("snn", "gru", "alif")
-METHODS = ("bptt", "d_rtrl", "es_d_rtrl")
-TARGETS = {"es_d_rtrl": 1.5, "d_rtrl": 3.0}
+METHODS = ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@1", "es_d_rtrl@1")
+"""``name`` is the default (time-blocked, ``block_size=16``) form, ``name@K`` blocks of ``K``
+steps (``@1``: the per-step form)."""
+TARGETS = {"es_d_rtrl": 0.6, "d_rtrl": 1.3}
+
+
+def method_parts(method: str) -> tuple[str, int | None]:
+    """``'d_rtrl@1'`` -> ``('d_rtrl', 1)``; ``'d_rtrl'`` -> ``('d_rtrl', None)`` (the default)."""
+    name, _, block_size = method.partition("@")
+    return name, (int(block_size) if block_size else None)
 
 
 def prepare(model_name: str, method: str, cfg: dict, xs, ys):
@@ -84,9 +92,10 @@ def prepare(model_name: str, method: str, cfg: dict, xs, ys):
 
         extra = {"graph_compile_s": 0.0}
     else:
-        learner = braintrace.compile(model, method, xs[0], batch_size=B)
+        name, block_size = method_parts(method)
+        learner = braintrace.compile(model, name, xs[0], batch_size=B)
         graph_s = time.perf_counter() - start
-        lowered = learner.lower_etrace_grad(xs, ys, mse)
+        lowered = learner.lower_etrace_grad(xs, ys, mse, block_size=block_size)
         lower_s = time.perf_counter() - start - graph_s
         lowered.compile()
         xla_s = time.perf_counter() - start - graph_s - lower_s
@@ -94,7 +103,7 @@ def prepare(model_name: str, method: str, cfg: dict, xs, ys):
                           for a in jax.tree.leaves(learner.traces))
 
         def run():
-            return learner.etrace_grad(xs, ys, mse)
+            return learner.etrace_grad(xs, ys, mse, block_size=block_size)
 
         extra = {"graph_compile_s": graph_s, "trace_bytes": trace_bytes}
     extra.update({"trace_lower_s": lower_s, "xla_compile_s": xla_s})
@@ -117,7 +126,8 @@ def profile_step(model_name: str, method: str, cfg: dict, xs, ys, repeats: int) 
     from braintrace._compiler import _programs as programs
 
     H, I, O, B = cfg["hidden"], cfg["inputs"], cfg["outputs"], cfg["batch"]
-    learner = braintrace.compile(build(model_name, I, H, O, B), method, xs[0], batch_size=B)
+    learner = braintrace.compile(build(model_name, I, H, O, B), method_parts(method)[0], xs[0],
+                                 batch_size=B)
     graph, alg = learner.graph, learner.algorithm
     params, hidden, other = learner.leaves()
     operands = programs.operands(graph, params)
@@ -258,7 +268,7 @@ def main(argv: list[str] | None = None) -> dict:
         if do_profile:
             prof = {}
             for m in methods:
-                if m == "bptt":
+                if m == "bptt" or method_parts(m)[1] != 1:  # the per-step forms' parts
                     continue
                 try:
                     prof[m] = profile_step(model_name, m, cfg, xs, ys, max(repeats, 5))

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import optax
 
 from braintrace._algorithms import AbstractAlgorithm
+from braintrace._algorithms._blocked import blocked_run
 from braintrace._algorithms._scan import (
     ScanCarry,
     evolve,
@@ -85,17 +86,26 @@ class GradResult(NamedTuple):
 
 def grad_program(graph: ETraceGraph, algorithm: AbstractAlgorithm, params, hidden, other, traces,
                  xs, ys, weights, *, loss_fn: Callable[[Any, Any], jax.Array],
-                 chunk_size: int | None, layout: Layout | None = None) -> GradResult:
+                 chunk_size: int | None, block_size: int = 1,
+                 layout: Layout | None = None) -> GradResult:
     """The online gradient of ``Σ_t w_t L_t`` (``etrace_grad``), on the :class:`GradArgs`.
 
-    ``chunk_size=None`` is single-step mode; an int is windowed mode with
-    exact reverse mode inside windows of that many steps. With a ``layout``
-    (data parallel) the state keeps its shardings from entry to exit.
+    ``chunk_size=None`` is single-step mode, with the traces advanced in
+    blocks of ``block_size`` steps (``1``: every step); an int is windowed
+    mode with exact reverse mode inside windows of that many steps. With a
+    ``layout`` (data parallel) the state keeps its shardings from entry to exit.
     """
     if layout is not None:
         params, hidden, other, traces = _constrain_state(layout, params, hidden, other, traces)
         xs, ys = _constrain_inputs(layout, xs), _constrain_inputs(layout, ys)
-    if chunk_size is None:
+    if chunk_size is None and block_size > 1:
+        operands = programs.operands(graph, params)
+        carry, losses = blocked_run(
+            graph, algorithm, loss_fn, params, operands,
+            init_carry(graph, algorithm, params, hidden, other, traces), xs, ys, weights,
+            block_size)
+        grads = param_gradients(graph, algorithm, params, operands, carry)
+    elif chunk_size is None:
         grads, carry, losses = online_gradients(
             graph, algorithm, loss_fn, params, hidden, other, traces, xs, ys, weights)
     else:
@@ -168,7 +178,7 @@ class _TrainCarry(NamedTuple):
 def train_program(graph: ETraceGraph, algorithm: AbstractAlgorithm,
                   tx: optax.GradientTransformation, loss_fn: Callable[[Any, Any], jax.Array],
                   update_every: int, params, opt_state, hidden, other, traces, xs, ys,
-                  weights, layout: Layout | None = None) -> TrainResult:
+                  weights, layout: Layout | None = None, block_size: int = 1) -> TrainResult:
     """Online learning over a sequence: an optax update after every ``update_every`` steps.
 
     The sequence is cut into windows of ``update_every`` steps. In each window
@@ -186,6 +196,7 @@ def train_program(graph: ETraceGraph, algorithm: AbstractAlgorithm,
         weights: ``(T,)`` step weights.
         layout: Data parallel: the shardings of the state, kept from entry to
             exit (the optimiser state is replicated like the Params).
+        block_size: Time blocks within a window (``_blocked.py``); ``1`` is per step.
     """
     if layout is not None:
         params, hidden, other, traces = _constrain_state(layout, params, hidden, other, traces)
@@ -199,7 +210,7 @@ def train_program(graph: ETraceGraph, algorithm: AbstractAlgorithm,
                         init_carry(graph, algorithm, params, hidden, other, traces),
                         jnp.asarray(-1, jnp.int32), jnp.zeros((len(params),), bool))
     ends = jnp.arange(1, windows + 1, dtype=jnp.int32) * k - 1
-    window = functools.partial(_train_window, graph, algorithm, tx, loss_fn)
+    window = functools.partial(_train_window, graph, algorithm, tx, loss_fn, block_size)
     carry, losses = jax.lax.scan(
         window, carry, (jax.tree.map(split, xs), jax.tree.map(split, ys), split(weights), ends))
     sc = carry.step_carry
@@ -214,7 +225,8 @@ def train_program(graph: ETraceGraph, algorithm: AbstractAlgorithm,
 
 def _train_window(graph: ETraceGraph, algorithm: AbstractAlgorithm,
                   tx: optax.GradientTransformation, loss_fn: Callable[[Any, Any], jax.Array],
-                  carry: _TrainCarry, inputs: Any) -> tuple[_TrainCarry, jax.Array]:
+                  block_size: int, carry: _TrainCarry, inputs: Any
+                  ) -> tuple[_TrainCarry, jax.Array]:
     """One window: accumulate its gradient online, apply it, note the first bad update."""
     xw, yw, ww, t_end = inputs
     operands = programs.operands(graph, carry.params)
@@ -225,8 +237,12 @@ def _train_window(graph: ETraceGraph, algorithm: AbstractAlgorithm,
         return online_step(graph, algorithm, loss_fn, carry.params, operands, c,
                            xy[0], xy[1], xy[2])
 
-    step_carry, losses = jax.lax.scan(body, fresh, (xw, yw, ww))
-    step_carry = finish_carry(graph, algorithm, operands, step_carry)
+    if block_size > 1:
+        step_carry, losses = blocked_run(graph, algorithm, loss_fn, carry.params, operands,
+                                         fresh, xw, yw, ww, block_size)
+    else:
+        step_carry, losses = jax.lax.scan(body, fresh, (xw, yw, ww))
+        step_carry = finish_carry(graph, algorithm, operands, step_carry)
     grads = param_gradients(graph, algorithm, carry.params, operands, step_carry)
     updates, opt_state = tx.update(grads, carry.opt_state, carry.params)
     new_params = optax.apply_updates(carry.params, updates)

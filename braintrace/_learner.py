@@ -19,6 +19,7 @@ import numpy as np
 from flax import nnx
 
 from braintrace._algorithms import AbstractAlgorithm
+from braintrace._algorithms._blocked import resolve_block_size
 from braintrace._checkpoint import restore_arrays, save_arrays
 from braintrace._compiler import ETraceGraph, compile_graph
 from braintrace._compiler import _programs as programs
@@ -112,7 +113,7 @@ class OnlineLearner:
                                example_x)
         lay = None if self.mesh is None else self._layout_for(model, graph, example)
         grad_fn = jax.jit(functools.partial(grad_program, graph, self.algorithm, layout=lay),
-                          static_argnames=("loss_fn", "chunk_size"))
+                          static_argnames=("loss_fn", "chunk_size", "block_size"))
         evolve_fn = jax.jit(functools.partial(evolve_program, graph, self.algorithm, layout=lay))
         return _Compiled(graph, example, leaf_avals(model_leaves(model)), grad_fn, evolve_fn,
                          lay)
@@ -355,6 +356,7 @@ class OnlineLearner:
         *,
         mask: jax.Array | None = None,
         chunk_size: int | None = None,
+        block_size: int | None = None,
         reduction: str = "mean",
         return_losses: bool = False,
     ) -> nnx.State | tuple[nnx.State, jax.Array]:
@@ -378,6 +380,11 @@ class OnlineLearner:
             chunk_size: Windowed mode: exact reverse mode inside windows of this
                 many steps (a positive int dividing ``T``), traces carrying
                 credit across windows. ``None`` is single-step mode.
+            block_size: Single-step mode advances the traces in blocks of this
+                many steps, with matrix products (exactly the per-step result;
+                see ``braintrace/_algorithms/_blocked.py``); ``1`` is the
+                per-step form. Default: 16 where the algorithm has a blocked
+                form (D_RTRL, ES_D_RTRL), else 1. Ignored in windowed mode.
             reduction: ``'mean'`` or ``'sum'`` over time.
             return_losses: Also return each step's loss ``(T,)``.
 
@@ -397,7 +404,8 @@ class OnlineLearner:
         """
         args = self.grad_args(xs, ys, mask=mask, chunk_size=chunk_size, reduction=reduction)
         grads, hidden, other, traces, losses, finite = self._grad_fn(
-            *args, loss_fn=loss_fn, chunk_size=_static(chunk_size))
+            *args, loss_fn=loss_fn, chunk_size=_static(chunk_size),
+            block_size=self._block_size(block_size))
         self._raise_if_not_finite(host_array(losses), host_array(finite))
         write_state(self.model, hidden, other)
         self.traces = traces
@@ -421,13 +429,19 @@ class OnlineLearner:
 
     def lower_etrace_grad(self, xs: Any, ys: Any, loss_fn: Callable[[Any, Any], jax.Array], *,
                           mask: jax.Array | None = None, chunk_size: int | None = None,
+                          block_size: int | None = None,
                           reduction: str = "mean") -> jax.stages.Lowered:
         """The lowered ``etrace_grad`` program (``.compile().memory_analysis()`` measures it).
 
         ``xs``/``ys`` may be ``jax.ShapeDtypeStruct``s, so long sequences need no data.
         """
         args = self.grad_args(xs, ys, mask=mask, chunk_size=chunk_size, reduction=reduction)
-        return self._grad_fn.lower(*args, loss_fn=loss_fn, chunk_size=_static(chunk_size))
+        return self._grad_fn.lower(*args, loss_fn=loss_fn, chunk_size=_static(chunk_size),
+                                   block_size=self._block_size(block_size))
+
+    def _block_size(self, block_size: int | None) -> int:
+        """The checked ``K`` of the time-blocked traces (``etrace_grad``'s ``block_size``)."""
+        return resolve_block_size(self.algorithm, self.graph, block_size)
 
     def grad_args(self, xs: Any, ys: Any, *, mask: jax.Array | None = None,
                   chunk_size: int | None = None, reduction: str = "mean") -> GradArgs:

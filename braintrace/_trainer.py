@@ -22,7 +22,10 @@ from braintrace._learner import OnlineLearner
 from braintrace._learner_state import named_arrays, state_from_arrays
 from braintrace._sharding import host_array, place
 
-__all__ = ["OnlineTrainer"]
+__all__ = ["MAX_BLOCK_SIZE", "OnlineTrainer"]
+
+MAX_BLOCK_SIZE = 64
+"""The longest time block the trainer uses between two updates."""
 
 
 class OnlineTrainer:
@@ -40,6 +43,10 @@ class OnlineTrainer:
         loss_fn: ``loss_fn(y_pred, y_target) -> scalar`` for one step.
         update_every: Steps between updates (``k``); sequence lengths must be
             multiples of it.
+        blocked: Advance the traces of the steps between updates as one
+            time block (exactly the per-step result, with matrix products;
+            blocks of at most 64 steps). ``None``: wherever the algorithm has a
+            blocked form (D_RTRL, ES_D_RTRL) and ``update_every > 1``.
 
     Example:
         >>> import jax, jax.numpy as jnp, optax
@@ -58,9 +65,15 @@ class OnlineTrainer:
     """
 
     def __init__(self, learner: OnlineLearner, tx: optax.GradientTransformation, *,
-                 loss_fn: Callable[[Any, Any], jax.Array], update_every: int = 1):
+                 loss_fn: Callable[[Any, Any], jax.Array], update_every: int = 1,
+                 blocked: bool | None = None):
         if update_every < 1:
             raise ValueError(f"update_every must be >= 1, got {update_every}.")
+        if blocked and not learner.algorithm.supports_blocks(learner.graph):
+            raise ValueError(
+                f"Algorithm '{learner.algorithm.name}' has no time-blocked form for this model; "
+                "use blocked=False (or leave it unset).")
+        self.blocked = blocked
         self.learner = learner
         self.tx = tx
         self.loss_fn = loss_fn
@@ -122,9 +135,12 @@ class OnlineTrainer:
     def _train_program(self, params, opt_state, hidden, other, traces, xs, ys,
                        weights) -> TrainResult:
         """:func:`train_program` on the learner's current graph (read when ``jit`` traces)."""
-        return train_program(self.learner.graph, self.learner.algorithm, self.tx, self.loss_fn,
-                             self.update_every, params, opt_state, hidden, other, traces, xs,
-                             ys, weights, layout=self.learner._layout_now)
+        graph, algorithm = self.learner.graph, self.learner.algorithm
+        blocked = (algorithm.supports_blocks(graph) if self.blocked is None else self.blocked)
+        block_size = min(self.update_every, MAX_BLOCK_SIZE) if blocked else 1
+        return train_program(graph, algorithm, self.tx, self.loss_fn, self.update_every, params,
+                             opt_state, hidden, other, traces, xs, ys, weights,
+                             layout=self.learner._layout_now, block_size=block_size)
 
     def _raise_if_not_finite(self, losses: np.ndarray, bad_update_at: int,
                              bad_params: np.ndarray) -> None:

@@ -12,6 +12,10 @@ an optax transformation's ``init``/``update``:
   and the driver adds the exact same-step gradient (see ``_scan.py``);
 * ``finalize(r, summed, θ)`` -> ``{key: dθ}`` (linear, applied once after
   summing);
+* optionally ``block(r, state, δ̄, D, Df, x, θ)`` -> ``(state, term)``: ``K``
+  steps at once (every argument but the state and ``θ`` stacked on a leading
+  ``K`` axis), equal to ``K`` rounds of ``contribution`` then ``update`` and
+  their terms summed, written with matrix products (see ``_blocked.py``);
 
 and ``rules(r)``, the ETP rules it calls (checked once, when the traces are
 created, so a missing rule fails at ``braintrace.compile`` with a
@@ -38,7 +42,7 @@ from braintrace._algorithms._trace_algebra import group_signal
 from braintrace._compiler import ETraceGraph, Relation
 from braintrace._primitives import MissingRuleError
 
-__all__ = ["AbstractAlgorithm", "Jacobians", "RelationRule", "check_rules"]
+__all__ = ["AbstractAlgorithm", "BlockSteps", "Jacobians", "RelationRule", "check_rules"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +53,17 @@ class Jacobians:
     df: Sequence[jax.Array]
 
 
+@dataclasses.dataclass(frozen=True)
+class BlockSteps:
+    """``K`` steps' learning signals (per hidden leaf), ``D`` (per group), ``Df`` and inputs
+    (per relation), each stacked on a leading ``K`` axis."""
+
+    signal: Sequence[jax.Array]
+    d: Sequence[jax.Array]
+    df: Sequence[jax.Array]
+    rel_x: Sequence[jax.Array | None]
+
+
 class RelationRule(NamedTuple):
     """The pure functions of one algorithm for one kind of relation (module docstring)."""
 
@@ -57,6 +72,7 @@ class RelationRule(NamedTuple):
     contribution: Callable[[Relation, Any, jax.Array, dict[str, jax.Array]], Any]
     finalize: Callable[[Relation, Any, dict[str, jax.Array]], dict[str, jax.Array]]
     rules: Callable[[Relation], tuple[str, ...]]
+    block: Callable[..., tuple[Any, Any]] | None = None
 
 
 class AbstractAlgorithm(abc.ABC):
@@ -116,6 +132,19 @@ class AbstractAlgorithm(abc.ABC):
         return [self.relation_rule(r).contribution(r, s, self.relation_signal(graph, delta, r),
                                                    theta)
                 for r, s, theta in zip(graph.relations, state, operands)]
+
+    def supports_blocks(self, graph: ETraceGraph) -> bool:
+        """Whether every relation's rule has a time-blocked form (``etrace_grad(block_size=)``)."""
+        return all(self.relation_rule(r).block is not None for r in graph.relations)
+
+    def block(self, graph: ETraceGraph, state: Sequence[Any], steps: BlockSteps,
+              operands: Sequence[dict[str, jax.Array]]) -> tuple[list[Any], list[Any]]:
+        """``K`` steps of every relation at once: the traces after them and their summed terms."""
+        out = [self.relation_rule(r).block(
+            r, s, jax.vmap(lambda delta, r=r: self.relation_signal(graph, delta, r))(steps.signal),
+            steps.d[r.group], steps.df[r.index], x, theta)
+            for r, s, x, theta in zip(graph.relations, state, steps.rel_x, operands)]
+        return [new for new, _ in out], [term for _, term in out]
 
     def finalize(self, graph: ETraceGraph, summed: Sequence[Any],
                  operands: Sequence[dict[str, jax.Array]]) -> list[dict[str, jax.Array]]:

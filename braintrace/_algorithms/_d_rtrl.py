@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
+from braintrace._algorithms._blocked import block_coefficients
 from braintrace._algorithms._trace_algebra import (
     mix_states,
     param_dtypes,
@@ -107,7 +108,11 @@ def _input_contribution(r: InputRelation, eps: tuple, signal: jax.Array,
     """``Σ_b Σ_s contract(δ̄_s, ε_s)`` (the closed-form ``contract`` rule, or ``dt_to_t``,
     which it equals on one sample), summed over the batch by :func:`sum_over_samples`."""
     del theta
-    signal = r.gather_hidden(signal)
+    return _contract_y(r, eps, r.gather_hidden(signal))
+
+
+def _contract_y(r: InputRelation, eps: tuple, signal: jax.Array) -> Any:
+    """``Σ_b Σ_s contract(signal_s, ε_s)`` for a signal already at ``y``'s units ``(*y, S)``."""
     prim = r.primitive
     contract = prim.rule("contract") if prim.has_rule("contract") else prim.rule("dt_to_t")
 
@@ -115,6 +120,40 @@ def _input_contribution(r: InputRelation, eps: tuple, signal: jax.Array,
         return tree_sum([contract(signal[..., s], e, **r.params) for s, e in enumerate(states)])
 
     return sum_over_samples(one, eps, signal) if r.batched else one(eps, signal)
+
+
+def _instantaneous(r: InputRelation, theta: dict[str, jax.Array]):
+    """The instantaneous trace term ``x ⊗ f`` (``xy_to_trace``, else ``xy_to_dw``), leading
+    axes summed."""
+    prim = r.primitive
+    rule = prim.rule("xy_to_trace") if prim.has_rule("xy_to_trace") else prim.rule("xy_to_dw")
+    return lambda x, f: rule(x, f, theta, **r.params)
+
+
+def _input_block(r: InputRelation, eps: tuple, signal: jax.Array, d_g: jax.Array,
+                 df: jax.Array, x: jax.Array, theta: dict[str, jax.Array]) -> tuple[tuple, Any]:
+    """``K`` steps of :func:`_input_contribution` then :func:`_input_update` (``_blocked.py``):
+
+    ``term = Σ_s contract(β_{-1,s}, ε_s) + Σ_{k,b} x_k ⊗ (β_k·f_k)`` and
+    ``ε_s ← Σ_{s'} dt_to_t(Λ_{-1,ss'}, ε_{s'}) + Σ_k x_k ⊗ (Λ_k f_k)_s`` per sample.
+    """
+    beta, lam, beta0, lam0 = block_coefficients(jax.vmap(r.gather_hidden)(signal),
+                                                jax.vmap(r.gather_hidden)(d_g))
+    df = df.astype(beta.dtype)
+    outer = _instantaneous(r, theta)
+    merge = (lambda a: a.reshape(-1, *a.shape[2:])) if r.batched else (lambda a: a)  # noqa: E731
+    term = jax.tree.map(jnp.add, _contract_y(r, eps, beta0),
+                        outer(merge(x), merge(jnp.sum(beta * df, axis=-1))))
+    gain = jnp.einsum("k...st,k...t->k...s", lam, df)
+    over_steps = jax.vmap(outer, in_axes=(1, 1)) if r.batched else outer
+    dt_to_t = r.primitive.rule("dt_to_t")
+    scale = per_sample(lambda d, e: dt_to_t(d, e, **r.params), r)
+    new = []
+    for s, old in enumerate(eps):
+        mixed = tree_sum([scale(lam0[..., s, s2], source) for s2, source in enumerate(eps)])
+        new.append(jax.tree.map(lambda m, i, e: (m + i).astype(e.dtype),
+                                mixed, over_steps(x, gain[..., s]), old))
+    return tuple(new), term
 
 
 def _input_finalize(r: InputRelation, total: Any, theta: dict[str, jax.Array]) -> dict:
@@ -125,7 +164,7 @@ def _input_finalize(r: InputRelation, total: Any, theta: dict[str, jax.Array]) -
 
 DRTRL_INPUT = RelationRule(init=_input_init, update=_input_update,
                            contribution=_input_contribution, finalize=_input_finalize,
-                           rules=_input_rules)
+                           rules=_input_rules, block=_input_block)
 """D-RTRL for an operation with an input: ``ε = D ε + Df ⊗ x``."""
 
 
@@ -159,9 +198,23 @@ def _elementwise_finalize(r: ElementwiseRelation, total: jax.Array,
     return r.primitive.rule("xy_to_dw")(None, total, theta, **r.params)
 
 
+def _elementwise_block(r: ElementwiseRelation, eps: dict, signal: jax.Array, d_g: jax.Array,
+                       df: jax.Array, x: None, theta: dict[str, jax.Array]) -> tuple[dict, Any]:
+    """``K`` steps of the elementwise rule at once (``_blocked.py`` with ``x = 1``)."""
+    del x, theta
+    beta, lam, beta0, lam0 = block_coefficients(signal, d_g)
+    df = df.astype(beta.dtype)
+    trace = eps["weight"]
+    term = r.scatter_to_y(jnp.sum(beta0 * trace, axis=-1) + jnp.sum(beta * df, axis=(0, -1)))
+    mixed = mix_states(r.primitive.rule("dt_to_t"), lam0, eps, **r.params)
+    gain = jnp.einsum("k...st,k...t->...s", lam, df)
+    return jax.tree.map(lambda m: (m + gain).astype(m.dtype), mixed), term
+
+
 DRTRL_ELEMENTWISE = RelationRule(
     init=_elementwise_init, update=_elementwise_update, contribution=_elementwise_contribution,
-    finalize=_elementwise_finalize, rules=lambda r: ("init_drtrl", "dt_to_t", "xy_to_dw"))
+    finalize=_elementwise_finalize, rules=lambda r: ("init_drtrl", "dt_to_t", "xy_to_dw"),
+    block=_elementwise_block)
 """D-RTRL for the elementwise primitive: the trace of its output, ``ε = D ε + Df``."""
 
 

@@ -118,13 +118,27 @@ def es_input_rule(x_decay: float, f_decay: float) -> RelationRule:
         return IOTerm(grad=r.primitive.rule("xy_to_dw")(s.x, d, theta, **r.params),
                       bias_signal=(s.ones - 1.0) * d)
 
+    def block(r: InputRelation, s: IOTrace, signal, d_g, df, x, theta) -> tuple[IOTrace, IOTerm]:
+        """``K`` steps: the small traces step by step, the ``K`` pullbacks as one product."""
+        def one(s, step):
+            signal_k, d_k, df_k, x_k = step
+            correction = jnp.where(s.f_power < 1.0, 1.0 - s.f_power, 1.0)
+            d = jnp.sum(s.f * r.gather_hidden(signal_k), axis=-1) / correction
+            return update(r, s, d_k, df_k, x_k, theta), (s.x, d, (s.ones - 1.0) * d)
+
+        s, (xs, ds, bias_signals) = jax.lax.scan(one, s, (signal, d_g, df, x))
+        merge = (lambda a: a.reshape(-1, *a.shape[2:])) if r.batched else (  # noqa: E731
+            lambda a: a)
+        grad = r.primitive.rule("xy_to_dw")(merge(xs), merge(ds), theta, **r.params)
+        return s, IOTerm(grad=grad, bias_signal=jnp.sum(bias_signals, axis=0))
+
     def finalize(r: InputRelation, total: IOTerm, theta) -> dict:
         zeros = jnp.zeros(r.x_shape, total.bias_signal.dtype)
         bias = r.primitive.rule("xy_to_dw")(zeros, total.bias_signal, theta, **r.params)
         return jax.tree.map(jnp.add, dict(total.grad), bias)
 
     return RelationRule(init=init, update=update, contribution=contribution, finalize=finalize,
-                        rules=lambda r: ("init_pp", "xy_to_dw"))
+                        rules=lambda r: ("init_pp", "xy_to_dw"), block=block)
 
 
 class ES_D_RTRL(AbstractAlgorithm):

@@ -44,6 +44,8 @@ from braintrace._compiler import _programs as programs
 __all__ = [
     "Pending",
     "ScanCarry",
+    "StepTerms",
+    "add_same_step",
     "apply_pending",
     "finish_carry",
     "evolve",
@@ -53,6 +55,7 @@ __all__ = [
     "online_step",
     "param_gradients",
     "step_jacobians",
+    "step_terms",
 ]
 
 
@@ -100,20 +103,31 @@ def is_batched(graph: ETraceGraph) -> bool:
     return any(r.batched for r in graph.relations)
 
 
-def online_step(
-    graph: ETraceGraph,
-    algorithm: AbstractAlgorithm,
-    loss_fn: Callable[[Any, Any], jax.Array],
-    params: Sequence[jax.Array],
-    operands: Sequence[dict[str, jax.Array]],
-    carry: ScanCarry,
-    x_t: Any,
-    y_t: Any,
-    weight_t: jax.Array,
-) -> tuple[ScanCarry, jax.Array]:
-    """One time step of online learning (module docstring); returns the new carry and ``L_t``."""
-    leaves = StepLeaves(list(params), list(carry.hidden), list(carry.other),
-                        jax.tree.leaves(x_t))
+class StepTerms(NamedTuple):
+    """What one step gives the online loop, before any trace is touched.
+
+    Attributes:
+        hidden, other: The state after the step.
+        same_step: ``∂(w_t L_t)/∂θ|_{h^{t-1}}`` per Param leaf (every path of the step).
+        signal: ``δ̄^t = ∂(w_t L_t)/∂h^{t-1}`` per hidden leaf.
+        jac: ``D^t`` and ``Df^t`` at ``(h^{t-1}, x^t)``.
+        rel_x: Each relation's input ``x^t`` (``None`` for elementwise relations).
+        loss: ``L_t`` (unweighted).
+    """
+
+    hidden: list[jax.Array]
+    other: list[jax.Array]
+    same_step: list[jax.Array]
+    signal: list[jax.Array]
+    jac: Jacobians
+    rel_x: list[jax.Array | None]
+    loss: jax.Array
+
+
+def step_terms(graph: ETraceGraph, algorithm: AbstractAlgorithm,
+               loss_fn: Callable[[Any, Any], jax.Array], leaves: StepLeaves, y_t: Any,
+               weight_t: jax.Array) -> StepTerms:
+    """One step's same-step gradient, learning signal and Jacobians (module docstring, 1 and 3)."""
     feedback = algorithm.feedback_operands(graph)
 
     def weighted_loss(params, hidden):
@@ -129,14 +143,37 @@ def online_step(
     _, pullback, (loss, outs, rel_x) = jax.vjp(
         weighted_loss, leaves.params, leaves.hidden, has_aux=True)
     same_step, signal = pullback(jnp.ones((), dtype=jnp.result_type(loss)))
-    traces = apply_pending(graph, algorithm, operands, carry)
-    term = algorithm.contribution(graph, traces, signal, operands)
     jac = step_jacobians(graph, algorithm, leaves)
+    return StepTerms(outs.hidden, outs.other, same_step, signal, jac, list(rel_x), loss)
+
+
+def add_same_step(total: Sequence[jax.Array], same_step: Sequence[jax.Array]) -> list[jax.Array]:
+    """The running same-step gradient sums, each kept in its Param's dtype."""
+    return [a + b.astype(a.dtype) for a, b in zip(total, same_step)]
+
+
+def online_step(
+    graph: ETraceGraph,
+    algorithm: AbstractAlgorithm,
+    loss_fn: Callable[[Any, Any], jax.Array],
+    params: Sequence[jax.Array],
+    operands: Sequence[dict[str, jax.Array]],
+    carry: ScanCarry,
+    x_t: Any,
+    y_t: Any,
+    weight_t: jax.Array,
+) -> tuple[ScanCarry, jax.Array]:
+    """One time step of online learning (module docstring); returns the new carry and ``L_t``."""
+    leaves = StepLeaves(list(params), list(carry.hidden), list(carry.other),
+                        jax.tree.leaves(x_t))
+    terms = step_terms(graph, algorithm, loss_fn, leaves, y_t, weight_t)
+    traces = apply_pending(graph, algorithm, operands, carry)
+    term = algorithm.contribution(graph, traces, terms.signal, operands)
     summed = jax.tree.map(jnp.add, carry.summed, term)
-    same = [a + b.astype(a.dtype) for a, b in zip(carry.same_step, same_step)]
-    return ScanCarry(outs.hidden, outs.other, traces, summed, same,
-                     Pending(list(jac.d), list(jac.df), list(rel_x)),
-                     jnp.zeros((), bool)), loss
+    return ScanCarry(terms.hidden, terms.other, traces, summed,
+                     add_same_step(carry.same_step, terms.same_step),
+                     Pending(list(terms.jac.d), list(terms.jac.df), terms.rel_x),
+                     jnp.zeros((), bool)), terms.loss
 
 
 def apply_pending(graph: ETraceGraph, algorithm: AbstractAlgorithm,
