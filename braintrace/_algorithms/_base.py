@@ -12,10 +12,13 @@ an optax transformation's ``init``/``update``:
   and the driver adds the exact same-step gradient (see ``_scan.py``);
 * ``finalize(r, summed, θ)`` -> ``{key: dθ}`` (linear, applied once after
   summing);
-* optionally ``block(r, state, δ̄, D, Df, x, θ)`` -> ``(state, term)``: ``K``
-  steps at once (every argument but the state and ``θ`` stacked on a leading
-  ``K`` axis), equal to ``K`` rounds of ``contribution`` then ``update`` and
-  their terms summed, written with matrix products (see ``_blocked.py``);
+* optionally ``block(r, state, δ̄, D, Df, x, dy, θ)`` -> ``(state, term)``:
+  ``K`` steps at once (every argument but the state and ``θ`` stacked on a
+  leading ``K`` axis), equal to ``K`` rounds of ``contribution`` then
+  ``update`` with their terms summed, plus the relation's own share of the
+  same-step gradient, ``Σ_k xy_to_dw(x_k, dy_k)`` with ``dy = ∂L_t/∂y`` (``None``
+  when another relation of the same equation counts it): written with
+  matrix products (see ``_blocked.py``);
 
 and ``rules(r)``, the ETP rules it calls (checked once, when the traces are
 created, so a missing rule fails at ``braintrace.compile`` with a
@@ -55,13 +58,14 @@ class Jacobians:
 
 @dataclasses.dataclass(frozen=True)
 class BlockSteps:
-    """``K`` steps' learning signals (per hidden leaf), ``D`` (per group), ``Df`` and inputs
-    (per relation), each stacked on a leading ``K`` axis."""
+    """``K`` steps' learning signals (per hidden leaf), ``D`` (per group), ``Df``, inputs and
+    output cotangents ``∂L_t/∂y`` (per relation), each stacked on a leading ``K`` axis."""
 
     signal: Sequence[jax.Array]
     d: Sequence[jax.Array]
     df: Sequence[jax.Array]
     rel_x: Sequence[jax.Array | None]
+    dy: Sequence[jax.Array | None]
 
 
 class RelationRule(NamedTuple):
@@ -142,8 +146,9 @@ class AbstractAlgorithm(abc.ABC):
         """``K`` steps of every relation at once: the traces after them and their summed terms."""
         out = [self.relation_rule(r).block(
             r, s, jax.vmap(lambda delta, r=r: self.relation_signal(graph, delta, r))(steps.signal),
-            steps.d[r.group], steps.df[r.index], x, theta)
-            for r, s, x, theta in zip(graph.relations, state, steps.rel_x, operands)]
+            steps.d[r.group], steps.df[r.index], x, dy, theta)
+            for r, s, x, dy, theta in zip(graph.relations, state, steps.rel_x, steps.dy,
+                                          operands)]
         return [new for new, _ in out], [term for _, term in out]
 
     def finalize(self, graph: ETraceGraph, summed: Sequence[Any],

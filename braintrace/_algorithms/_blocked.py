@@ -115,8 +115,8 @@ def _run_block(graph: ETraceGraph, algorithm: AbstractAlgorithm, loss_fn: Callab
         hidden, other, same = state
         x_t, y_t, w_t = step_inputs
         leaves = StepLeaves(list(params), list(hidden), list(other), jax.tree.leaves(x_t))
-        terms = step_terms(graph, algorithm, loss_fn, leaves, y_t, w_t)
-        stacked = (terms.signal, list(terms.jac.d), list(terms.jac.df), terms.rel_x)
+        terms = step_terms(graph, algorithm, loss_fn, leaves, y_t, w_t, probe_outputs=True)
+        stacked = (terms.signal, list(terms.jac.d), list(terms.jac.df), terms.rel_x, terms.dy)
         return (terms.hidden, terms.other, add_same_step(same, terms.same_step)), (stacked,
                                                                                  terms.loss)
 

@@ -131,10 +131,12 @@ def _instantaneous(r: InputRelation, theta: dict[str, jax.Array]):
 
 
 def _input_block(r: InputRelation, eps: tuple, signal: jax.Array, d_g: jax.Array,
-                 df: jax.Array, x: jax.Array, theta: dict[str, jax.Array]) -> tuple[tuple, Any]:
+                 df: jax.Array, x: jax.Array, dy: jax.Array | None,
+                 theta: dict[str, jax.Array]) -> tuple[tuple, Any]:
     """``K`` steps of :func:`_input_contribution` then :func:`_input_update` (``_blocked.py``):
 
-    ``term = Σ_s contract(β_{-1,s}, ε_s) + Σ_{k,b} x_k ⊗ (β_k·f_k)`` and
+    ``term = Σ_s contract(β_{-1,s}, ε_s) + Σ_{k,b} x_k ⊗ (β_k·f_k + dy_k)`` (``dy``:
+    the same-step share, in the same product) and
     ``ε_s ← Σ_{s'} dt_to_t(Λ_{-1,ss'}, ε_{s'}) + Σ_k x_k ⊗ (Λ_k f_k)_s`` per sample.
     """
     beta, lam, beta0, lam0 = block_coefficients(jax.vmap(r.gather_hidden)(signal),
@@ -142,8 +144,9 @@ def _input_block(r: InputRelation, eps: tuple, signal: jax.Array, d_g: jax.Array
     df = df.astype(beta.dtype)
     outer = _instantaneous(r, theta)
     merge = (lambda a: a.reshape(-1, *a.shape[2:])) if r.batched else (lambda a: a)  # noqa: E731
-    term = jax.tree.map(jnp.add, _contract_y(r, eps, beta0),
-                        outer(merge(x), merge(jnp.sum(beta * df, axis=-1))))
+    a = jnp.sum(beta * df, axis=-1)
+    a = a if dy is None else a + dy.astype(a.dtype)
+    term = jax.tree.map(jnp.add, _contract_y(r, eps, beta0), outer(merge(x), merge(a)))
     gain = jnp.einsum("k...st,k...t->k...s", lam, df)
     over_steps = jax.vmap(outer, in_axes=(1, 1)) if r.batched else outer
     dt_to_t = r.primitive.rule("dt_to_t")
@@ -199,13 +202,17 @@ def _elementwise_finalize(r: ElementwiseRelation, total: jax.Array,
 
 
 def _elementwise_block(r: ElementwiseRelation, eps: dict, signal: jax.Array, d_g: jax.Array,
-                       df: jax.Array, x: None, theta: dict[str, jax.Array]) -> tuple[dict, Any]:
-    """``K`` steps of the elementwise rule at once (``_blocked.py`` with ``x = 1``)."""
+                       df: jax.Array, x: None, dy: jax.Array | None,
+                       theta: dict[str, jax.Array]) -> tuple[dict, Any]:
+    """``K`` steps of the elementwise rule at once (``_blocked.py`` with ``x = 1``), plus the
+    same-step share ``Σ_k dy_k`` (the term lives at ``y``)."""
     del x, theta
     beta, lam, beta0, lam0 = block_coefficients(signal, d_g)
     df = df.astype(beta.dtype)
     trace = eps["weight"]
     term = r.scatter_to_y(jnp.sum(beta0 * trace, axis=-1) + jnp.sum(beta * df, axis=(0, -1)))
+    if dy is not None:
+        term = term + jnp.sum(dy, axis=0).astype(term.dtype)
     mixed = mix_states(r.primitive.rule("dt_to_t"), lam0, eps, **r.params)
     gain = jnp.einsum("k...st,k...t->...s", lam, df)
     return jax.tree.map(lambda m: (m + gain).astype(m.dtype), mixed), term

@@ -118,18 +118,37 @@ def es_input_rule(x_decay: float, f_decay: float) -> RelationRule:
         return IOTerm(grad=r.primitive.rule("xy_to_dw")(s.x, d, theta, **r.params),
                       bias_signal=(s.ones - 1.0) * d)
 
-    def block(r: InputRelation, s: IOTrace, signal, d_g, df, x, theta) -> tuple[IOTrace, IOTerm]:
-        """``K`` steps: the small traces step by step, the ``K`` pullbacks as one product."""
-        def one(s, step):
+    def block(r: InputRelation, s: IOTrace, signal, d_g, df, x, dy, theta
+              ) -> tuple[IOTrace, IOTerm]:
+        """``K`` steps in one product (module docstring of ``_blocked.py`` for the idea).
+
+        With ``d_k`` the step's output-side factor and ``ε_x`` entering the block
+        at ``ε_x^{-1}``, ``Σ_k xy_to_dw(ε_x^{k-1}, d_k) = xy_to_dw(ε_x^{-1}, c) +
+        Σ_j xy_to_dw(x_j, e_j)`` with ``e_j = Σ_{k>j} α_x^{k-1-j} d_k`` and ``c = Σ_k α_x^k d_k``
+        (one backward recursion); the same-step shares ``dy_j`` join ``e_j``. That
+        product counts a bias's input as ``ω^{k-1} = α_x^k + Σ_{j<k} α_x^{k-1-j}``; the
+        bias term adds ``(ε_1^{k-1} - ω^{k-1})·d_k``.
+        """
+        def one(carry, step):
+            s, omega = carry
             signal_k, d_k, df_k, x_k = step
             correction = jnp.where(s.f_power < 1.0, 1.0 - s.f_power, 1.0)
             d = jnp.sum(s.f * r.gather_hidden(signal_k), axis=-1) / correction
-            return update(r, s, d_k, df_k, x_k, theta), (s.x, d, (s.ones - 1.0) * d)
+            return ((update(r, s, d_k, df_k, x_k, theta), (x_decay * omega + 1.0).astype(
+                omega.dtype)), (d, (s.ones - omega) * d))
 
-        s, (xs, ds, bias_signals) = jax.lax.scan(one, s, (signal, d_g, df, x))
+        x_start = s.x
+        (s, _), (ds, bias_signals) = jax.lax.scan(one, (s, jnp.ones_like(s.ones)),
+                                                  (signal, d_g, df, x))
+        c, e = jax.lax.scan(lambda e, d_k: ((d_k + x_decay * e).astype(e.dtype), e),
+                            jnp.zeros_like(ds[0]), ds, reverse=True)
+        if dy is not None:
+            e = e + dy.astype(e.dtype)
         merge = (lambda a: a.reshape(-1, *a.shape[2:])) if r.batched else (  # noqa: E731
             lambda a: a)
-        grad = r.primitive.rule("xy_to_dw")(merge(xs), merge(ds), theta, **r.params)
+        xy_to_dw = r.primitive.rule("xy_to_dw")
+        grad = jax.tree.map(jnp.add, xy_to_dw(merge(x), merge(e), theta, **r.params),
+                            xy_to_dw(x_start, c, theta, **r.params))
         return s, IOTerm(grad=grad, bias_signal=jnp.sum(bias_signals, axis=0))
 
     def finalize(r: InputRelation, total: IOTerm, theta) -> dict:

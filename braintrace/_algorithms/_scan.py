@@ -113,6 +113,10 @@ class StepTerms(NamedTuple):
         jac: ``D^t`` and ``Df^t`` at ``(h^{t-1}, x^t)``.
         rel_x: Each relation's input ``x^t`` (``None`` for elementwise relations).
         loss: ``L_t`` (unweighted).
+        dy: With ``probe_outputs``: each relation's output cotangent
+            ``∂(w_t L_t)/∂y^t`` (``None`` for a relation sharing an earlier one's
+            equation), and ``same_step`` then lacks every relation's own share
+            ``xy_to_dw(x^t, dy)`` (left to the caller); otherwise ``None``.
     """
 
     hidden: list[jax.Array]
@@ -122,17 +126,23 @@ class StepTerms(NamedTuple):
     jac: Jacobians
     rel_x: list[jax.Array | None]
     loss: jax.Array
+    dy: list[jax.Array | None] | None = None
 
 
 def step_terms(graph: ETraceGraph, algorithm: AbstractAlgorithm,
                loss_fn: Callable[[Any, Any], jax.Array], leaves: StepLeaves, y_t: Any,
-               weight_t: jax.Array) -> StepTerms:
-    """One step's same-step gradient, learning signal and Jacobians (module docstring, 1 and 3)."""
-    feedback = algorithm.feedback_operands(graph)
+               weight_t: jax.Array, probe_outputs: bool = False) -> StepTerms:
+    """One step's same-step gradient, learning signal and Jacobians (module docstring, 1 and 3).
 
-    def weighted_loss(params, hidden):
+    ``probe_outputs`` returns the relations' output cotangents instead of
+    their share of the same-step gradient (see :class:`StepTerms`).
+    """
+    feedback = algorithm.feedback_operands(graph)
+    probes = programs.output_probes(graph) if probe_outputs else None
+
+    def weighted_loss(params, hidden, probes):
         outs, rel_x = programs.forward(graph, leaves._replace(params=params, hidden=hidden),
-                                       feedback)
+                                       feedback, probes)
         loss = loss_fn(jax.tree.unflatten(graph.out_treedef, outs.y), y_t)
         if jnp.ndim(loss) != 0:
             raise ValueError(
@@ -141,10 +151,11 @@ def step_terms(graph: ETraceGraph, algorithm: AbstractAlgorithm,
         return loss * weight_t, (loss, outs, rel_x)
 
     _, pullback, (loss, outs, rel_x) = jax.vjp(
-        weighted_loss, leaves.params, leaves.hidden, has_aux=True)
-    same_step, signal = pullback(jnp.ones((), dtype=jnp.result_type(loss)))
+        weighted_loss, leaves.params, leaves.hidden, probes, has_aux=True)
+    same_step, signal, dy = pullback(jnp.ones((), dtype=jnp.result_type(loss)))
     jac = step_jacobians(graph, algorithm, leaves)
-    return StepTerms(outs.hidden, outs.other, same_step, signal, jac, list(rel_x), loss)
+    return StepTerms(outs.hidden, outs.other, same_step, signal, jac, list(rel_x), loss,
+                     dy)
 
 
 def add_same_step(total: Sequence[jax.Array], same_step: Sequence[jax.Array]) -> list[jax.Array]:

@@ -29,6 +29,7 @@ def evaluate(
     stop_eqns: frozenset[int] = frozenset(),
     injections: Mapping[int, tuple[int, Any]] | None = None,
     feedback: Mapping[int, Mapping[int, Any]] | None = None,
+    stop_operands: Mapping[int, Sequence[int]] | None = None,
     record: Sequence[Any] = (),
     forward_mode: bool = False,
 ) -> tuple[list[Any], list[Any]]:
@@ -45,6 +46,9 @@ def evaluate(
             value and its derivative with respect to every operand but its
             input ``x`` (operand ``x_position``), whose derivative is taken at the
             substituted operands ``B`` instead (see :func:`feedback_outputs`).
+        stop_operands: ``{eqn_index: operand positions}``: those operands of that
+            equation pass through ``lax.stop_gradient`` (no derivative reaches
+            them through this equation; their other uses are unaffected).
         record: Variables (or literals) whose values to return as well.
         forward_mode: Make ``custom_vjp`` functions forward-differentiable
             (see :func:`bind_forward_differentiable`), for ``jax.linearize``.
@@ -55,6 +59,7 @@ def evaluate(
     bind = bind_forward_differentiable if forward_mode else bind_equation
     injections = injections or {}
     feedback = feedback or {}
+    stop_operands = stop_operands or {}
     env: dict[jex_core.Var, Any] = {}
 
     def read(v: Any) -> Any:
@@ -70,6 +75,8 @@ def evaluate(
         write(v, value)
     for index, eqn in enumerate(jaxpr.eqns):
         invals = [read(v) for v in eqn.invars]
+        for position in stop_operands.get(index, ()):
+            invals[position] = jax.lax.stop_gradient(invals[position])
         if index in feedback:
             outs = feedback_outputs(eqn, invals, feedback[index])
         else:

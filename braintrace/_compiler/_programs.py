@@ -35,12 +35,13 @@ from braintrace._compiler._records import ElementwiseRelation, HiddenGroup, Inpu
 if TYPE_CHECKING:
     from braintrace._compiler._graph import ETraceGraph
 
-__all__ = ["coupled_jacobians", "forward", "full_jacobians", "jacobians", "operand_pullback",
+__all__ = ["coupled_jacobians", "forward", "output_probes", "full_jacobians", "jacobians", "operand_pullback",
            "operands"]
 
 
 def forward(graph: ETraceGraph, leaves: StepLeaves,
             feedback: dict[int, dict[int, jax.Array]] | None = None,
+            output_probes: Sequence[jax.Array | None] | None = None,
             ) -> tuple[StepOutputs, list[jax.Array | None]]:
     """One step of the model, and each relation's input ``x`` (``None`` without input).
 
@@ -55,12 +56,35 @@ def forward(graph: ETraceGraph, leaves: StepLeaves,
             send derivatives to their input through ``B`` instead of their
             trainable operands (e-prop's random feedback); values and
             derivatives with respect to the operands stay exact.
+        output_probes: Per relation, zeros shaped like its output ``y`` (or
+            ``None``), added to ``y``; the relations' trainable operands are
+            then cut from the derivative *through the relation* (their other
+            uses keep it). Differentiating with respect to the probes gives
+            each relation's output cotangent ``∂L_t/∂y``, from which the
+            relation's own share of ``∂L_t/∂θ`` is ``xy_to_dw(x, ∂L_t/∂y)``.
     """
     inputs = [graph.relation_input_var(r) for r in graph.input_relations]
+    stops, injections = {}, {}
+    for r, probe in zip(graph.relations, output_probes or ()):
+        stops[r.eqn_index] = tuple(r.operands.values())
+        if probe is not None:
+            injections[r.eqn_index] = (r.primitive.y_outvar_index, probe)
     outs, recorded = evaluate(graph.jaxpr, graph.consts, leaves.args(), feedback=feedback,
-                              record=inputs)
+                              stop_operands=stops, injections=injections, record=inputs)
     by_relation = dict(zip((r.index for r in graph.input_relations), recorded))
     return graph.layout.split_outputs(outs), [by_relation.get(r.index) for r in graph.relations]
+
+
+def output_probes(graph: ETraceGraph) -> list[jax.Array | None]:
+    """Zero probes for :func:`forward`: one per ETP equation (``None`` for a relation whose
+    equation an earlier relation already probes)."""
+    seen: set[int] = set()
+    probes: list[jax.Array | None] = []
+    for r in graph.relations:
+        var = graph.relation_output_var(r.eqn_index)
+        probes.append(None if r.eqn_index in seen else jnp.zeros(var.aval.shape, var.aval.dtype))
+        seen.add(r.eqn_index)
+    return probes
 
 
 def operands(graph: ETraceGraph, params: Sequence[jax.Array]) -> list[dict[str, jax.Array]]:
