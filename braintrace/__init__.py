@@ -31,6 +31,19 @@ from braintrace._primitives import etp_lora_p as etp_lora_p
 from braintrace._primitives import etp_primitives as etp_primitives
 from braintrace._primitives import lora_matmul as lora_matmul
 from braintrace._primitives import matmul as matmul
+from braintrace._primitives import Connectivity as Connectivity
+from braintrace._primitives import einsum as einsum
+from braintrace._primitives import embed_lookup as embed_lookup
+from braintrace._primitives import etp_einsum_batched_p as etp_einsum_batched_p
+from braintrace._primitives import etp_einsum_p as etp_einsum_p
+from braintrace._primitives import etp_embed_batched_p as etp_embed_batched_p
+from braintrace._primitives import etp_embed_p as etp_embed_p
+from braintrace._primitives import etp_grouped_batched_p as etp_grouped_batched_p
+from braintrace._primitives import etp_grouped_p as etp_grouped_p
+from braintrace._primitives import etp_sparse_batched_p as etp_sparse_batched_p
+from braintrace._primitives import etp_sparse_p as etp_sparse_p
+from braintrace._primitives import grouped_matmul as grouped_matmul
+from braintrace._primitives import sparse_matmul as sparse_matmul
 from braintrace._primitives import register_batched_counterpart as register_batched_counterpart
 from braintrace._primitives import register_primitive as register_primitive
 from braintrace._states import init_states as init_states
@@ -68,6 +81,19 @@ __all__ = [
     "init_states",
     "lora_matmul",
     "matmul",
+    "Connectivity",
+    "einsum",
+    "embed_lookup",
+    "etp_einsum_batched_p",
+    "etp_einsum_p",
+    "etp_embed_batched_p",
+    "etp_embed_p",
+    "etp_grouped_batched_p",
+    "etp_grouped_p",
+    "etp_sparse_batched_p",
+    "etp_sparse_p",
+    "grouped_matmul",
+    "sparse_matmul",
     "register_batched_counterpart",
     "register_primitive",
     "tasks",

@@ -52,6 +52,11 @@ MakeOperands = Callable[[tuple[int, int, int], tuple[int, ...], np.random.Genera
 the first and last different (a non-square map); ``lead`` the leading axes of ``x``."""
 
 
+Diagonal = Callable[[str, jax.Array, dict[str, Any]], jax.Array]
+"""``diagonal(key, jacobian, params)``: each entry of ``θ[key]`` paired with the one ``y``
+unit it feeds."""
+
+
 @dataclasses.dataclass(frozen=True)
 class PrimitiveCase:
     """One primitive under the contract test."""
@@ -60,6 +65,10 @@ class PrimitiveCase:
     primitive: braintrace.ETPPrimitive
     operands: MakeOperands
     layout: Layout
+    diagonal: Diagonal | None = None
+    """The ``y``↔``θ`` diagonal of a Jacobian ``(*y, *θ_key)``, for ``"output_axis"``
+    traces whose last axis is not ``y``'s only axis; ``None``: pair ``y_o`` with
+    ``θ[..., o]``."""
 
     def __str__(self) -> str:
         return self.name
@@ -112,9 +121,21 @@ def elemwise_operands(sizes, lead, rng, dtype) -> Operands:
     return Operands(None, {"weight": w}, params, {}, (h1, h2))
 
 
+from linear_family_cases import einsum_diagonal, einsum_operands  # noqa: E402
+from linear_family_cases import embed_operands  # noqa: E402
+from linear_family_cases import grouped_diagonal, grouped_operands  # noqa: E402
+from linear_family_cases import sparse_diagonal, sparse_operands  # noqa: E402
+
 CASES = [
     PrimitiveCase("dense", braintrace.etp_dense_p, dense_operands, "output_axis"),
     PrimitiveCase("lora", braintrace.etp_lora_p, lora_operands, "output_axis"),
     PrimitiveCase("elemwise", braintrace.etp_elemwise_p, elemwise_operands, "hidden"),
+    PrimitiveCase("embed", braintrace.etp_embed_p, embed_operands, "output_axis"),
+    PrimitiveCase("einsum", braintrace.etp_einsum_p, einsum_operands, "output_axis",
+                  einsum_diagonal),
+    PrimitiveCase("grouped", braintrace.etp_grouped_p, grouped_operands, "output_axis",
+                  grouped_diagonal),
+    PrimitiveCase("sparse", braintrace.etp_sparse_p, sparse_operands, "output_axis",
+                  sparse_diagonal),
 ]
 """Every primitive the contract test checks, each unbatched and batched."""

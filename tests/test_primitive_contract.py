@@ -127,6 +127,14 @@ def _example(case: PrimitiveCase, batched: bool, sizes, seed: int, dtype: str, l
     return rng, case.operands(sizes, (*lead, *batch), rng, dtype)
 
 
+def _diagonal(case: PrimitiveCase, key: str, jacobian: jax.Array, params: dict) -> jax.Array:
+    """The ``y``↔``θ[key]`` diagonal of ``jacobian (*y, *θ_key)``: the case's, or ``y_o``
+    paired with ``θ[..., o]``."""
+    if case.diagonal is not None:
+        return case.diagonal(key, jacobian, params)
+    return jnp.diagonal(jacobian, axis1=0, axis2=jacobian.ndim - 1)
+
+
 # -- one rule at a time ---------------------------------------------------------------------
 
 
@@ -190,8 +198,7 @@ def test_dt_to_t_scales_a_trace_as_it_scales_its_cotangent(case, batched, sizes,
             one = ops._replace(x=ops.x[0]) if batched else ops
             c0, d0 = (c[0], d[0]) if batched else (c, d)
             jac = jax.jacobian(lambda th: c0 * d0 * _y(case.primitive, one, th, one.hidden))
-            diagonal = {k: jnp.diagonal(j, axis1=0, axis2=j.ndim - 1)
-                        for k, j in jac(ops.theta).items()}
+            diagonal = {k: _diagonal(case, k, j, ops.params) for k, j in jac(ops.theta).items()}
             sample = prim.rule("dt_to_t")(d0, _enter(case, prim, one.x, c0, ops.theta,
                                                      ops.params), **ops.params)
             return got, want, sample, diagonal
@@ -211,7 +218,7 @@ def test_init_rules_are_zero_traces_with_a_state_axis(case, batched, sizes, seed
     prim, target = _form(case, batched), _target(ops, batched)
     # Per sample, as the algorithms call them: x and y without the batch axis, except
     # for a hidden-shaped trace, which holds the whole group.
-    x = None if ops.x is None else jnp.zeros(ops.x.shape[batched:], dtype)
+    x = None if ops.x is None else jnp.zeros(ops.x.shape[batched:], ops.x.dtype)
     y = jnp.zeros(target if case.layout == "hidden" else ops.hidden, dtype)
     term = jax.eval_shape(lambda: _enter(case, prim, x, y, ops.theta, ops.params))
     trace = prim.rule("init_drtrl")(x, y, ops.theta, num_states)

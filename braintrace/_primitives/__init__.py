@@ -32,9 +32,21 @@ from ._dense import DENSE_RULES as DENSE_RULES
 from ._dense import etp_dense_batched_p as etp_dense_batched_p
 from ._dense import etp_dense_p as etp_dense_p
 from ._dense import matmul as matmul
+from ._einsum import EINSUM_RULES as EINSUM_RULES
+from ._einsum import einsum as einsum
+from ._einsum import etp_einsum_batched_p as etp_einsum_batched_p
+from ._einsum import etp_einsum_p as etp_einsum_p
 from ._elemwise import ELEMWISE_RULES as ELEMWISE_RULES
 from ._elemwise import element_wise as element_wise
 from ._elemwise import etp_elemwise_p as etp_elemwise_p
+from ._embed import EMBED_RULES as EMBED_RULES
+from ._embed import embed_lookup as embed_lookup
+from ._embed import etp_embed_batched_p as etp_embed_batched_p
+from ._embed import etp_embed_p as etp_embed_p
+from ._grouped import GROUPED_RULES as GROUPED_RULES
+from ._grouped import etp_grouped_batched_p as etp_grouped_batched_p
+from ._grouped import etp_grouped_p as etp_grouped_p
+from ._grouped import grouped_matmul as grouped_matmul
 from ._lora import LORA_RULES as LORA_RULES
 from ._lora import etp_lora_batched_p as etp_lora_batched_p
 from ._lora import etp_lora_p as etp_lora_p
@@ -51,8 +63,30 @@ from ._rules import scale_output_axis as scale_output_axis
 from ._rules import sum_leading as sum_leading
 from ._rules import zeros_like_output as zeros_like_output
 from ._rules import zeros_like_params as zeros_like_params
+from ._sparse import SPARSE_RULES as SPARSE_RULES
+from ._sparse import Connectivity as Connectivity
+from ._sparse import etp_sparse_batched_p as etp_sparse_batched_p
+from ._sparse import etp_sparse_p as etp_sparse_p
+from ._sparse import sparse_matmul as sparse_matmul
 
 __all__ = [
+    "EINSUM_RULES",
+    "EMBED_RULES",
+    "GROUPED_RULES",
+    "SPARSE_RULES",
+    "Connectivity",
+    "einsum",
+    "embed_lookup",
+    "etp_einsum_batched_p",
+    "etp_einsum_p",
+    "etp_embed_batched_p",
+    "etp_embed_p",
+    "etp_grouped_batched_p",
+    "etp_grouped_p",
+    "etp_sparse_batched_p",
+    "etp_sparse_p",
+    "grouped_matmul",
+    "sparse_matmul",
     "DENSE_RULES",
     "ELEMWISE_RULES",
     "LORA_RULES",

@@ -1,0 +1,281 @@
+"""The sparse ETP primitive: a linear map over a fixed list of connections.
+
+A fixed connectivity of ``nnz`` synapses ``k`` from input ``pre[k]`` to output
+``post[k]`` carries one trainable weight each, ``weight (nnz,)``:
+
+.. math::
+
+    y[o] = \\sum_{k:\\, post[k] = o} w[k]\\, x[pre[k]] \\; (+\\, b[o])
+
+computed as a gather and a ``segment_sum``, never as a dense ``(I, O)`` matrix.
+Registered as ``etp_sparse`` (``x: (I,)``) and ``etp_sparse_batched``
+(``x: (B, I)``). The connectivity is a static parameter of the equation
+(:class:`Connectivity`), as the rules need it.
+
+Rules (per sample, cotangent ``d: (O,)``):
+
+.. math::
+
+    \\mathrm{xy\\_to\\_dw}: \\quad dw[k] = x[pre[k]]\\, d[post[k]], \\qquad db = d
+
+    \\mathrm{dt\\_to\\_t}: \\quad \\epsilon_w[k] \\mapsto \\epsilon_w[k]\\, d[post[k]],
+    \\qquad \\epsilon_b[o] \\mapsto \\epsilon_b[o]\\, d[o]
+
+Each weight feeds one output unit, so the D-RTRL trace is ``(nnz, S)`` per
+sample: memory and time scale with ``nnz``, not with ``I·O``.
+
+Event-driven input: when ``x`` is boolean (spikes), :func:`sparse_matmul` sums
+only the rows of active presynaptic inputs: the connections are kept in a
+padded per-input layout (``fan_out`` slots per input), the indices of the
+``max_events`` first active inputs are gathered, and only their rows are
+scattered into ``y``. It equals the dense-input path exactly (the rules are the
+same); a sample with more than ``max_events`` active inputs gets a NaN output
+rather than a silently truncated one (``max_events`` defaults to ``I``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+from braintrace._primitives._register import register_pair
+from braintrace._primitives._rules import (
+    ETPRules,
+    sum_leading,
+    zeros_like_output,
+    zeros_like_params,
+)
+
+__all__ = ["SPARSE_RULES", "Connectivity", "etp_sparse_batched_p", "etp_sparse_p",
+           "sparse_matmul"]
+
+
+class Connectivity:
+    """A fixed, hashable list of connections ``pre[k] -> post[k]`` between ``I`` and ``O`` units.
+
+    Built from a boolean mask ``(I, O)`` (:meth:`from_mask`, connections in
+    row-major order) or from index arrays (:meth:`from_indices`, order kept).
+    Hashing and equality use the content, so equal connectivities reuse
+    compiled programs.
+
+    Example:
+        >>> import numpy as np
+        >>> from braintrace._primitives._sparse import Connectivity
+        >>> c = Connectivity.from_mask(np.array([[True, False], [True, True]]))
+        >>> c.pre.tolist(), c.post.tolist(), c.nnz
+        ([0, 1, 1], [0, 0, 1], 3)
+        >>> c == Connectivity.from_indices([0, 1, 1], [0, 0, 1], 2, 2)
+        True
+    """
+
+    def __init__(self, pre: np.ndarray, post: np.ndarray, num_in: int, num_out: int):
+        self.pre = np.asarray(pre, np.int32)
+        self.post = np.asarray(post, np.int32)
+        self.num_in, self.num_out = int(num_in), int(num_out)
+        self.pre.setflags(write=False)
+        self.post.setflags(write=False)
+        digest = hashlib.sha1(self.pre.tobytes() + b"|" + self.post.tobytes()).hexdigest()
+        self._key = (self.num_in, self.num_out, digest)
+
+    @classmethod
+    def from_mask(cls, mask: ArrayLike) -> Connectivity:
+        """Connections where the boolean ``mask (I, O)`` is true, in row-major order."""
+        mask = np.asarray(mask)
+        if mask.ndim != 2 or mask.dtype != np.bool_:
+            raise ValueError(f"connectivity mask must be a boolean (in, out) array, got dtype "
+                             f"{mask.dtype} and shape {mask.shape}.")
+        pre, post = np.nonzero(mask)
+        return cls(pre, post, *mask.shape)
+
+    @classmethod
+    def from_indices(cls, pre: ArrayLike, post: ArrayLike, num_in: int, num_out: int
+                     ) -> Connectivity:
+        """Connections ``pre[k] -> post[k]``; each pair at most once."""
+        pre, post = np.asarray(pre), np.asarray(post)
+        if pre.ndim != 1 or pre.shape != post.shape or not np.issubdtype(pre.dtype, np.integer) \
+                or not np.issubdtype(post.dtype, np.integer):
+            raise ValueError(f"connectivity (pre, post) must be two integer index arrays of one "
+                             f"length, got shapes {pre.shape} and {post.shape}.")
+        if pre.size and (pre.min() < 0 or pre.max() >= num_in or post.min() < 0
+                         or post.max() >= num_out):
+            raise ValueError(f"connectivity indices out of range: pre must lie in [0, {num_in}) "
+                             f"and post in [0, {num_out}).")
+        if len(set(zip(pre.tolist(), post.tolist(), strict=True))) != pre.size:
+            raise ValueError("connectivity lists a (pre, post) pair more than once; give each "
+                             "connection once (its weight is the sum).")
+        return cls(pre, post, num_in, num_out)
+
+    @property
+    def nnz(self) -> int:
+        """The number of connections (of trainable weights)."""
+        return int(self.pre.size)
+
+    @functools.cached_property
+    def rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """The per-input layout: ``(post, k)`` of shape ``(I + 1, fan_out)``, padded.
+
+        Row ``i`` lists the connections leaving input ``i``; padding slots (and
+        the extra row ``I``, used for absent events) point to output ``O``
+        (dropped by the scatter) and weight ``nnz`` (a zero appended to ``w``).
+        """
+        fan_out = max(int(np.bincount(self.pre, minlength=self.num_in).max(initial=0)), 1)
+        post = np.full((self.num_in + 1, fan_out), self.num_out, np.int32)
+        index = np.full((self.num_in + 1, fan_out), self.nnz, np.int32)
+        order = np.argsort(self.pre, kind="stable")
+        starts = np.searchsorted(self.pre[order], np.arange(self.num_in))
+        slot = np.arange(self.nnz) - starts[self.pre[order]]
+        post[self.pre[order], slot] = self.post[order]
+        index[self.pre[order], slot] = order
+        return post, index
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Connectivity) and self._key == other._key
+
+    def __repr__(self) -> str:
+        return f"Connectivity(in={self.num_in}, out={self.num_out}, nnz={self.nnz})"
+
+
+def _dense_input_product(x, weight, conn: Connectivity):
+    """``segment_sum`` over ``post`` of ``w[k]·x[..., pre[k]]``."""
+    contrib = jnp.take(x, conn.pre, axis=-1).astype(weight.dtype) * weight
+    lead = contrib.shape[:-1]
+    flat = contrib.reshape(-1, conn.nnz).T
+    y = jax.ops.segment_sum(flat, conn.post, num_segments=conn.num_out)
+    return y.T.reshape(*lead, conn.num_out)
+
+
+def _event_product(x, weight, conn: Connectivity, max_events: int):
+    """The rows of the first ``max_events`` active inputs of each sample, scattered into ``y``."""
+    post, index = (jnp.asarray(a) for a in conn.rows)
+    padded_w = jnp.concatenate([weight, jnp.zeros((1,), weight.dtype)])
+
+    def one(spikes):
+        (active,) = jnp.nonzero(spikes, size=max_events, fill_value=conn.num_in)
+        targets, weights = post[active], padded_w[index[active]]
+        y = jnp.zeros((conn.num_out + 1,), weight.dtype).at[targets.reshape(-1)].add(
+            weights.reshape(-1))
+        overflow = jnp.count_nonzero(spikes) > max_events
+        return jnp.where(overflow, jnp.nan, y[:conn.num_out])
+
+    lead = x.shape[:-1]
+    y = jax.vmap(one)(x.reshape(-1, conn.num_in))
+    return y.reshape(*lead, conn.num_out)
+
+
+def _sparse_impl(x, weight, *bias, has_bias: bool, connectivity: Connectivity,
+                 max_events: int | None):
+    del has_bias
+    if x.dtype == jnp.bool_ and max_events is not None:
+        y = _event_product(x, weight, connectivity, max_events)
+    else:
+        y = _dense_input_product(x, weight, connectivity)
+    if bias:
+        y = y + bias[0]
+    return y
+
+
+def _sparse_layout(params) -> dict[str, int]:
+    return {"weight": 1, "bias": 2} if params["has_bias"] else {"weight": 1}
+
+
+def sparse_xy_to_dw(x, d, theta, *, connectivity: Connectivity, **params
+                    ) -> dict[str, jax.Array]:
+    """Pullback at ``(x, θ)``: ``dw[k] = Σ_lead x[..., pre[k]]·d[..., post[k]]``, ``db = Σ_lead d``."""
+    del params
+    weight = theta["weight"]
+    xs = jnp.take(x, connectivity.pre, axis=-1).astype(weight.dtype)
+    ds = jnp.take(d, connectivity.post, axis=-1).astype(weight.dtype)
+    grads = {"weight": jnp.sum((xs * ds).reshape(-1, connectivity.nnz), axis=0)}
+    if "bias" in theta:
+        grads["bias"] = sum_leading(d).astype(theta["bias"].dtype)
+    return grads
+
+
+def sparse_dt_to_t(d, trace, *, connectivity: Connectivity, **params) -> dict[str, jax.Array]:
+    """``ε_w[..., k]·d[..., post[k]]`` and ``ε_b[..., o]·d[..., o]``."""
+    del params
+    return {key: value * (jnp.take(d, connectivity.post, axis=-1) if key == "weight" else d)
+            for key, value in trace.items()}
+
+
+def sparse_contract(d, trace, *, connectivity: Connectivity, **params) -> dict[str, jax.Array]:
+    """``Σ_lead sparse_dt_to_t(d, trace)``."""
+    scaled = sparse_dt_to_t(d, trace, connectivity=connectivity, **params)
+    return {key: value.reshape(-1, value.shape[-1]).sum(0) for key, value in scaled.items()}
+
+
+SPARSE_RULES = ETPRules(
+    xy_to_dw=sparse_xy_to_dw,
+    dt_to_t=sparse_dt_to_t,
+    init_drtrl=zeros_like_params,
+    init_pp=functools.partial(zeros_like_output, dtype_of="weight"),
+    contract=sparse_contract,
+)
+"""The sparse rules: a ``(nnz, S)`` trace per sample, scaled at each connection's output."""
+
+etp_sparse_p, etp_sparse_batched_p = register_pair(
+    "etp_sparse", _sparse_impl, SPARSE_RULES, trainable_invars_fn=_sparse_layout)
+
+
+def sparse_matmul(
+    x: ArrayLike,
+    weight: ArrayLike,
+    connectivity: Connectivity,
+    bias: ArrayLike | None = None,
+    *,
+    event_driven: bool = True,
+    max_events: int | None = None,
+) -> jax.Array:
+    """``y[o] = Σ_{k: post[k]=o} w[k]·x[pre[k]] + b[o]`` as one ETP op.
+
+    Args:
+        x: Input ``(..., I)``; boolean spikes take the event-driven path.
+        weight: One weight per connection, ``(nnz,)``.
+        connectivity: The fixed connections (:class:`Connectivity`).
+        bias: Optional bias ``(O,)``.
+        event_driven: For boolean ``x``, sum only the rows of active inputs.
+        max_events: Most active inputs per sample the event-driven path reads
+            (default ``I``); a sample with more gets a NaN output. Its cost is
+            ``max_events × fan_out`` per sample instead of ``nnz``.
+
+    Returns:
+        The output ``(..., O)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import braintrace
+        >>> from braintrace._primitives._sparse import Connectivity
+        >>> conn = Connectivity.from_indices([0, 2], [1, 1], num_in=3, num_out=2)
+        >>> braintrace.sparse_matmul(jnp.array([1.0, 5.0, 2.0]), jnp.array([1.0, 3.0]), conn)
+        Array([0., 7.], dtype=float32)
+        >>> braintrace.sparse_matmul(jnp.array([True, True, False]), jnp.array([1.0, 3.0]), conn)
+        Array([0., 1.], dtype=float32)
+    """
+    x, weight = jnp.asarray(x), jnp.asarray(weight)
+    if not isinstance(connectivity, Connectivity):
+        raise TypeError("braintrace.sparse_matmul: connectivity must be a Connectivity, got "
+                        f"{type(connectivity).__name__}.")
+    if weight.shape != (connectivity.nnz,) or x.ndim < 1 or x.shape[-1] != connectivity.num_in:
+        raise ValueError(
+            f"braintrace.sparse_matmul: x of shape {x.shape} and weight of shape {weight.shape} "
+            f"do not match {connectivity}; expected x (..., {connectivity.num_in}) and weight "
+            f"({connectivity.nnz},).")
+    events = None
+    if event_driven and x.dtype == jnp.bool_:
+        events = connectivity.num_in if max_events is None else int(max_events)
+    operands = [x, weight] if bias is None else [x, weight, jnp.asarray(bias)]
+    params = {"has_bias": bias is not None, "connectivity": connectivity, "max_events": events}
+    if x.ndim == 1:
+        return etp_sparse_p.bind(*operands, **params)
+    lead = x.shape[:-1]
+    operands[0] = x.reshape(-1, x.shape[-1])
+    y = etp_sparse_batched_p.bind(*operands, **params)
+    return y.reshape(*lead, y.shape[-1])
