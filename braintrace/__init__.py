@@ -13,6 +13,7 @@ from braintrace._algorithms import OSTLFeedforward as OSTLFeedforward
 from braintrace._algorithms import OSTLRecurrent as OSTLRecurrent
 from braintrace._algorithms import RTRL as RTRL
 from braintrace._algorithms import SnAp as SnAp
+from braintrace._algorithms import ThreeFactor as ThreeFactor
 from braintrace._algorithms import UORO as UORO
 from braintrace._algorithms import pp_prop as pp_prop
 from braintrace._compiler import ETraceGraph as ETraceGraph
@@ -31,6 +32,9 @@ from braintrace._primitives import etp_lora_p as etp_lora_p
 from braintrace._primitives import etp_primitives as etp_primitives
 from braintrace._primitives import lora_matmul as lora_matmul
 from braintrace._primitives import matmul as matmul
+from braintrace._primitives import conv as conv
+from braintrace._primitives import etp_conv_batched_p as etp_conv_batched_p
+from braintrace._primitives import etp_conv_p as etp_conv_p
 from braintrace._primitives import Connectivity as Connectivity
 from braintrace._primitives import einsum as einsum
 from braintrace._primitives import embed_lookup as embed_lookup
@@ -63,6 +67,7 @@ __all__ = [
     "OnlineTrainer",
     "RTRL",
     "SnAp",
+    "ThreeFactor",
     "UORO",
     "compile",
     "compile_graph",
@@ -81,6 +86,9 @@ __all__ = [
     "init_states",
     "lora_matmul",
     "matmul",
+    "conv",
+    "etp_conv_batched_p",
+    "etp_conv_p",
     "Connectivity",
     "einsum",
     "embed_lookup",

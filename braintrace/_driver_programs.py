@@ -33,6 +33,7 @@ from braintrace._algorithms._scan import (
     online_step,
     param_gradients,
 )
+from braintrace._algorithms._three_factor import three_factor_run
 from braintrace._algorithms._windowed import windowed_gradients
 from braintrace._compiler import ETraceGraph
 from braintrace._compiler import _programs as programs
@@ -53,6 +54,8 @@ class GradArgs(NamedTuple):
         xs: Inputs, time axis leading.
         ys: Targets, time axis leading.
         weights: ``(T,)`` weights ``w_t`` of the loss ``Σ_t w_t L_t``.
+        modulators: :class:`~braintrace.ThreeFactor`'s modulators, one
+            ``(T, *state_shape)`` array per hidden state, or ``None``.
     """
 
     params: list[jax.Array]
@@ -62,6 +65,7 @@ class GradArgs(NamedTuple):
     xs: Any
     ys: Any
     weights: jax.Array
+    modulators: list[jax.Array] | None = None
 
 
 class GradResult(NamedTuple):
@@ -85,20 +89,28 @@ class GradResult(NamedTuple):
 
 
 def grad_program(graph: ETraceGraph, algorithm: AbstractAlgorithm, params, hidden, other, traces,
-                 xs, ys, weights, *, loss_fn: Callable[[Any, Any], jax.Array],
-                 chunk_size: int | None, block_size: int = 1,
-                 layout: Layout | None = None) -> GradResult:
+                 xs, ys, weights, modulators=None, *,
+                 loss_fn: Callable[[Any, Any], jax.Array], chunk_size: int | None,
+                 block_size: int = 1, layout: Layout | None = None) -> GradResult:
     """The online gradient of ``Σ_t w_t L_t`` (``etrace_grad``), on the :class:`GradArgs`.
 
     ``chunk_size=None`` is single-step mode, with the traces advanced in
     blocks of ``block_size`` steps (``1``: every step); an int is windowed
     mode with exact reverse mode inside windows of that many steps. With a
     ``layout`` (data parallel) the state keeps its shardings from entry to exit.
+    ``modulators`` (``ThreeFactor``) run :func:`three_factor_run` instead.
     """
     if layout is not None:
         params, hidden, other, traces = _constrain_state(layout, params, hidden, other, traces)
         xs, ys = _constrain_inputs(layout, xs), _constrain_inputs(layout, ys)
-    if chunk_size is None and block_size > 1:
+    if modulators is not None:
+        operands = programs.operands(graph, params)
+        carry, losses = three_factor_run(
+            graph, algorithm, loss_fn, params, operands,
+            init_carry(graph, algorithm, params, hidden, other, traces), xs, ys, weights,
+            modulators)
+        grads = param_gradients(graph, algorithm, params, operands, carry)
+    elif chunk_size is None and block_size > 1:
         operands = programs.operands(graph, params)
         carry, losses = blocked_run(
             graph, algorithm, loss_fn, params, operands,
@@ -178,7 +190,8 @@ class _TrainCarry(NamedTuple):
 def train_program(graph: ETraceGraph, algorithm: AbstractAlgorithm,
                   tx: optax.GradientTransformation, loss_fn: Callable[[Any, Any], jax.Array],
                   update_every: int, params, opt_state, hidden, other, traces, xs, ys,
-                  weights, layout: Layout | None = None, block_size: int = 1) -> TrainResult:
+                  weights, layout: Layout | None = None, block_size: int = 1,
+                  modulators: list[jax.Array] | None = None) -> TrainResult:
     """Online learning over a sequence: an optax update after every ``update_every`` steps.
 
     The sequence is cut into windows of ``update_every`` steps. In each window
@@ -197,6 +210,8 @@ def train_program(graph: ETraceGraph, algorithm: AbstractAlgorithm,
         layout: Data parallel: the shardings of the state, kept from entry to
             exit (the optimiser state is replicated like the Params).
         block_size: Time blocks within a window (``_blocked.py``); ``1`` is per step.
+        modulators: :class:`~braintrace.ThreeFactor`'s modulators (one
+            ``(T, *state_shape)`` array per hidden state), or ``None``.
     """
     if layout is not None:
         params, hidden, other, traces = _constrain_state(layout, params, hidden, other, traces)
@@ -212,7 +227,8 @@ def train_program(graph: ETraceGraph, algorithm: AbstractAlgorithm,
     ends = jnp.arange(1, windows + 1, dtype=jnp.int32) * k - 1
     window = functools.partial(_train_window, graph, algorithm, tx, loss_fn, block_size)
     carry, losses = jax.lax.scan(
-        window, carry, (jax.tree.map(split, xs), jax.tree.map(split, ys), split(weights), ends))
+        window, carry, (jax.tree.map(split, xs), jax.tree.map(split, ys), split(weights), ends,
+                        jax.tree.map(split, modulators)))
     sc = carry.step_carry
     params, hidden, other, traces, opt_state = (carry.params, sc.hidden, sc.other, sc.traces,
                                                 carry.opt_state)
@@ -228,7 +244,7 @@ def _train_window(graph: ETraceGraph, algorithm: AbstractAlgorithm,
                   block_size: int, carry: _TrainCarry, inputs: Any
                   ) -> tuple[_TrainCarry, jax.Array]:
     """One window: accumulate its gradient online, apply it, note the first bad update."""
-    xw, yw, ww, t_end = inputs
+    xw, yw, ww, t_end, mw = inputs
     operands = programs.operands(graph, carry.params)
     fresh = init_carry(graph, algorithm, carry.params, carry.step_carry.hidden,
                        carry.step_carry.other, carry.step_carry.traces)
@@ -237,7 +253,10 @@ def _train_window(graph: ETraceGraph, algorithm: AbstractAlgorithm,
         return online_step(graph, algorithm, loss_fn, carry.params, operands, c,
                            xy[0], xy[1], xy[2])
 
-    if block_size > 1:
+    if mw is not None:
+        step_carry, losses = three_factor_run(graph, algorithm, loss_fn, carry.params, operands,
+                                              fresh, xw, yw, ww, mw)
+    elif block_size > 1:
         step_carry, losses = blocked_run(graph, algorithm, loss_fn, carry.params, operands,
                                          fresh, xw, yw, ww, block_size)
     else:

@@ -20,6 +20,7 @@ from flax import nnx
 
 from braintrace._algorithms import AbstractAlgorithm
 from braintrace._algorithms._blocked import resolve_block_size
+from braintrace._algorithms._three_factor import check_algorithm_inputs
 from braintrace._checkpoint import restore_arrays, save_arrays
 from braintrace._compiler import ETraceGraph, compile_graph
 from braintrace._compiler import _programs as programs
@@ -359,6 +360,7 @@ class OnlineLearner:
         block_size: int | None = None,
         reduction: str = "mean",
         return_losses: bool = False,
+        modulators: dict[str, jax.Array] | None = None,
     ) -> nnx.State | tuple[nnx.State, jax.Array]:
         """Online gradients of the sequence loss, in one fused scan over time.
 
@@ -387,6 +389,9 @@ class OnlineLearner:
                 form (D_RTRL, ES_D_RTRL), else 1. Ignored in windowed mode.
             reduction: ``'mean'`` or ``'sum'`` over time.
             return_losses: Also return each step's loss ``(T,)``.
+            modulators: :class:`~braintrace.ThreeFactor` only (and required
+                there): ``{hidden path: (T, *state_shape)}``, the third factor
+                that replaces the learning signal.
 
         Returns:
             An ``nnx.State`` of gradients for every Param (the structure of
@@ -402,7 +407,8 @@ class OnlineLearner:
             FloatingPointError: A step's loss is not finite (names the first
                 step), or a Param's gradient is not finite (names the Param).
         """
-        args = self.grad_args(xs, ys, mask=mask, chunk_size=chunk_size, reduction=reduction)
+        args = self.grad_args(xs, ys, mask=mask, chunk_size=chunk_size, reduction=reduction,
+                              modulators=modulators)
         grads, hidden, other, traces, losses, finite = self._grad_fn(
             *args, loss_fn=loss_fn, chunk_size=_static(chunk_size),
             block_size=self._block_size(block_size))
@@ -429,13 +435,14 @@ class OnlineLearner:
 
     def lower_etrace_grad(self, xs: Any, ys: Any, loss_fn: Callable[[Any, Any], jax.Array], *,
                           mask: jax.Array | None = None, chunk_size: int | None = None,
-                          block_size: int | None = None,
-                          reduction: str = "mean") -> jax.stages.Lowered:
+                          block_size: int | None = None, reduction: str = "mean",
+                          modulators: dict[str, jax.Array] | None = None) -> jax.stages.Lowered:
         """The lowered ``etrace_grad`` program (``.compile().memory_analysis()`` measures it).
 
         ``xs``/``ys`` may be ``jax.ShapeDtypeStruct``s, so long sequences need no data.
         """
-        args = self.grad_args(xs, ys, mask=mask, chunk_size=chunk_size, reduction=reduction)
+        args = self.grad_args(xs, ys, mask=mask, chunk_size=chunk_size, reduction=reduction,
+                              modulators=modulators)
         return self._grad_fn.lower(*args, loss_fn=loss_fn, chunk_size=_static(chunk_size),
                                    block_size=self._block_size(block_size))
 
@@ -444,7 +451,8 @@ class OnlineLearner:
         return resolve_block_size(self.algorithm, self.graph, block_size)
 
     def grad_args(self, xs: Any, ys: Any, *, mask: jax.Array | None = None,
-                  chunk_size: int | None = None, reduction: str = "mean") -> GradArgs:
+                  chunk_size: int | None = None, reduction: str = "mean",
+                  modulators: dict[str, jax.Array] | None = None) -> GradArgs:
         """The checked arguments of the ``etrace_grad`` program for these inputs.
 
         Given to the compiled :meth:`lower_etrace_grad`, they run the very
@@ -473,10 +481,13 @@ class OnlineLearner:
         xs, ys = self._place_inputs(xs), self._place_inputs(ys)
         weights = loss_weights(xs, ys, self._example, mask, chunk_size, reduction)
         params, hidden, other = self.leaves()
+        mods = check_algorithm_inputs(self.algorithm, self.graph, hidden, modulators,
+                                      chunk_size, len(weights))
         weights = jnp.asarray(weights, jnp.result_type(*params))
         if self._layout_now is not None:
             weights = place(weights, self._layout_now.replicated)
-        return GradArgs(params, hidden, other, self.traces, xs, ys, weights)
+            mods = None if mods is None else place_inputs(self._layout_now, mods)
+        return GradArgs(params, hidden, other, self.traces, xs, ys, weights, mods)
 
     def _place_inputs(self, tree: Any) -> Any:
         """Inputs or targets split over the mesh's data axis (as they are without a mesh).

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from braintrace._algorithms._three_factor import check_algorithm_inputs
 from braintrace._checkpoint import leaf_names, restore_arrays, save_arrays
 from braintrace._driver_programs import TrainResult, train_program
 from braintrace._inputs import step_weights
@@ -88,7 +89,8 @@ class OnlineTrainer:
             return opt_state
         return place(opt_state, jax.tree.map(lambda _: lay.replicated, opt_state))
 
-    def step(self, xs: Any, ys: Any, mask: jax.Array | None = None) -> jax.Array:
+    def step(self, xs: Any, ys: Any, mask: jax.Array | None = None,
+             modulators: dict[str, jax.Array] | None = None) -> jax.Array:
         """Learns online from one batch of sequences (time axis leading).
 
         Each update applies the mean gradient of the steps since the last one,
@@ -98,6 +100,8 @@ class OnlineTrainer:
 
         Hidden state and traces continue from where they are; Params, the
         optimiser state, hidden state and traces are written back.
+        ``modulators`` are :class:`~braintrace.ThreeFactor`'s third factor
+        (required there, as in ``OnlineLearner.etrace_grad``).
 
         Returns:
             Each step's loss ``(T,)``.
@@ -118,13 +122,16 @@ class OnlineTrainer:
                 f"The sequence length {length} must be a positive multiple of update_every="
                 f"{self.update_every}.")
         params, hidden, other = learner.leaves()
+        mods = check_algorithm_inputs(learner.algorithm, learner.graph, hidden, modulators,
+                                      None, length)
         weights = jnp.asarray(step_weights(mask, length) / self.update_every,
                               jnp.result_type(*params))
         lay = learner._layout_now
         if lay is not None:
             weights = place(weights, lay.replicated)
+            mods = None if mods is None else learner._place_inputs(mods)
         out = self._run(params, self._placed(self.opt_state), hidden, other, learner.traces,
-                        xs, ys, weights)
+                        xs, ys, weights, mods)
         self._raise_if_not_finite(host_array(out.losses), int(host_array(out.bad_update_at)),
                                   host_array(out.bad_params))
         learner.load_state({"params": out.params, "hidden": out.hidden, "other": out.other,
@@ -133,14 +140,15 @@ class OnlineTrainer:
         return out.losses
 
     def _train_program(self, params, opt_state, hidden, other, traces, xs, ys,
-                       weights) -> TrainResult:
+                       weights, modulators=None) -> TrainResult:
         """:func:`train_program` on the learner's current graph (read when ``jit`` traces)."""
         graph, algorithm = self.learner.graph, self.learner.algorithm
         blocked = (algorithm.supports_blocks(graph) if self.blocked is None else self.blocked)
         block_size = min(self.update_every, MAX_BLOCK_SIZE) if blocked else 1
         return train_program(graph, algorithm, self.tx, self.loss_fn, self.update_every, params,
                              opt_state, hidden, other, traces, xs, ys, weights,
-                             layout=self.learner._layout_now, block_size=block_size)
+                             layout=self.learner._layout_now, block_size=block_size,
+                             modulators=modulators)
 
     def _raise_if_not_finite(self, losses: np.ndarray, bad_update_at: int,
                              bad_params: np.ndarray) -> None:

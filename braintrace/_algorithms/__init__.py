@@ -11,6 +11,7 @@ from braintrace._algorithms._ostl import OSTLFeedforward as OSTLFeedforward
 from braintrace._algorithms._ostl import OSTLRecurrent as OSTLRecurrent
 from braintrace._algorithms._rtrl import RTRL as RTRL
 from braintrace._algorithms._snap import SnAp as SnAp
+from braintrace._algorithms._three_factor import ThreeFactor as ThreeFactor
 from braintrace._algorithms._uoro import UORO as UORO
 
 ALGORITHMS = {
@@ -23,6 +24,7 @@ ALGORITHMS = {
     "rtrl": RTRL,
     "uoro": UORO,
     "snap": SnAp,
+    "three_factor": ThreeFactor,
 }
 
 
@@ -47,6 +49,7 @@ __all__ = [
     "OSTLRecurrent",
     "RTRL",
     "SnAp",
+    "ThreeFactor",
     "UORO",
     "get_algorithm",
     "pp_prop",
