@@ -1,0 +1,200 @@
+"""Three-factor learning: D-RTRL eligibility traces gated by a modulator sequence.
+
+A third factor ``M^t`` (a reward, a neuromodulator, a broadcast error), given
+per step and shaped like the hidden states, takes the place of the learning
+signal:
+
+.. math::
+
+    \\nabla_\\theta = \\sum_t w_t\\, M^t \\cdot \\epsilon^t, \\qquad
+    \\epsilon^t = D^t \\epsilon^{t-1} + Df^t \\otimes x^t
+
+with ``ε^t`` the D-RTRL eligibility trace of the influence of ``θ`` on
+``h^t`` (after step ``t``) and ``w_t`` the step weight of ``etrace_grad``
+(``1/T`` for ``reduction='mean'``, times the mask). The contraction is
+D-RTRL's (``contribution``), so with ``M^t = ∂L_t/∂h^t`` it is D-RTRL's
+gradient of the traced Params whenever the loss reads ``h^t`` (then
+``∂L_t/∂θ|_{h^{t-1}} + ∂L_t/∂h^{t-1}·ε^{t-1} = ∂L_t/∂h^t·ε^t``).
+
+**Modulators** are a dict ``{hidden path: (T, *state_shape)}`` with one entry
+for every hidden state of the compiled graph (``learner.graph.hidden_paths``;
+``state_shape`` includes the batch axis, e.g. ``(T, B, H)``); see
+:func:`check_modulators`.
+
+**Params without traces** (readouts, Params no ETP primitive reads) receive
+their exact same-step gradient of the loss, ``Σ_t ∂(w_t L_t)/∂θ|_{h^{t-1}}``
+(as under every algorithm): a readout learns by its supervised error while the
+traced Params learn by the three-factor rule. Traced Params receive only
+``Σ_t w_t M^t·ε^t`` (no term of the loss). For a loss-free rule, pass a
+``loss_fn`` returning ``0.0``: every untraced Param then gets zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
+from braintrace._algorithms._d_rtrl import DRTRL_ELEMENTWISE, DRTRL_INPUT
+from braintrace._algorithms._scan import ScanCarry, step_terms
+from braintrace._compiler import ElementwiseRelation, ETraceGraph, InputRelation, Relation, StepLeaves
+
+__all__ = ["ThreeFactor", "check_algorithm_inputs", "check_modulators", "three_factor_run"]
+
+
+class ThreeFactor(AbstractAlgorithm):
+    """Three-factor rule: ``∇θ = Σ_t w_t M^t · ε^t`` with D-RTRL traces ``ε^t``.
+
+    .. math::
+
+        \\epsilon^t = D^t \\epsilon^{t-1} + Df^t \\otimes x^t, \\qquad
+        \\nabla_\\theta = \\sum_t w_t\\, M^t \\cdot \\epsilon^t
+
+    Give the modulators to ``etrace_grad(..., modulators=M)`` or
+    ``OnlineTrainer.step(..., modulators=M)``: a dict ``{hidden path: array of
+    shape (T, *state_shape)}`` (see the module docstring, also for what
+    untraced Params receive). Single-step mode only (no ``chunk_size``).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> import braintrace
+        >>> from braintrace import layers
+        >>> model = nnx.Sequential(layers.ETPLinear(3, 4, rngs=nnx.Rngs(0)), layers.LIF(4))
+        >>> learner = braintrace.compile(model, braintrace.ThreeFactor(), jnp.ones((2, 3)),
+        ...                              batch_size=2)
+        >>> xs, ys = jnp.ones((5, 2, 3)), jnp.zeros((5, 2, 4))
+        >>> reward = {'layers.1.v': jnp.ones((5, 2, 4))}
+        >>> grads = learner.etrace_grad(xs, ys, lambda y, t: 0.0, modulators=reward)
+        >>> grads['layers'][0]['kernel'].shape
+        (3, 4)
+    """
+
+    name = "three_factor"
+    supports_windowed = False
+
+    def __init__(self):
+        self._rules = {InputRelation: DRTRL_INPUT._replace(block=None),
+                       ElementwiseRelation: DRTRL_ELEMENTWISE._replace(block=None)}
+
+    def relation_rule(self, relation: Relation) -> RelationRule:
+        return self._rules[type(relation)]
+
+
+def check_algorithm_inputs(algorithm: AbstractAlgorithm, graph: ETraceGraph,
+                           hidden: Sequence[jax.Array], modulators: Any, chunk_size: Any,
+                           length: int) -> list[jax.Array] | None:
+    """The checked modulators of a call (``None`` for an algorithm other than ThreeFactor).
+
+    Raises:
+        ValueError: ThreeFactor without ``modulators`` or with ``chunk_size``;
+            ``modulators`` given to another algorithm; or bad modulators
+            (:func:`check_modulators`).
+    """
+    if not isinstance(algorithm, ThreeFactor):
+        if modulators is not None:
+            raise ValueError(
+                f"modulators are the third factor of braintrace.ThreeFactor; algorithm "
+                f"'{algorithm.name or type(algorithm).__name__}' does not read them. Compile "
+                "with braintrace.ThreeFactor() or drop modulators=.")
+        return None
+    if modulators is None:
+        raise ValueError(
+            "ThreeFactor needs modulators=: a dict {hidden path: array of shape (T, "
+            f"*state_shape)}} with the keys {list(graph.hidden_paths)}.")
+    if chunk_size is not None:
+        raise ValueError("ThreeFactor is a single-step rule; call it without chunk_size.")
+    return check_modulators(graph, hidden, modulators, length)
+
+
+def check_modulators(graph: ETraceGraph, hidden: Sequence[jax.Array], modulators: Any,
+                     length: int) -> list[jax.Array]:
+    """The modulators as a list in ``graph.hidden_paths`` order, after checking them.
+
+    Args:
+        graph: The compiled graph.
+        hidden: The current hidden states (their shapes and dtypes).
+        modulators: ``{hidden path: (T, *state_shape)}``, one entry per hidden state.
+        length: The sequence length ``T``.
+
+    Raises:
+        ValueError: ``modulators`` is not a dict, lacks a hidden path, has one
+            the graph does not know, or has an entry of the wrong shape or
+            with a value that is not finite.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> import braintrace
+        >>> from braintrace import layers
+        >>> model = nnx.Sequential(layers.ETPLinear(3, 4, rngs=nnx.Rngs(0)), layers.LIF(4))
+        >>> learner = braintrace.compile(model, 'three_factor', jnp.ones((3,)))
+        >>> mods = check_modulators(learner.graph, learner.leaves().hidden,
+        ...                         {'layers.1.v': jnp.ones((6, 4))}, 6)
+        >>> [m.shape for m in mods]
+        [(6, 4)]
+    """
+    paths = graph.hidden_paths
+    if not isinstance(modulators, dict):
+        raise ValueError(
+            f"modulators must be a dict {{hidden path: array of shape (T, *state_shape)}} with "
+            f"the keys {list(paths)}, got {type(modulators).__name__}.")
+    missing = [p for p in paths if p not in modulators]
+    unknown = [k for k in modulators if k not in paths]
+    if missing or unknown:
+        raise ValueError(
+            f"modulators must have exactly one entry per hidden state {list(paths)}; missing "
+            f"{missing}, unknown {unknown}.")
+    out = []
+    for path, h in zip(paths, hidden):
+        m = modulators[path]
+        want = (length, *np.shape(h))
+        if tuple(np.shape(m)) != want:
+            raise ValueError(
+                f"modulators['{path}'] has shape {tuple(np.shape(m))}; it must be (T, "
+                f"*state_shape) = {want}: one value per time step for every element of the "
+                f"hidden state '{path}'.")
+        try:
+            finite = bool(np.all(np.isfinite(np.asarray(m))))
+        except jax.errors.TracerArrayConversionError:
+            finite = True  # a traced value: checked by the caller's finiteness checks
+        if not finite:
+            raise ValueError(f"modulators['{path}'] has a value that is not finite.")
+        out.append(jnp.asarray(m, jnp.result_type(h)))
+    return out
+
+
+def three_factor_run(graph: ETraceGraph, algorithm: AbstractAlgorithm,
+                     loss_fn: Callable[[Any, Any], jax.Array], params: Sequence[jax.Array],
+                     operands: Sequence[dict[str, jax.Array]], carry: ScanCarry, xs: Any,
+                     ys: Any, weights: jax.Array,
+                     modulators: Sequence[jax.Array]) -> tuple[ScanCarry, jax.Array]:
+    """The three-factor gradient sums over a sequence: ``(carry, losses)``.
+
+    Per step: the traces advance to ``ε^t``, ``w_t M^t`` is contracted with
+    them, and the untraced Params add their same-step gradient (traced ones
+    add nothing). ``carry`` must have nothing pending (``init_carry``'s); the
+    returned one has ``ε^T`` and nothing pending, ready for ``param_gradients``.
+    """
+    traced = set(graph.traced_param_paths)
+    keep = [path not in traced for path in graph.param_paths]
+
+    def body(carry, inputs):
+        x_t, y_t, w_t, m_t = inputs
+        leaves = StepLeaves(list(params), list(carry.hidden), list(carry.other),
+                            jax.tree.leaves(x_t))
+        terms = step_terms(graph, algorithm, loss_fn, leaves, y_t, w_t)
+        traces = algorithm.update(graph, carry.traces, terms.jac, terms.rel_x, operands)
+        signal = [(w_t * m).astype(m.dtype) for m in m_t]
+        term = algorithm.contribution(graph, traces, signal, operands)
+        same = [total + g.astype(total.dtype) if k else total
+                for total, g, k in zip(carry.same_step, terms.same_step, keep)]
+        return carry._replace(hidden=terms.hidden, other=terms.other, traces=traces,
+                              summed=jax.tree.map(jnp.add, carry.summed, term),
+                              same_step=same), terms.loss
+
+    return jax.lax.scan(body, carry, (xs, ys, weights, list(modulators)))
