@@ -8,8 +8,12 @@ through ETP primitives; recurrent cells follow the Flax cell protocol
 :class:`braintrace.HiddenState`\\ s.
 """
 
+from ._einsum import ETPEinsum as ETPEinsum
+from ._einsum import ETPLinearGeneral as ETPLinearGeneral
 from ._elemwise import ETPElemwise as ETPElemwise
 from ._elemwise import ExpDecay as ExpDecay
+from ._embed import ETPEmbed as ETPEmbed
+from ._grouped import ETPGroupedLinear as ETPGroupedLinear
 from ._linear import ETPLinear as ETPLinear
 from ._lora import ETPLoRA as ETPLoRA
 from ._lora import ETPLoRALinear as ETPLoRALinear
@@ -21,6 +25,7 @@ from ._recurrent import SimpleCell as SimpleCell
 from ._spiking import ALIF as ALIF
 from ._spiking import LIF as LIF
 from ._spiking import ExpSynapse as ExpSynapse
+from ._sparse import ETPSparseLinear as ETPSparseLinear
 from ._spiking import RecurrentSpiking as RecurrentSpiking
 from ._stateful import Stateful as Stateful
 from ._surrogate import SURROGATES as SURROGATES
@@ -30,7 +35,12 @@ __all__ = [
     "ALIF",
     "LIF",
     "SURROGATES",
+    "ETPEinsum",
     "ETPElemwise",
+    "ETPEmbed",
+    "ETPGroupedLinear",
+    "ETPLinearGeneral",
+    "ETPSparseLinear",
     "ETPLinear",
     "ETPLoRA",
     "ETPLoRALinear",
