@@ -35,6 +35,9 @@ from braintrace._primitives import matmul as matmul
 from braintrace._primitives import conv as conv
 from braintrace._primitives import etp_conv_batched_p as etp_conv_batched_p
 from braintrace._primitives import etp_conv_p as etp_conv_p
+from braintrace._primitives import conv as conv
+from braintrace._primitives import etp_conv_batched_p as etp_conv_batched_p
+from braintrace._primitives import etp_conv_p as etp_conv_p
 from braintrace._primitives import Connectivity as Connectivity
 from braintrace._primitives import einsum as einsum
 from braintrace._primitives import embed_lookup as embed_lookup
@@ -86,6 +89,9 @@ __all__ = [
     "init_states",
     "lora_matmul",
     "matmul",
+    "conv",
+    "etp_conv_batched_p",
+    "etp_conv_p",
     "conv",
     "etp_conv_batched_p",
     "etp_conv_p",

@@ -126,8 +126,35 @@ from linear_family_cases import embed_operands  # noqa: E402
 from linear_family_cases import grouped_diagonal, grouped_operands  # noqa: E402
 from linear_family_cases import sparse_diagonal, sparse_operands  # noqa: E402
 
+
+def conv_operands(sizes, lead, rng, dtype) -> Operands:
+    """``conv(x (*lead, *spatial, G·I), kernel (*window, I, G·O)) (+ bias)``: 1-D to 3-D,
+    strides, kernel and input dilation, ``'SAME'``/``'VALID'``/explicit padding, ``G`` groups."""
+    i, b, o = sizes
+    num_spatial, groups = int(rng.choice([1, 2, 2, 3])), int(rng.integers(1, 3))
+    window = tuple(int(k) for k in rng.integers(1, 4 if num_spatial < 3 else 3, num_spatial))
+    dilation = tuple(int(r) for r in rng.integers(1, 3, num_spatial))
+    padding = ["SAME", "VALID", tuple((int(lo), int(hi)) for lo, hi in
+                                      rng.integers(0, 3, (num_spatial, 2)))][rng.integers(3)]
+    spatial = tuple((k - 1) * r + b for k, r in zip(window, dilation))
+    has_bias = bool(rng.integers(2))
+    theta = {"kernel": _normal(rng, (*window, i, groups * o), dtype)}
+    if has_bias:
+        theta["bias"] = _normal(rng, (groups * o,), dtype)
+    params = {"strides": tuple(int(s) for s in rng.integers(1, 3, num_spatial)),
+              "padding": padding, "kernel_dilation": dilation, "feature_group_count": groups,
+              "input_dilation": tuple(int(d) for d in rng.integers(1, 3, num_spatial))
+              if isinstance(padding, tuple) else (1,) * num_spatial,
+              "has_bias": has_bias, "precision": None}
+    x = _normal(rng, (*lead, *spatial, groups * i), dtype)
+    y = jax.eval_shape(lambda: braintrace.etp_conv_p.bind(x[(0,) * len(lead)], *theta.values(),
+                                                          **params))
+    return Operands(x, theta, params, {}, y.shape)
+
+
 CASES = [
     PrimitiveCase("dense", braintrace.etp_dense_p, dense_operands, "output_axis"),
+    PrimitiveCase("conv", braintrace.etp_conv_p, conv_operands, "output_axis"),
     PrimitiveCase("lora", braintrace.etp_lora_p, lora_operands, "output_axis"),
     PrimitiveCase("elemwise", braintrace.etp_elemwise_p, elemwise_operands, "hidden"),
     PrimitiveCase("embed", braintrace.etp_embed_p, embed_operands, "output_axis"),

@@ -26,6 +26,10 @@ that the contract test (every rule against ``jax.vjp``/``jax.jacobian`` of the
 impl) checks.
 """
 
+from ._conv import CONV_RULES as CONV_RULES
+from ._conv import conv as conv
+from ._conv import etp_conv_batched_p as etp_conv_batched_p
+from ._conv import etp_conv_p as etp_conv_p
 from ._core import ETPPrimitive as ETPPrimitive
 from ._core import MissingRuleError as MissingRuleError
 from ._dense import DENSE_RULES as DENSE_RULES
@@ -70,6 +74,10 @@ from ._sparse import etp_sparse_p as etp_sparse_p
 from ._sparse import sparse_matmul as sparse_matmul
 
 __all__ = [
+    "CONV_RULES",
+    "conv",
+    "etp_conv_batched_p",
+    "etp_conv_p",
     "EINSUM_RULES",
     "EMBED_RULES",
     "GROUPED_RULES",
