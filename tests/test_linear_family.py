@@ -185,3 +185,100 @@ def test_d_rtrl_equals_bptt_on_linear_general_to_leaky_state(x64):
     build = lambda: _leaky(layers.ETPLinearGeneral((2, 3), (2, 2), axis=(-2, -1),
                                                    param_dtype=F64, rngs=nnx.Rngs(0)), (2, 2))
     _assert_d_rtrl_equals_bptt(build, _inputs((2, 3)))
+
+
+# -- grouped ------------------------------------------------------------------------------------
+
+
+def test_grouped_linear_is_a_block_diagonal_linear():
+    grouped = layers.ETPGroupedLinear(6, 9, 3, rngs=nnx.Rngs(0))
+    grouped.bias.set_value(jax.random.normal(jax.random.key(5), (9,)))
+    dense = layers.ETPLinear(6, 9, rngs=nnx.Rngs(1))
+    dense.kernel.set_value(jax.scipy.linalg.block_diag(*grouped.kernel[...]))
+    dense.bias.set_value(grouped.bias[...])
+    x = jax.random.normal(jax.random.key(2), (5, 6))
+    np.testing.assert_allclose(grouped(x), dense(x), rtol=1e-6, atol=1e-6)
+    assert jax.tree.map(jnp.shape, nnx.state(grouped, nnx.Param)) == {
+        "bias": (9,), "kernel": (3, 2, 3)}
+
+
+def test_grouped_linear_initialises_each_block_like_nnx_linear():
+    kernel = layers.ETPGroupedLinear(512, 64, 4, rngs=nnx.Rngs(0)).kernel[...]
+    fan_in = 512 // 4
+    np.testing.assert_allclose(float(jnp.std(kernel)), fan_in ** -0.5, rtol=0.05)
+    with pytest.raises(ValueError, match="multiples of num_groups=3"):
+        layers.ETPGroupedLinear(6, 4, 3, rngs=nnx.Rngs(0))
+
+
+def test_d_rtrl_equals_bptt_on_grouped_to_leaky_state(x64):
+    build = lambda: _leaky(layers.ETPGroupedLinear(4, 6, 2, param_dtype=F64,
+                                                   rngs=nnx.Rngs(0)), (6,))
+    _assert_d_rtrl_equals_bptt(build, _inputs((4,)))
+
+
+# -- sparse -------------------------------------------------------------------------------------
+
+MASK = np.array([[1, 0, 1], [0, 0, 1], [1, 1, 0], [0, 1, 1]], bool)
+
+
+def _sparse(**kw) -> layers.ETPSparseLinear:
+    return layers.ETPSparseLinear(4, 3, connectivity=MASK, param_dtype=F64, rngs=nnx.Rngs(0), **kw)
+
+
+def test_sparse_linear_is_a_masked_dense_map():
+    layer = layers.ETPSparseLinear(4, 3, connectivity=MASK, rngs=nnx.Rngs(0))
+    assert jax.tree.map(jnp.shape, nnx.state(layer, nnx.Param)) == {"bias": (3,), "weight": (7,)}
+    layer.bias.set_value(jnp.arange(3.0))
+    dense = jnp.zeros((4, 3)).at[np.nonzero(MASK)].set(layer.weight[...])
+    x = jax.random.normal(jax.random.key(2), (5, 4))
+    np.testing.assert_allclose(layer(x), x @ dense + jnp.arange(3.0), rtol=1e-6, atol=1e-6)
+    pre, post = np.nonzero(MASK)
+    by_index = layers.ETPSparseLinear(4, 3, connectivity=(pre, post), rngs=nnx.Rngs(0))
+    assert by_index.connectivity == layer.connectivity
+    np.testing.assert_array_equal(by_index.weight[...], layer.weight[...])
+
+
+@pytest.mark.parametrize(("connectivity", "message"), [
+    (np.ones((3, 3), bool), "boolean mask of shape \\(4, 3\\)"),
+    (([0, 4], [1, 1]), "out of range"),
+    (([0, 0], [1, 1]), "more than once"),
+])
+def test_sparse_linear_refuses_bad_connectivity(connectivity, message):
+    with pytest.raises(ValueError, match=message):
+        layers.ETPSparseLinear(4, 3, connectivity=connectivity, rngs=nnx.Rngs(0))
+
+
+def test_sparse_event_driven_path_equals_the_dense_input_path(x64):
+    layer = _sparse()
+    spikes = jax.random.bernoulli(jax.random.key(3), 0.5, (6, 4))
+    floats = spikes.astype(F64)
+    jaxpr = str(jax.make_jaxpr(lambda x: layer(x))(spikes))
+    assert "max_events=4" in jaxpr  # the event path was taken
+    np.testing.assert_array_equal(layer(spikes), layer(floats))
+
+    def grads(x):
+        return nnx.grad(lambda m: jnp.sum(jnp.sin(m(x))))(layer)
+
+    for got, want in zip(jax.tree.leaves(grads(spikes)), jax.tree.leaves(grads(floats)),
+                         strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+    crowded = _sparse(max_events=1)  # more active inputs than max_events: NaN, not a silent cut
+    out = crowded(jnp.array([[True, True, False, False], [False, False, True, False]]))
+    assert np.all(np.isnan(out[0])) and np.all(np.isfinite(out[1]))
+
+
+@pytest.mark.parametrize("spiking", [False, True], ids=["real-input", "spike-input"])
+def test_d_rtrl_equals_bptt_on_sparse_to_leaky_state(x64, spiking):
+    xs = _inputs((4,))
+    if spiking:
+        xs = xs > 0.3
+    error = _assert_d_rtrl_equals_bptt(lambda: _leaky(_sparse(), (3,)), xs)
+    assert error <= 1e-8
+
+
+def test_sparse_trace_is_per_connection(x64):
+    learner = braintrace.compile(_leaky(_sparse(), (3,)), braintrace.D_RTRL(), _inputs((4,))[0])
+    (relation,) = [r for r in learner.graph.relations if r.primitive.name.startswith("etp_sparse")]
+    shapes = {tuple(a.shape) for a in jax.tree.leaves(learner.traces)}
+    assert (BATCH, int(MASK.sum())) in shapes and (BATCH, 4, 3) not in shapes
+    assert relation.operands == {"weight": 1, "bias": 2}
