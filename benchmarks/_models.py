@@ -6,7 +6,10 @@ Models, each one time step per call:
 * ``gru``: one GRU cell (``Stateful(GRUCell)``) and a linear readout;
 * ``alif``: ``snn`` with adaptive LIF neurons, two coupled states per neuron
   (``S = 2``: the D-RTRL trace is twice as large and mixes across states),
-  timed by the throughput benchmark only.
+  timed by the throughput benchmark only;
+* ``demo``: the model of ``python -m braintrace`` (one recurrent ALIF layer and a
+  leaky readout), at the demo's size (:data:`DEMO`), timed by the throughput
+  benchmark only.
 
 ``bptt_grad_fn`` is the reference every benchmark compares against: ``jax.grad``
 of the mean loss through ``jax.lax.scan`` of the pure step (the model split
@@ -31,11 +34,13 @@ import braintrace
 from braintrace import layers
 
 MODELS = ("snn", "gru")
-SPIKING = ("snn", "alif")
+SPIKING = ("snn", "alif", "demo")
 
 # Full-size configuration shared by the memory and throughput benchmarks.
 FULL = {"hidden": 256, "inputs": 64, "outputs": 10, "batch": 16}
 QUICK = {"hidden": 16, "inputs": 8, "outputs": 3, "batch": 2}
+# The demo's size (python -m braintrace): 64 ALIF neurons, 20 inputs, 10 classes, batch 32.
+DEMO = {"hidden": 64, "inputs": 20, "outputs": 10, "batch": 32}
 
 
 class SNN(nnx.Module):
@@ -70,6 +75,9 @@ def build(name: str, inputs: int, hidden: int, outputs: int, batch: int, seed: i
     """A fresh model with hidden states initialised for ``batch``."""
     if name == "alif":
         model = SNN(inputs, hidden, outputs, nnx.Rngs(seed), dtype, neuron=layers.ALIF)
+    elif name == "demo":
+        from braintrace.__main__ import SpikingNet
+        model = SpikingNet(inputs, hidden, outputs, rngs=nnx.Rngs(seed))
     else:
         model = {"snn": SNN, "gru": GRUNet}[name](inputs, hidden, outputs, nnx.Rngs(seed), dtype)
     braintrace.init_states(model, batch)

@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from _models import (
+    DEMO,
     FULL,
     QUICK,
     block,
@@ -62,7 +63,7 @@ from _models import (
 import braintrace
 
 NAME = "throughput"
-MODELS = ("snn", "gru", "alif")
+MODELS = ("snn", "gru", "alif", "demo")
 METHODS = ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@1", "es_d_rtrl@1")
 """``name`` is the default (time-blocked, ``block_size=16``) form, ``name@K`` blocks of ``K``
 steps (``@1``: the per-step form)."""
@@ -239,6 +240,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = {}
     models = args.models.split(",") if args.models else (["gru"] if args.quick else list(MODELS))
     for model_name in models:
+        cfg = DEMO if model_name == "demo" and not args.quick else (QUICK if args.quick else FULL)
         xs, ys = data(model_name, T, cfg["inputs"], cfg["outputs"], cfg["batch"])
         runs, entry = {}, {}
         for method in methods:
@@ -294,7 +296,8 @@ def main(argv: list[str] | None = None) -> dict:
     payload = {
         "benchmark": NAME,
         "quick": args.quick,
-        "config": {**cfg, "T": T, "repeats": repeats, "dtype": "float32", "loss": "mse",
+        "config": {**(QUICK if args.quick else FULL), "demo_model": DEMO, "T": T,
+                   "repeats": repeats, "dtype": "float32", "loss": "mse",
                    "xla_flags": os.environ.get("XLA_FLAGS", "")},
         "environment": {**environment(), "loadavg_at_end": load},
         "notes": [
@@ -302,6 +305,10 @@ def main(argv: list[str] | None = None) -> dict:
              "methods run round-robin)."),
             ("online passes go through learner.etrace_grad (includes its Python-side checks and "
              "the NaN check that syncs on the losses); BPTT calls the compiled program directly."),
+            ("'d_rtrl'/'es_d_rtrl' run the default time-blocked form (block_size=16, "
+             "braintrace/_algorithms/_blocked.py); 'name@1' the per-step form."),
+            ("targets (issue 19): d_rtrl <= 1.3x BPTT (gru, snn), alif <= 2.5x, es_d_rtrl <= "
+             "0.6x, demo es_d_rtrl <= 1.2x."),
             ("profile_us: marginal cost per step of each part of online_step, from four scans "
              "that add one part at a time (forward+VJP, +jacobians, +trace update, "
              "+contribution)."),

@@ -122,6 +122,17 @@ def _contract_y(r: InputRelation, eps: tuple, signal: jax.Array) -> Any:
     return sum_over_samples(one, eps, signal) if r.batched else one(eps, signal)
 
 
+def _contract_entering(r: InputRelation, eps: tuple, signal: jax.Array) -> Any:
+    """:func:`_contract_y` once per block: with a ``contract`` rule, one contraction over the
+    batch axis too (no per-sample slices, which a batch-sharded trace would move between
+    devices)."""
+    prim = r.primitive
+    if not prim.has_rule("contract"):
+        return _contract_y(r, eps, signal)
+    contract = prim.rule("contract")
+    return tree_sum([contract(signal[..., s], e, **r.params) for s, e in enumerate(eps)])
+
+
 def _instantaneous(r: InputRelation, theta: dict[str, jax.Array]):
     """The instantaneous trace term ``x ⊗ f`` (``xy_to_trace``, else ``xy_to_dw``), leading
     axes summed."""
@@ -146,7 +157,7 @@ def _input_block(r: InputRelation, eps: tuple, signal: jax.Array, d_g: jax.Array
     merge = (lambda a: a.reshape(-1, *a.shape[2:])) if r.batched else (lambda a: a)  # noqa: E731
     a = jnp.sum(beta * df, axis=-1)
     a = a if dy is None else a + dy.astype(a.dtype)
-    term = jax.tree.map(jnp.add, _contract_y(r, eps, beta0), outer(merge(x), merge(a)))
+    term = jax.tree.map(jnp.add, _contract_entering(r, eps, beta0), outer(merge(x), merge(a)))
     gain = jnp.einsum("k...st,k...t->k...s", lam, df)
     over_steps = jax.vmap(outer, in_axes=(1, 1)) if r.batched else outer
     dt_to_t = r.primitive.rule("dt_to_t")
