@@ -6,6 +6,8 @@ graph, and train forward in time with memory independent of sequence length.
 """
 
 from braintrace._algorithms import D_RTRL as D_RTRL
+from braintrace._algorithms import DNI as DNI
+from braintrace._algorithms import LinearSynthesizer as LinearSynthesizer
 from braintrace._algorithms import ES_D_RTRL as ES_D_RTRL
 from braintrace._algorithms import AbstractAlgorithm as AbstractAlgorithm
 from braintrace._algorithms import EProp as EProp
@@ -35,9 +37,6 @@ from braintrace._primitives import matmul as matmul
 from braintrace._primitives import conv as conv
 from braintrace._primitives import etp_conv_batched_p as etp_conv_batched_p
 from braintrace._primitives import etp_conv_p as etp_conv_p
-from braintrace._primitives import conv as conv
-from braintrace._primitives import etp_conv_batched_p as etp_conv_batched_p
-from braintrace._primitives import etp_conv_p as etp_conv_p
 from braintrace._primitives import Connectivity as Connectivity
 from braintrace._primitives import einsum as einsum
 from braintrace._primitives import embed_lookup as embed_lookup
@@ -61,6 +60,8 @@ from braintrace import tasks as tasks  # noqa: E402  (a public submodule)
 __all__ = [
     "AbstractAlgorithm",
     "D_RTRL",
+    "DNI",
+    "LinearSynthesizer",
     "ES_D_RTRL",
     "EProp",
     "ETraceGraph",
@@ -89,9 +90,6 @@ __all__ = [
     "init_states",
     "lora_matmul",
     "matmul",
-    "conv",
-    "etp_conv_batched_p",
-    "etp_conv_p",
     "conv",
     "etp_conv_batched_p",
     "etp_conv_p",

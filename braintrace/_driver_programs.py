@@ -24,6 +24,7 @@ import optax
 
 from braintrace._algorithms import AbstractAlgorithm
 from braintrace._algorithms._blocked import blocked_run
+from braintrace._algorithms._dni import DNI
 from braintrace._algorithms._scan import (
     ScanCarry,
     evolve,
@@ -212,6 +213,9 @@ def train_program(graph: ETraceGraph, algorithm: AbstractAlgorithm,
         block_size: Time blocks within a window (``_blocked.py``); ``1`` is per step.
         modulators: :class:`~braintrace.ThreeFactor`'s modulators (one
             ``(T, *state_shape)`` array per hidden state), or ``None``.
+
+    With :class:`~braintrace.DNI` each window of ``update_every`` steps is one
+    DNI window (windowed mode, ``chunk_size = update_every``).
     """
     if layout is not None:
         params, hidden, other, traces = _constrain_state(layout, params, hidden, other, traces)
@@ -253,7 +257,12 @@ def _train_window(graph: ETraceGraph, algorithm: AbstractAlgorithm,
         return online_step(graph, algorithm, loss_fn, carry.params, operands, c,
                            xy[0], xy[1], xy[2])
 
-    if mw is not None:
+    dni = isinstance(algorithm, DNI)
+    if dni:  # one DNI window per update: chunk_size = update_every
+        grads, step_carry, losses = windowed_gradients(
+            graph, algorithm, loss_fn, carry.params, fresh.hidden, fresh.other, fresh.traces,
+            xw, yw, ww, ww.shape[0])
+    elif mw is not None:
         step_carry, losses = three_factor_run(graph, algorithm, loss_fn, carry.params, operands,
                                               fresh, xw, yw, ww, mw)
     elif block_size > 1:
@@ -262,7 +271,8 @@ def _train_window(graph: ETraceGraph, algorithm: AbstractAlgorithm,
     else:
         step_carry, losses = jax.lax.scan(body, fresh, (xw, yw, ww))
         step_carry = finish_carry(graph, algorithm, operands, step_carry)
-    grads = param_gradients(graph, algorithm, carry.params, operands, step_carry)
+    if not dni:
+        grads = param_gradients(graph, algorithm, carry.params, operands, step_carry)
     updates, opt_state = tx.update(grads, carry.opt_state, carry.params)
     new_params = optax.apply_updates(carry.params, updates)
     bad = ~jnp.stack([jnp.all(jnp.isfinite(p)) for p in new_params])

@@ -20,6 +20,7 @@ from flax import nnx
 
 from braintrace._algorithms import AbstractAlgorithm
 from braintrace._algorithms._blocked import resolve_block_size
+from braintrace._algorithms._dni import DNI
 from braintrace._algorithms._three_factor import check_algorithm_inputs
 from braintrace._checkpoint import restore_arrays, save_arrays
 from braintrace._compiler import ETraceGraph, compile_graph
@@ -101,6 +102,8 @@ class OnlineLearner:
         self._base_batch_size = state_batch_size(model)
         if mesh is not None:
             check_mesh(mesh, data_axis, self._base_batch_size)
+        if isinstance(algorithm, DNI):
+            algorithm.bind(model)
         compiled = self._compile(model, example_x)
         self._base_example = compiled.example
         self._cache = {self._base_batch_size: compiled}
@@ -483,6 +486,9 @@ class OnlineLearner:
         params, hidden, other = self.leaves()
         mods = check_algorithm_inputs(self.algorithm, self.graph, hidden, modulators,
                                       chunk_size, len(weights))
+        if isinstance(self.algorithm, DNI) and chunk_size is None:
+            raise ValueError("DNI injects synthetic gradients at window boundaries: call "
+                             "etrace_grad with chunk_size=K (windowed mode).")
         weights = jnp.asarray(weights, jnp.result_type(*params))
         if self._layout_now is not None:
             weights = place(weights, self._layout_now.replicated)

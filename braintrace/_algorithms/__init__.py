@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from braintrace._algorithms._base import AbstractAlgorithm as AbstractAlgorithm
 from braintrace._algorithms._d_rtrl import D_RTRL as D_RTRL
+from braintrace._algorithms._dni import DNI as DNI
+from braintrace._algorithms._dni import LinearSynthesizer as LinearSynthesizer
 from braintrace._algorithms._eprop import EProp as EProp
 from braintrace._algorithms._es_d_rtrl import ES_D_RTRL as ES_D_RTRL
 from braintrace._algorithms._es_d_rtrl import pp_prop as pp_prop
@@ -42,6 +44,8 @@ def get_algorithm(algorithm: str | AbstractAlgorithm) -> AbstractAlgorithm:
 __all__ = [
     "ALGORITHMS",
     "D_RTRL",
+    "DNI",
+    "LinearSynthesizer",
     "ES_D_RTRL",
     "AbstractAlgorithm",
     "EProp",

@@ -9,7 +9,8 @@ For a window starting at hidden state ``h_0`` with traces ``ε_0``:
 
 then the traces advance through the window step by step. With ``k = 1`` this
 is the single-step rule of ``_scan.py``. Memory grows with ``k``, not with
-the sequence length.
+the sequence length. With :class:`~braintrace.DNI` a synthesiser's prediction
+is injected at every window's end and its training gradient added (``_dni.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from braintrace._algorithms._base import AbstractAlgorithm
+from braintrace._algorithms._dni import DNI
 from braintrace._algorithms._scan import ScanCarry, evolve_step, init_carry, param_gradients
 from braintrace._compiler import ETraceGraph, StepLeaves
 from braintrace._compiler import _programs as programs
@@ -54,16 +56,20 @@ def windowed_gradients(
     split = lambda a: a.reshape(length // chunk_size, chunk_size, *a.shape[1:])  # noqa: E731
     operands = programs.operands(graph, params)
     carry = init_carry(graph, algorithm, params, hidden, other, traces)
+    dni = algorithm if isinstance(algorithm, DNI) else None
 
-    def window_loss(params, hidden, other, xw, yw, ww):
+    def window_loss(params, hidden, other, xw, yw, ww, t_end):
         def body(state, inputs):
             h, o = state
             outs, _ = programs.forward(graph, StepLeaves(params, h, o, jax.tree.leaves(inputs[0])))
             return (outs.hidden, outs.other), loss_fn(
                 jax.tree.unflatten(graph.out_treedef, outs.y), inputs[1])
 
-        _, losses = jax.lax.scan(body, (list(hidden), list(other)), (xw, yw))
-        return jnp.sum(losses * ww), losses
+        (h_end, _), losses = jax.lax.scan(body, (list(hidden), list(other)), (xw, yw))
+        total = jnp.sum(losses * ww)
+        if dni is not None:
+            total = total + dni.injected(graph, params, h_end, t_end)
+        return total, losses
 
     def advance(state, x_t):
         h, o, tr = state
@@ -72,17 +78,20 @@ def windowed_gradients(
         return (h, o, tr), None
 
     def window(carry, inputs):
-        xw, yw, ww = inputs
+        xw, yw, ww, t0 = inputs
         _, pullback, losses = jax.vjp(
-            lambda p, h: window_loss(p, h, carry.other, xw, yw, ww), list(params),
-            list(carry.hidden), has_aux=True)
+            lambda p, h: window_loss(p, h, carry.other, xw, yw, ww, t0 + chunk_size),
+            list(params), list(carry.hidden), has_aux=True)
         g_params, g_hidden = pullback(jnp.ones((), losses.dtype))
+        if dni is not None:
+            g_hidden, g_params = dni.correct(graph, params, carry.hidden, g_hidden, g_params, t0)
         term = algorithm.contribution(graph, carry.traces, g_hidden, operands)
         summed = jax.tree.map(jnp.add, carry.summed, term)
         same = [a + b.astype(a.dtype) for a, b in zip(carry.same_step, g_params)]
         (h, o, tr), _ = jax.lax.scan(advance, (carry.hidden, carry.other, carry.traces), xw)
         return carry._replace(hidden=h, other=o, traces=tr, summed=summed, same_step=same), losses
 
-    carry, losses = jax.lax.scan(window, carry, tuple(jax.tree.map(split, a)
-                                                      for a in (xs, ys, weights)))
+    starts = jnp.arange(length // chunk_size, dtype=jnp.int32) * chunk_size
+    carry, losses = jax.lax.scan(window, carry, (*(jax.tree.map(split, a)
+                                                   for a in (xs, ys, weights)), starts))
     return param_gradients(graph, algorithm, params, operands, carry), carry, losses.reshape(length)
