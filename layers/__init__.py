@@ -8,6 +8,8 @@ through ETP primitives; recurrent cells follow the Flax cell protocol
 :class:`braintrace.HiddenState`\\ s.
 """
 
+from ._conv import ETPConv as ETPConv
+from ._conv_spiking import ConvLIF as ConvLIF
 from ._einsum import ETPEinsum as ETPEinsum
 from ._einsum import ETPLinearGeneral as ETPLinearGeneral
 from ._elemwise import ETPElemwise as ETPElemwise
@@ -32,6 +34,8 @@ from ._surrogate import SURROGATES as SURROGATES
 from ._surrogate import spike as spike
 
 __all__ = [
+    "ConvLIF",
+    "ETPConv",
     "ALIF",
     "LIF",
     "SURROGATES",
