@@ -19,6 +19,10 @@ from ._grouped import ETPGroupedLinear as ETPGroupedLinear
 from ._linear import ETPLinear as ETPLinear
 from ._lora import ETPLoRA as ETPLoRA
 from ._lora import ETPLoRALinear as ETPLoRALinear
+from ._lru import LRU as LRU
+from ._lru import LRUCell as LRUCell
+from ._min_lstm import MinLSTMCell as MinLSTMCell
+from ._optimized_lstm import OptimizedLSTMCell as OptimizedLSTMCell
 from ._readout import LeakyReadout as LeakyReadout
 from ._recurrent import GRUCell as GRUCell
 from ._recurrent import LSTMCell as LSTMCell
@@ -53,7 +57,11 @@ __all__ = [
     "GRUCell",
     "LSTMCell",
     "LeakyReadout",
+    "LRU",
+    "LRUCell",
     "MinGRUCell",
+    "MinLSTMCell",
+    "OptimizedLSTMCell",
     "RecurrentSpiking",
     "SimpleCell",
     "Stateful",
