@@ -19,14 +19,11 @@ PARITY = {
     "2d-same-strided": dict(in_features=3, out_features=4, kernel_size=(3, 3), strides=2),
     "2d-valid-grouped": dict(in_features=4, out_features=2, kernel_size=(2, 3), strides=(1, 2),
                              padding="VALID", feature_group_count=2),
-    "2d-valid-grouped-nobias": dict(in_features=4, out_features=4, kernel_size=(3, 2),
-                                    padding="VALID", feature_group_count=2, use_bias=False),
     "2d-explicit-dilated": dict(in_features=2, out_features=3, kernel_size=(2, 2),
                                 padding=((1, 0), (2, 1)), kernel_dilation=(2, 1)),
     "2d-input-dilation": dict(in_features=2, out_features=3, kernel_size=(3, 3),
                               padding=1, input_dilation=(2, 1)),
     "2d-circular": dict(in_features=2, out_features=3, kernel_size=(3, 2), padding="CIRCULAR"),
-    "2d-reflect": dict(in_features=2, out_features=3, kernel_size=(3, 3), padding="REFLECT"),
     "3d-same": dict(in_features=2, out_features=2, kernel_size=(2, 2, 2), strides=(1, 2, 1)),
 }
 SPATIAL = {1: (7,), 2: (6, 5), 3: (3, 4, 3)}

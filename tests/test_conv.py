@@ -1,0 +1,155 @@
+"""The conv ETP primitive in models: D-RTRL on convolutions equals float64 BPTT.
+
+A convolution kernel feeds every output position, so its exact D-RTRL trace is
+kept per position (``braintrace._primitives._conv``). Shown here on a
+convolution driving a position-wise leaky state and on ``ConvLIF`` (a LIF
+membrane per position and channel, no recurrent weights): D-RTRL over ``T``
+steps and ES-D-RTRL at ``T = 1`` equal ``jax.grad`` of the unrolled loss. The
+rule-by-rule oracles are in ``test_primitive_contract.py`` (case ``conv``).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from contract_models import randomize_hidden
+from flax import nnx
+
+import braintrace
+from braintrace import layers
+from braintrace._compiler._step import split_model
+
+F64 = jnp.float64
+BATCH, OUT, T_LONG = 2, 2, 5
+
+
+@pytest.fixture(autouse=True)
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+class Readout(nnx.Module):
+    """``y = W vec(g(h))``: a stateless readout of a feature map (a same-step gradient)."""
+
+    def __init__(self, shape: tuple[int, ...]):
+        self.shape = shape
+        self.out = layers.ETPLinear(int(np.prod(shape)), OUT, param_dtype=F64, rngs=nnx.Rngs(9))
+
+    def __call__(self, h):
+        return self.out(h.reshape(*h.shape[:h.ndim - len(self.shape)], -1))
+
+
+class LeakyConv(nnx.Module):
+    """``h_t = 0.8 h_{t-1} + conv(x_t)`` per position and channel, read out by ``tanh(h)``."""
+
+    def __init__(self, in_features: int, spatial: tuple[int, ...], **conv_kwargs):
+        self.conv = layers.ETPConv(in_features, 4, param_dtype=F64, rngs=nnx.Rngs(0),
+                                   **conv_kwargs)
+        shape = jax.eval_shape(self.conv, jnp.zeros((*spatial, in_features), F64)).shape
+        self.h = braintrace.HiddenState(jnp.zeros(shape, F64))
+        self.readout = Readout(shape)
+
+    def __call__(self, x):
+        self.h[...] = 0.8 * self.h[...] + self.conv(x)
+        return self.readout(jnp.tanh(self.h[...]))
+
+
+class ConvSNN(nnx.Module):
+    """``ConvLIF`` spikes read out by a linear map of the flattened spike map."""
+
+    def __init__(self, in_features: int, spatial: tuple[int, ...], **kwargs):
+        self.conv_lif = layers.ConvLIF(in_features, 4, input_size=spatial, param_dtype=F64,
+                                       rngs=nnx.Rngs(0), **kwargs)
+        self.readout = Readout(self.conv_lif.output_shape)
+
+    def __call__(self, x):
+        return self.readout(self.conv_lif(x))
+
+
+MODELS = {
+    "leaky-1d-valid-dilated": (lambda: LeakyConv(3, (9,), kernel_size=3, padding="VALID",
+                                                 kernel_dilation=2), (9,), 3),
+    "leaky-2d-grouped-strided": (lambda: LeakyConv(2, (6, 5), kernel_size=(3, 3), strides=(2, 1),
+                                                   feature_group_count=2), (6, 5), 2),
+    "conv-lif-2d": (lambda: ConvSNN(1, (5, 5), kernel_size=(3, 3), tau=5.0,
+                                    kernel_init=nnx.initializers.normal(0.8)), (5, 5), 1),
+    "conv-lif-1d-learn-tau": (lambda: ConvSNN(2, (7,), kernel_size=3, strides=2, learn_tau=True,
+                                              kernel_init=nnx.initializers.normal(0.8)), (7,), 2),
+}
+
+
+def build(name: str) -> nnx.Module:
+    model = MODELS[name][0]()
+    braintrace.init_states(model, batch_size=BATCH)
+    return randomize_hidden(model)
+
+
+def data(name: str, steps: int):
+    _, spatial, channels = MODELS[name]
+    xs = jax.random.normal(jax.random.key(1), (steps, BATCH, *spatial, channels), F64)
+    ys = jax.random.normal(jax.random.key(2), (steps, BATCH, OUT), F64)
+    return xs, ys
+
+
+def mse(y, t):
+    return jnp.mean((y - t) ** 2)
+
+
+def bptt(model, xs, ys):
+    """``∇ Σ_t L_t`` by ``jax.grad`` through a ``lax.scan`` of the pure step."""
+    graphdef, params, hidden, other = split_model(model)
+
+    def total(params):
+        def body(state, inputs):
+            m = nnx.merge(graphdef, params, *state, copy=True)
+            loss = mse(m(inputs[0]), inputs[1])
+            return split_model(m)[2:], loss
+
+        return jnp.sum(jax.lax.scan(body, (hidden, other), (xs, ys))[1])
+
+    return jax.grad(total)(params)
+
+
+def max_relative_error(got, want) -> float:
+    errors = []
+    for (path, g), w in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want),
+                            strict=True):
+        w = np.asarray(w)
+        assert np.max(np.abs(w)) > 1e-8, f"BPTT gradient of {jax.tree_util.keystr(path)} is zero"
+        errors.append(float(np.max(np.abs(np.asarray(g) - w)) / np.max(np.abs(w))))
+    return max(errors)
+
+
+@pytest.mark.parametrize("name", ["leaky-2d-grouped-strided", "conv-lif-1d-learn-tau"])
+def test_d_rtrl_on_a_convolution_equals_bptt_over_time(name):
+    xs, ys = data(name, T_LONG)
+    want = bptt(build(name), xs, ys)
+    learner = braintrace.compile(build(name), braintrace.D_RTRL(), xs[0], strict=True)
+    assert "conv.kernel" in learner.report() and not learner.graph.approximations
+    got = learner.etrace_grad(xs, ys, mse, reduction="sum")
+    assert max_relative_error(got, want) <= 1e-8
+
+
+@pytest.mark.parametrize("name", ["leaky-1d-valid-dilated", "conv-lif-2d"])
+def test_es_d_rtrl_on_a_convolution_equals_bptt_at_t1(name):
+    xs, ys = data(name, 1)
+    want = bptt(build(name), xs, ys)
+    learner = braintrace.compile(build(name), braintrace.ES_D_RTRL(0.7, x_decay_or_rank=0.4),
+                                 xs[0])
+    got = learner.etrace_grad(xs, ys, mse, reduction="sum")
+    assert max_relative_error(got, want) <= 1e-10
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(x=jnp.ones((5, 3)), kernel=jnp.ones((3, 2, 4))), r"x of shape \(5, 3\) does not match"),
+    (dict(x=jnp.ones((5, 4)), kernel=jnp.ones((3, 2, 3)), feature_group_count=2),
+     "O divisible by groups"),
+    (dict(x=jnp.ones((5, 2)), kernel=jnp.ones((3, 2, 4)), strides=(1, 1)),
+     r"strides=\(1, 1\) must be a positive int or 1 positive ints"),
+    (dict(x=jnp.ones((5, 2)), kernel=jnp.ones((3, 2, 4)), padding="FULL"),
+     "padding='FULL' must be 'SAME', 'VALID'"),
+])
+def test_conv_names_the_offending_argument(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        braintrace.conv(**kwargs)
