@@ -12,8 +12,8 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["REDUCTIONS", "check_chunk_size", "check_inputs", "loss_weights", "shape_of",
-           "step_weights"]
+__all__ = ["REDUCTIONS", "check_algorithm_inputs", "check_chunk_size", "check_inputs",
+           "loss_weights", "shape_of", "static_chunk_size", "step_weights"]
 
 REDUCTIONS = ("mean", "sum")
 
@@ -134,3 +134,44 @@ def loss_weights(xs: Any, ys: Any, example: Any, mask: Any, chunk_size: Any,
                 "then zero.")
         weights = weights / weights.sum()
     return weights
+
+
+def check_algorithm_inputs(algorithm: Any, graph: Any, hidden: Any, modulators: Any,
+                           chunk_size: Any, length: int, *,
+                           trainer: bool = False) -> list[Any] | None:
+    """The checked modulators of a call (``None`` for an algorithm other than ThreeFactor).
+
+    ``trainer``: the call is ``OnlineTrainer.step`` (no ``chunk_size``; DNI
+    then runs one window per update).
+
+    Raises:
+        ValueError: ThreeFactor without ``modulators`` or with ``chunk_size``;
+            ``modulators`` given to another algorithm; DNI without
+            ``chunk_size``; or bad modulators (``check_modulators``).
+        TypeError: ``modulators`` is not a dict.
+    """
+    from braintrace._algorithms._dni import DNI
+    from braintrace._algorithms._three_factor import ThreeFactor, check_modulators
+
+    if isinstance(algorithm, DNI) and chunk_size is None and not trainer:
+        raise ValueError("DNI injects synthetic gradients at window boundaries: call "
+                         "etrace_grad with chunk_size=K (windowed mode).")
+    if not isinstance(algorithm, ThreeFactor):
+        if modulators is not None:
+            raise ValueError(
+                f"modulators are the third factor of braintrace.ThreeFactor; algorithm "
+                f"'{algorithm.name or type(algorithm).__name__}' does not read them. Compile "
+                "with braintrace.ThreeFactor() or drop modulators=.")
+        return None
+    if modulators is None:
+        raise ValueError(
+            "ThreeFactor needs modulators=: a dict {hidden path: array of shape (T, "
+            f"*state_shape)}} with the keys {list(graph.hidden_paths)}.")
+    if chunk_size is not None:
+        raise ValueError("ThreeFactor is a single-step rule; call it without chunk_size.")
+    return check_modulators(graph, hidden, modulators, length)
+
+
+def static_chunk_size(chunk_size: Any) -> int | None:
+    """A checked ``chunk_size`` as the static argument of the compiled program."""
+    return None if chunk_size is None else int(chunk_size)

@@ -18,15 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from braintrace._algorithms import AbstractAlgorithm
+from braintrace._algorithms import DNI, AbstractAlgorithm
 from braintrace._algorithms._blocked import resolve_block_size
-from braintrace._algorithms._dni import DNI
-from braintrace._algorithms._three_factor import check_algorithm_inputs
 from braintrace._checkpoint import restore_arrays, save_arrays
 from braintrace._compiler import ETraceGraph, compile_graph
 from braintrace._compiler import _programs as programs
 from braintrace._driver_programs import GradArgs, evolve_program, grad_program
-from braintrace._inputs import check_inputs, loss_weights
+from braintrace._inputs import check_algorithm_inputs, check_inputs, loss_weights, static_chunk_size
 from braintrace._learner_state import (
     LeafAvals,
     Leaves,
@@ -392,9 +390,7 @@ class OnlineLearner:
                 form (D_RTRL, ES_D_RTRL), else 1. Ignored in windowed mode.
             reduction: ``'mean'`` or ``'sum'`` over time.
             return_losses: Also return each step's loss ``(T,)``.
-            modulators: :class:`~braintrace.ThreeFactor` only (and required
-                there): ``{hidden path: (T, *state_shape)}``, the third factor
-                that replaces the learning signal.
+            modulators: :class:`~braintrace.ThreeFactor`'s ``{hidden path: (T, *state_shape)}``.
 
         Returns:
             An ``nnx.State`` of gradients for every Param (the structure of
@@ -413,7 +409,7 @@ class OnlineLearner:
         args = self.grad_args(xs, ys, mask=mask, chunk_size=chunk_size, reduction=reduction,
                               modulators=modulators)
         grads, hidden, other, traces, losses, finite = self._grad_fn(
-            *args, loss_fn=loss_fn, chunk_size=_static(chunk_size),
+            *args, loss_fn=loss_fn, chunk_size=static_chunk_size(chunk_size),
             block_size=self._block_size(block_size))
         self._raise_if_not_finite(host_array(losses), host_array(finite))
         write_state(self.model, hidden, other)
@@ -446,7 +442,7 @@ class OnlineLearner:
         """
         args = self.grad_args(xs, ys, mask=mask, chunk_size=chunk_size, reduction=reduction,
                               modulators=modulators)
-        return self._grad_fn.lower(*args, loss_fn=loss_fn, chunk_size=_static(chunk_size),
+        return self._grad_fn.lower(*args, loss_fn=loss_fn, chunk_size=static_chunk_size(chunk_size),
                                    block_size=self._block_size(block_size))
 
     def _block_size(self, block_size: int | None) -> int:
@@ -484,15 +480,11 @@ class OnlineLearner:
         xs, ys = self._place_inputs(xs), self._place_inputs(ys)
         weights = loss_weights(xs, ys, self._example, mask, chunk_size, reduction)
         params, hidden, other = self.leaves()
-        mods = check_algorithm_inputs(self.algorithm, self.graph, hidden, modulators,
-                                      chunk_size, len(weights))
-        if isinstance(self.algorithm, DNI) and chunk_size is None:
-            raise ValueError("DNI injects synthetic gradients at window boundaries: call "
-                             "etrace_grad with chunk_size=K (windowed mode).")
+        mods = self._place_inputs(check_algorithm_inputs(
+            self.algorithm, self.graph, hidden, modulators, chunk_size, len(weights)))
         weights = jnp.asarray(weights, jnp.result_type(*params))
         if self._layout_now is not None:
             weights = place(weights, self._layout_now.replicated)
-            mods = None if mods is None else place_inputs(self._layout_now, mods)
         return GradArgs(params, hidden, other, self.traces, xs, ys, weights, mods)
 
     def _place_inputs(self, tree: Any) -> Any:
@@ -504,8 +496,3 @@ class OnlineLearner:
         if lay is None or any(isinstance(a, jax.ShapeDtypeStruct) for a in jax.tree.leaves(tree)):
             return tree
         return place_inputs(lay, tree)
-
-
-def _static(chunk_size: Any) -> int | None:
-    """A checked ``chunk_size`` as the static argument of the compiled program."""
-    return None if chunk_size is None else int(chunk_size)

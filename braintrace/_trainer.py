@@ -15,10 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from braintrace._algorithms._three_factor import check_algorithm_inputs
 from braintrace._checkpoint import leaf_names, restore_arrays, save_arrays
 from braintrace._driver_programs import TrainResult, train_program
-from braintrace._inputs import step_weights
+from braintrace._inputs import check_algorithm_inputs, step_weights
 from braintrace._learner import OnlineLearner
 from braintrace._learner_state import named_arrays, state_from_arrays
 from braintrace._sharding import host_array, place
@@ -123,7 +122,7 @@ class OnlineTrainer:
                 f"{self.update_every}.")
         params, hidden, other = learner.leaves()
         mods = check_algorithm_inputs(learner.algorithm, learner.graph, hidden, modulators,
-                                      None, length)
+                                      None, length, trainer=True)
         weights = jnp.asarray(step_weights(mask, length) / self.update_every,
                               jnp.result_type(*params))
         lay = learner._layout_now
