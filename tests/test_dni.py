@@ -135,7 +135,7 @@ def test_bad_uses_raise_clear_errors():
     learner = braintrace.compile(model, braintrace.DNI(model.synth), xs[0])
     with pytest.raises(ValueError, match="chunk_size=K"):
         learner.etrace_grad(xs, ys, mse)
-    with pytest.raises(ValueError, match="nnx.Module"):
+    with pytest.raises(TypeError, match="nnx.Module"):
         braintrace.DNI(lambda h, t: h)
 
 

@@ -99,7 +99,7 @@ class DNI(AbstractAlgorithm):
 
     def __init__(self, synthesizer: nnx.Module, base: AbstractAlgorithm | None = None):
         if not isinstance(synthesizer, nnx.Module):
-            raise ValueError(
+            raise TypeError(
                 f"DNI: synthesizer must be an nnx.Module inside the model, got "
                 f"{type(synthesizer).__name__}.")
         self.synthesizer = synthesizer

@@ -41,9 +41,15 @@ import numpy as np
 from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
 from braintrace._algorithms._d_rtrl import DRTRL_ELEMENTWISE, DRTRL_INPUT
 from braintrace._algorithms._scan import ScanCarry, step_terms
-from braintrace._compiler import ElementwiseRelation, ETraceGraph, InputRelation, Relation, StepLeaves
+from braintrace._compiler import (
+    ElementwiseRelation,
+    ETraceGraph,
+    InputRelation,
+    Relation,
+    StepLeaves,
+)
 
-__all__ = ["ThreeFactor", "check_algorithm_inputs", "check_modulators", "three_factor_run"]
+__all__ = ["ThreeFactor", "check_modulators", "three_factor_run"]
 
 
 class ThreeFactor(AbstractAlgorithm):
@@ -85,32 +91,6 @@ class ThreeFactor(AbstractAlgorithm):
         return self._rules[type(relation)]
 
 
-def check_algorithm_inputs(algorithm: AbstractAlgorithm, graph: ETraceGraph,
-                           hidden: Sequence[jax.Array], modulators: Any, chunk_size: Any,
-                           length: int) -> list[jax.Array] | None:
-    """The checked modulators of a call (``None`` for an algorithm other than ThreeFactor).
-
-    Raises:
-        ValueError: ThreeFactor without ``modulators`` or with ``chunk_size``;
-            ``modulators`` given to another algorithm; or bad modulators
-            (:func:`check_modulators`).
-    """
-    if not isinstance(algorithm, ThreeFactor):
-        if modulators is not None:
-            raise ValueError(
-                f"modulators are the third factor of braintrace.ThreeFactor; algorithm "
-                f"'{algorithm.name or type(algorithm).__name__}' does not read them. Compile "
-                "with braintrace.ThreeFactor() or drop modulators=.")
-        return None
-    if modulators is None:
-        raise ValueError(
-            "ThreeFactor needs modulators=: a dict {hidden path: array of shape (T, "
-            f"*state_shape)}} with the keys {list(graph.hidden_paths)}.")
-    if chunk_size is not None:
-        raise ValueError("ThreeFactor is a single-step rule; call it without chunk_size.")
-    return check_modulators(graph, hidden, modulators, length)
-
-
 def check_modulators(graph: ETraceGraph, hidden: Sequence[jax.Array], modulators: Any,
                      length: int) -> list[jax.Array]:
     """The modulators as a list in ``graph.hidden_paths`` order, after checking them.
@@ -122,7 +102,8 @@ def check_modulators(graph: ETraceGraph, hidden: Sequence[jax.Array], modulators
         length: The sequence length ``T``.
 
     Raises:
-        ValueError: ``modulators`` is not a dict, lacks a hidden path, has one
+        TypeError: ``modulators`` is not a dict.
+        ValueError: ``modulators`` lacks a hidden path, has one
             the graph does not know, or has an entry of the wrong shape or
             with a value that is not finite.
 
@@ -140,7 +121,7 @@ def check_modulators(graph: ETraceGraph, hidden: Sequence[jax.Array], modulators
     """
     paths = graph.hidden_paths
     if not isinstance(modulators, dict):
-        raise ValueError(
+        raise TypeError(
             f"modulators must be a dict {{hidden path: array of shape (T, *state_shape)}} with "
             f"the keys {list(paths)}, got {type(modulators).__name__}.")
     missing = [p for p in paths if p not in modulators]
