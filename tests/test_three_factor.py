@@ -44,9 +44,18 @@ def _learner(algorithm):
     return model, braintrace.compile(model, algorithm, jnp.ones((B, 3), F64))
 
 
-def _grads(algorithm, xs, ys, **kw):
-    _, learner = _learner(algorithm)
-    return _named(learner.etrace_grad(xs, ys, mse, reduction="sum", **kw))
+_COMPILED = {}
+
+
+def _grads(name, xs, ys, loss_fn=mse, **kw):
+    """``etrace_grad`` (sum) from zero state, by one learner compiled per algorithm name."""
+    if name not in _COMPILED:
+        model, learner = _learner(name)
+        _COMPILED[name] = (model, learner, learner.traces)
+    model, learner, traces = _COMPILED[name]
+    nnx.update(model, jax.tree.map(jnp.zeros_like, nnx.state(model, braintrace.HiddenState)))
+    learner.traces = traces
+    return _named(learner.etrace_grad(xs, ys, loss_fn, reduction="sum", **kw))
 
 
 def _named(state):
@@ -56,11 +65,10 @@ def _named(state):
 
 def test_true_signal_reproduces_d_rtrl():
     xs, ys = data(T, batch=B)
-    model, _ = _learner("d_rtrl")
-    signal = _true_signal(model, xs, ys)
+    signal = _true_signal(DenseLeaky(batch=B), xs, ys)
     assert float(jnp.max(jnp.abs(signal))) > 1e-3
     ref = _grads("d_rtrl", xs, ys)
-    got = _grads(braintrace.ThreeFactor(), xs, ys, modulators={"h": signal})
+    got = _grads("three_factor", xs, ys, modulators={"h": signal})
     for key in ("w", "b", "wo"):  # traced (w, b) by M·ε; the readout by its same-step gradient
         err = np.max(np.abs(got[key] - ref[key])) / np.max(np.abs(ref[key]))
         assert err < 1e-10, (key, err)
@@ -70,7 +78,7 @@ def test_linear_in_the_modulator_and_zero_gives_zero():
     xs, ys = data(T, batch=B)
     m1 = jax.random.normal(jax.random.key(1), (T, B, H), F64)
     m2 = jax.random.normal(jax.random.key(2), (T, B, H), F64)
-    alg = braintrace.ThreeFactor()
+    alg = "three_factor"
     g1, g2 = (_grads(alg, xs, ys, modulators={"h": m}) for m in (m1, m2))
     mix = _grads(alg, xs, ys, modulators={"h": 2.0 * m1 - 0.5 * m2})
     for key in ("w", "b"):
@@ -85,10 +93,8 @@ def test_linear_in_the_modulator_and_zero_gives_zero():
 def test_untraced_params_get_zero_with_a_zero_loss_and_mask_weights_the_modulator():
     xs, ys = data(T, batch=B)
     m = jax.random.normal(jax.random.key(3), (T, B, H), F64)
-    alg = braintrace.ThreeFactor()
-    _, learner = _learner(alg)
-    g = _named(learner.etrace_grad(xs, ys, lambda y, t: 0.0 * jnp.sum(y), reduction="sum",
-                                   modulators={"h": m}))
+    alg = "three_factor"
+    g = _grads(alg, xs, ys, lambda y, t: 0.0 * jnp.sum(y), modulators={"h": m})
     assert not np.any(g["wo"])
     full = _grads(alg, xs, ys, modulators={"h": m})
     mask = (jnp.arange(T) < 3).astype(F64)
@@ -109,17 +115,19 @@ def test_untraced_params_get_zero_with_a_zero_loss_and_mask_weights_the_modulato
 ])
 def test_bad_modulators_raise_clear_errors(modulators, match):
     xs, ys = data(T, batch=B)
-    _, learner = _learner(braintrace.ThreeFactor())
+    _grads("three_factor", xs, ys, modulators={"h": jnp.zeros((T, B, H))})
+    learner = _COMPILED["three_factor"][1]
     with pytest.raises((ValueError, TypeError), match=match):
         learner.etrace_grad(xs, ys, mse, modulators=modulators)
 
 
 def test_modulators_only_for_three_factor_and_not_windowed():
     xs, ys = data(T, batch=B)
-    _, learner = _learner("d_rtrl")
+    _grads("d_rtrl", xs, ys)
     with pytest.raises(ValueError, match="does not read them"):
-        learner.etrace_grad(xs, ys, mse, modulators={"h": jnp.zeros((T, B, H))})
-    _, learner = _learner("three_factor")
+        _COMPILED["d_rtrl"][1].etrace_grad(xs, ys, mse, modulators={"h": jnp.zeros((T, B, H))})
+    _grads("three_factor", xs, ys, modulators={"h": jnp.zeros((T, B, H))})
+    learner = _COMPILED["three_factor"][1]
     with pytest.raises(ValueError, match="without chunk_size"):
         learner.etrace_grad(xs, ys, mse, chunk_size=2, modulators={"h": jnp.zeros((T, B, H))})
 
@@ -129,7 +137,7 @@ def test_trainer_applies_the_three_factor_gradient():
     m = jax.random.normal(jax.random.key(4), (T, B, H), F64)
     model, learner = _learner(braintrace.ThreeFactor())
     w0 = np.asarray(model.w[...])
-    expected = _grads(braintrace.ThreeFactor(), xs, ys, modulators={"h": m})["w"]
+    expected = _grads("three_factor", xs, ys, modulators={"h": m})["w"]
     trainer = braintrace.OnlineTrainer(learner, optax.sgd(0.1), loss_fn=mse, update_every=T)
     trainer.step(xs, ys, modulators={"h": m})
     np.testing.assert_allclose(np.asarray(model.w[...]), w0 - 0.1 * expected / T, rtol=1e-10)
