@@ -30,6 +30,21 @@ def _check_supported(conv_general_dilated: Any, preferred_element_type: Any) -> 
             "dtype of the computation instead.")
 
 
+def _kernel_shape(kernel_size: tuple[int, ...], in_features: int, out_features: int,
+                  groups: Any, mask: jax.Array | None) -> tuple[int, ...]:
+    """``(*kernel_size, in // groups, out)``, after checking ``groups`` and ``mask`` against it."""
+    if not isinstance(groups, int) or groups < 1 or in_features % groups or out_features % groups:
+        raise ValueError(
+            f"ETPConv: feature_group_count={groups!r} must be a positive int dividing "
+            f"in_features={in_features} and out_features={out_features}.")
+    shape = (*kernel_size, in_features // groups, out_features)
+    if mask is not None and tuple(jnp.shape(mask)) != shape:
+        raise ValueError(
+            f"ETPConv: mask of shape {tuple(jnp.shape(mask))} must have the kernel's "
+            f"shape {shape}.")
+    return shape
+
+
 class ETPConv(nnx.Module):
     """A channels-last convolution that learns online; a drop-in for :class:`flax.nnx.Conv`.
 
@@ -105,17 +120,8 @@ class ETPConv(nnx.Module):
     ):
         _check_supported(conv_general_dilated, preferred_element_type)
         kernel_size = (kernel_size,) if isinstance(kernel_size, int) else tuple(kernel_size)
-        groups = feature_group_count
-        if not isinstance(groups, int) or groups < 1 or in_features % groups or (
-                out_features % groups):
-            raise ValueError(
-                f"ETPConv: feature_group_count={groups!r} must be a positive int dividing "
-                f"in_features={in_features} and out_features={out_features}.")
-        self.kernel_shape = (*kernel_size, in_features // groups, out_features)
-        if mask is not None and tuple(jnp.shape(mask)) != self.kernel_shape:
-            raise ValueError(
-                f"ETPConv: mask of shape {tuple(jnp.shape(mask))} must have the kernel's "
-                f"shape {self.kernel_shape}.")
+        self.kernel_shape = _kernel_shape(kernel_size, in_features, out_features,
+                                          feature_group_count, mask)
         self.kernel = nnx.Param(kernel_init(rngs.params(), self.kernel_shape, param_dtype),
                                 **kernel_metadata)
         self.bias: nnx.Param[jax.Array] | None

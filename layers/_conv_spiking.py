@@ -1,4 +1,4 @@
-r"""``ConvLIF``: a convolution driving leaky integrate-and-fire neurons, one per position and channel.
+r"""``ConvLIF``: a convolution driving LIF neurons, one per output position and channel.
 
 For one step with input frame ``x_t`` (``(*spatial, in_features)`` per sample):
 

@@ -142,12 +142,12 @@ def test_es_d_rtrl_on_a_convolution_equals_bptt_at_t1(name):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(x=jnp.ones((5, 3)), kernel=jnp.ones((3, 2, 4))), r"x of shape \(5, 3\) does not match"),
-    (dict(x=jnp.ones((5, 4)), kernel=jnp.ones((3, 2, 3)), feature_group_count=2),
+    ({"x": jnp.ones((5, 3)), "kernel": jnp.ones((3, 2, 4))}, r"x of shape \(5, 3\) does not match"),
+    ({"x": jnp.ones((5, 4)), "kernel": jnp.ones((3, 2, 3)), "feature_group_count": 2},
      "O divisible by groups"),
-    (dict(x=jnp.ones((5, 2)), kernel=jnp.ones((3, 2, 4)), strides=(1, 1)),
+    ({"x": jnp.ones((5, 2)), "kernel": jnp.ones((3, 2, 4)), "strides": (1, 1)},
      r"strides=\(1, 1\) must be a positive int or 1 positive ints"),
-    (dict(x=jnp.ones((5, 2)), kernel=jnp.ones((3, 2, 4)), padding="FULL"),
+    ({"x": jnp.ones((5, 2)), "kernel": jnp.ones((3, 2, 4)), "padding": "FULL"},
      "padding='FULL' must be 'SAME', 'VALID'"),
 ])
 def test_conv_names_the_offending_argument(kwargs, match):

@@ -10,21 +10,24 @@ from helpers import primitive_names
 import braintrace
 from braintrace import layers
 
+
+def _case(in_features: int, out_features: int, kernel_size, **kwargs) -> dict:
+    return {"in_features": in_features, "out_features": out_features,
+            "kernel_size": kernel_size, **kwargs}
+
+
 PARITY = {
-    "1d-valid": dict(in_features=2, out_features=3, kernel_size=3, padding="VALID"),
-    "1d-strided-same-grouped-nobias": dict(in_features=4, out_features=6, kernel_size=(2,),
-                                           strides=2, feature_group_count=2, use_bias=False),
-    "1d-causal-dilated": dict(in_features=2, out_features=3, kernel_size=3, padding="CAUSAL",
-                              kernel_dilation=2),
-    "2d-same-strided": dict(in_features=3, out_features=4, kernel_size=(3, 3), strides=2),
-    "2d-valid-grouped": dict(in_features=4, out_features=2, kernel_size=(2, 3), strides=(1, 2),
-                             padding="VALID", feature_group_count=2),
-    "2d-explicit-dilated": dict(in_features=2, out_features=3, kernel_size=(2, 2),
-                                padding=((1, 0), (2, 1)), kernel_dilation=(2, 1)),
-    "2d-input-dilation": dict(in_features=2, out_features=3, kernel_size=(3, 3),
-                              padding=1, input_dilation=(2, 1)),
-    "2d-circular": dict(in_features=2, out_features=3, kernel_size=(3, 2), padding="CIRCULAR"),
-    "3d-same": dict(in_features=2, out_features=2, kernel_size=(2, 2, 2), strides=(1, 2, 1)),
+    "1d-valid": _case(2, 3, 3, padding="VALID"),
+    "1d-strided-same-grouped-nobias": _case(4, 6, (2,), strides=2, feature_group_count=2,
+                                            use_bias=False),
+    "1d-causal-dilated": _case(2, 3, 3, padding="CAUSAL", kernel_dilation=2),
+    "2d-same-strided": _case(3, 4, (3, 3), strides=2),
+    "2d-valid-grouped": _case(4, 2, (2, 3), strides=(1, 2), padding="VALID",
+                              feature_group_count=2),
+    "2d-explicit-dilated": _case(2, 3, (2, 2), padding=((1, 0), (2, 1)), kernel_dilation=(2, 1)),
+    "2d-input-dilation": _case(2, 3, (3, 3), padding=1, input_dilation=(2, 1)),
+    "2d-circular": _case(2, 3, (3, 2), padding="CIRCULAR"),
+    "3d-same": _case(2, 2, (2, 2, 2), strides=(1, 2, 1)),
 }
 SPATIAL = {1: (7,), 2: (6, 5), 3: (3, 4, 3)}
 
@@ -73,21 +76,21 @@ def test_etp_conv_loads_flax_weights_and_runs_the_etp_primitive(name):
 
 def test_etp_conv_applies_a_mask_as_nnx_conv_does():
     mask = jnp.tril(jnp.ones((3, 2, 4)))
-    kwargs = dict(in_features=2, out_features=4, kernel_size=3, mask=mask, padding="VALID")
+    kwargs = _case(2, 4, 3, mask=mask, padding="VALID")
     ours, theirs = layers.ETPConv(**kwargs, rngs=nnx.Rngs(0)), nnx.Conv(**kwargs, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(0), (2, 6, 2))
     np.testing.assert_allclose(ours(x), theirs(x), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(in_features=3, out_features=4, kernel_size=3, feature_group_count=2),
+    ({"in_features": 3, "out_features": 4, "kernel_size": 3, "feature_group_count": 2},
      "feature_group_count=2 must be a positive int dividing in_features=3"),
-    (dict(in_features=2, out_features=4, kernel_size=3, mask=jnp.ones((3, 3))),
+    ({"in_features": 2, "out_features": 4, "kernel_size": 3, "mask": jnp.ones((3, 3))},
      r"mask of shape \(3, 3\) must have the kernel's shape \(3, 2, 4\)"),
-    (dict(in_features=2, out_features=4, kernel_size=3, preferred_element_type=jnp.float32),
+    ({"in_features": 2, "out_features": 4, "kernel_size": 3, "preferred_element_type": jnp.float32},
      "preferred_element_type is not supported"),
-    (dict(in_features=2, out_features=4, kernel_size=3,
-          conv_general_dilated=lambda *a, **k: None), "custom conv_general_dilated"),
+    ({"in_features": 2, "out_features": 4, "kernel_size": 3,
+          "conv_general_dilated": lambda *a, **k: None}, "custom conv_general_dilated"),
 ])
 def test_etp_conv_refuses_what_it_does_not_support(kwargs, match):
     with pytest.raises(ValueError, match=match):

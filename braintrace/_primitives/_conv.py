@@ -20,9 +20,11 @@ kept per output position, ``ε_K[p, w, c, o]`` (and ``ε_b[p, o]``). Rules
     \\mathrm{xy\\_to\\_trace}: \\quad \\epsilon_K[p, w, c, o] = P[p, w, g(o), c]\\, d[p, o],
     \\qquad \\epsilon_b[p, o] = d[p, o]
 
-    \\mathrm{dt\\_to\\_t}: \\quad \\epsilon_K[p, w, c, o] \\mapsto \\epsilon_K[p, w, c, o]\\, d[p, o]
+    \\mathrm{dt\\_to\\_t}: \\quad \\epsilon_K[p, w, c, o] \\mapsto
+        \\epsilon_K[p, w, c, o]\\, d[p, o]
 
-    \\mathrm{trace\\_to\\_dw}: \\quad dK = \\sum_p \\epsilon_K[p], \\qquad db = \\sum_p \\epsilon_b[p]
+    \\mathrm{trace\\_to\\_dw}: \\quad dK = \\sum_p \\epsilon_K[p],
+        \\qquad db = \\sum_p \\epsilon_b[p]
 
 The group structure is exact: ``ε_K[p, w, c, o]`` only ever reads input
 channel ``g(o)·C/G + c``. ``xy_to_dw`` is the convolution's own pullback.
@@ -124,7 +126,7 @@ def _grouped_patches(x: jax.Array, window: Sequence[int], groups: int,
 
 
 def conv_xy_to_trace(x, d, theta, **params) -> dict[str, jax.Array]:
-    """Instantaneous D-RTRL term per output position: ``ε_K[p, w, c, o] = P[p, w, g(o), c] d[p, o]``.
+    """The instantaneous D-RTRL term, per output position: ``P[p, w, g(o), c] d[p, o]``.
 
     ``x (*lead, *spatial, C)``, ``d (*lead, *out, O)``; leading axes are summed.
     Returns ``kernel (*out, *kernel.shape)`` and ``bias (*out, O)``.
@@ -241,6 +243,17 @@ def _pad_input(x: jax.Array, padding: Any, window: Sequence[int],
     return x, name
 
 
+def _check_shapes(x_shape: tuple[int, ...], kernel_shape: tuple[int, ...], groups: Any) -> None:
+    num_spatial = len(kernel_shape) - 2
+    if (num_spatial < 1 or len(x_shape) < num_spatial + 1 or not isinstance(groups, int)
+            or groups < 1 or x_shape[-1] != kernel_shape[-2] * groups
+            or kernel_shape[-1] % groups):
+        raise ValueError(
+            f"braintrace.conv: x of shape {x_shape} does not match kernel of shape "
+            f"{kernel_shape} with feature_group_count={groups!r}; expected x (*batch, "
+            "*spatial, C), kernel (*window, C // groups, O) with O divisible by groups.")
+
+
 def conv(
     x: ArrayLike,
     kernel: ArrayLike,
@@ -286,14 +299,8 @@ def conv(
         ((2, 3, 3, 4), 27.0)
     """
     x, kernel = jnp.asarray(x), jnp.asarray(kernel)
-    num_spatial = kernel.ndim - 2
-    groups = feature_group_count
-    if (num_spatial < 1 or x.ndim < num_spatial + 1 or not isinstance(groups, int) or groups < 1
-            or x.shape[-1] != kernel.shape[-2] * groups or kernel.shape[-1] % groups):
-        raise ValueError(
-            f"braintrace.conv: x of shape {x.shape} does not match kernel of shape "
-            f"{kernel.shape} with feature_group_count={groups!r}; expected x (*batch, "
-            "*spatial, C), kernel (*window, C // groups, O) with O divisible by groups.")
+    _check_shapes(x.shape, kernel.shape, feature_group_count)
+    num_spatial, groups = kernel.ndim - 2, feature_group_count
     kernel_dilation = _per_axis("kernel_dilation", kernel_dilation, num_spatial)
     x, pad = _pad_input(x, padding, kernel.shape[:-2], kernel_dilation)
     params = {"strides": _per_axis("strides", strides, num_spatial), "padding": pad,
