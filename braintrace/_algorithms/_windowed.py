@@ -58,19 +58,6 @@ def windowed_gradients(
     carry = init_carry(graph, algorithm, params, hidden, other, traces)
     dni = algorithm if isinstance(algorithm, DNI) else None
 
-    def window_loss(params, hidden, other, xw, yw, ww, t_end):
-        def body(state, inputs):
-            h, o = state
-            outs, _ = programs.forward(graph, StepLeaves(params, h, o, jax.tree.leaves(inputs[0])))
-            return (outs.hidden, outs.other), loss_fn(
-                jax.tree.unflatten(graph.out_treedef, outs.y), inputs[1])
-
-        (h_end, _), losses = jax.lax.scan(body, (list(hidden), list(other)), (xw, yw))
-        total = jnp.sum(losses * ww)
-        if dni is not None:
-            total = total + dni.injected(graph, params, h_end, t_end)
-        return total, losses
-
     def advance(state, x_t):
         h, o, tr = state
         h, o, tr, _ = evolve_step(graph, algorithm, operands,
@@ -80,7 +67,8 @@ def windowed_gradients(
     def window(carry, inputs):
         xw, yw, ww, t0 = inputs
         _, pullback, losses = jax.vjp(
-            lambda p, h: window_loss(p, h, carry.other, xw, yw, ww, t0 + chunk_size),
+            lambda p, h: _window_loss(graph, loss_fn, dni, p, h, carry.other, xw, yw, ww,
+                                      t0 + chunk_size),
             list(params), list(carry.hidden), has_aux=True)
         g_params, g_hidden = pullback(jnp.ones((), losses.dtype))
         if dni is not None:
@@ -95,3 +83,20 @@ def windowed_gradients(
     carry, losses = jax.lax.scan(window, carry, (*(jax.tree.map(split, a)
                                                    for a in (xs, ys, weights)), starts))
     return param_gradients(graph, algorithm, params, operands, carry), carry, losses.reshape(length)
+
+
+def _window_loss(graph: ETraceGraph, loss_fn: Callable[[Any, Any], jax.Array],
+                 dni: DNI | None, params, hidden, other, xw, yw, ww,
+                 t_end) -> tuple[jax.Array, jax.Array]:
+    """``(Σ_k w_k L_k [+ sg[ŝ(h_K)]·h_K with DNI], losses)`` of one window from ``hidden``."""
+    def body(state, inputs):
+        h, o = state
+        outs, _ = programs.forward(graph, StepLeaves(params, h, o, jax.tree.leaves(inputs[0])))
+        return (outs.hidden, outs.other), loss_fn(
+            jax.tree.unflatten(graph.out_treedef, outs.y), inputs[1])
+
+    (h_end, _), losses = jax.lax.scan(body, (list(hidden), list(other)), (xw, yw))
+    total = jnp.sum(losses * ww)
+    if dni is not None:
+        total = total + dni.injected(graph, params, h_end, t_end)
+    return total, losses
