@@ -43,7 +43,17 @@ It is called as ``synthesizer(hidden, t) -> cotangents``: ``hidden`` a dict
 ``{hidden path: array}`` (``learner.graph.hidden_paths``, batch axis
 included), ``t`` the number of steps of this call before ``h`` (``0`` at the
 first window's start, ``K`` at its end); it returns a dict of the same keys
-and shapes. DNI is windowed mode only (a ``chunk_size`` is required).
+and shapes. DNI is windowed mode only (a ``chunk_size`` is required);
+``OnlineTrainer`` runs one DNI window per update (``chunk_size =
+update_every``, ``t`` counted from the window's start).
+
+Two boundary cases: the last window's end is injected too (the stream may go
+on in the next call; a synthesiser that should see no future there returns
+zero), and the first window's correction subtracts the current synthesiser's
+``ŝ(h_0)`` (what the previous call injected, if ``φ`` has not changed since;
+with fresh traces the correction reads zero traces anyway). The targets are in
+the units of the weighted loss ``Σ_t w_t L_t`` (``reduction='mean'`` divides
+by ``T``).
 """
 
 from __future__ import annotations
