@@ -97,16 +97,17 @@ class ETPEinsum(nnx.Module):
         self.promote_dtype = promote_dtype
 
     def __call__(self, inputs: ArrayLike, einsum_str: str | None = None) -> jax.Array:
-        """Applies the contraction (``einsum_str`` here, or the constructor's).
+        """Applies the contraction (``einsum_str`` if given here, else the constructor's).
 
         Raises:
             ValueError: The string cannot be traced (see :func:`braintrace.einsum`),
-                or both or neither of the two strings are given.
+                or neither string is given.
         """
-        if (einsum_str is None) == (self.einsum_str is None):
-            raise ValueError("ETPEinsum: give einsum_str either to the constructor or to the "
-                             "call, exactly once.")
-        spec = (einsum_str or self.einsum_str).replace(" ", "")
+        spec = einsum_str if einsum_str is not None else self.einsum_str
+        if spec is None:
+            raise ValueError("ETPEinsum: no einsum_str, neither in the constructor nor in the "
+                             "call; give one of them.")
+        spec = spec.replace(" ", "")
         bias = self.bias[...] if self.bias is not None else None
         inputs, kernel, bias = self.promote_dtype((inputs, self.kernel[...], bias),
                                                   dtype=self.dtype)
@@ -201,7 +202,7 @@ class ETPLinearGeneral(nnx.Module):
         self.precision = precision
         self.promote_dtype = promote_dtype
 
-    def einsum_str(self, ndim: int) -> str:
+    def einsum_spec(self, ndim: int) -> str:
         """The contraction for an input with ``ndim`` axes, e.g. ``'abc,bcde->ade'``."""
         axes = tuple(a % ndim for a in self.axis)
         if len(set(axes)) != len(axes) or any(not -ndim <= a < ndim for a in self.axis):
@@ -217,7 +218,7 @@ class ETPLinearGeneral(nnx.Module):
     def __call__(self, inputs: ArrayLike) -> jax.Array:
         """Contracts ``inputs`` along ``axis``: the output is ``(*other axes, *out_features)``."""
         inputs = jnp.asarray(inputs)
-        spec = self.einsum_str(inputs.ndim)
+        spec = self.einsum_spec(inputs.ndim)
         for a, size in zip(self.axis, self.in_features, strict=True):
             if inputs.shape[a] != size:
                 raise ValueError(f"ETPLinearGeneral: input of shape {inputs.shape} has size "

@@ -54,9 +54,10 @@ class ETPSparseLinear(nnx.Module):
     the connectivity (row-major for a mask), and ``bias (out,)``. The map is a
     gather and a ``segment_sum``; the D-RTRL trace is ``(B, nnz, S)``, so its
     memory and cost scale with the number of connections, not ``in·out``.
-    Boolean inputs (spikes) take an event-driven path that reads only the rows
-    of active inputs (``max_events``, default ``in_features``, bounds them per
-    sample; a sample with more gets NaN outputs); it gives the same outputs
+    With ``max_events`` set, boolean inputs (spikes) take an event-driven path
+    that reads only the rows of active inputs, at most ``max_events`` per
+    sample (a sample with more gets NaN outputs, never a silent cut): work
+    ``max_events × fan_out`` per sample instead of ``nnz``, the same outputs
     and gradients as the same input given as floats.
 
     Args:
@@ -65,8 +66,8 @@ class ETPSparseLinear(nnx.Module):
         connectivity: A boolean mask ``(in, out)``, a ``(pre, post)`` pair of
             index arrays, or a :class:`braintrace.Connectivity`.
         use_bias: Whether to add a bias.
-        event_driven: Whether boolean inputs take the event-driven path.
-        max_events: Most active inputs per sample on the event-driven path.
+        max_events: Bound on the active inputs per sample that turns on the
+            event-driven path for boolean inputs; ``None``: off.
         param_dtype: Dtype of the parameters.
         weight_init: ``weight_init(key, (nnz,), dtype)``; default LeCun normal
             over the mean fan-in ``nnz / out``.
@@ -94,7 +95,6 @@ class ETPSparseLinear(nnx.Module):
         *,
         connectivity: Any,
         use_bias: bool = True,
-        event_driven: bool = True,
         max_events: int | None = None,
         param_dtype: Dtype = jnp.float32,
         weight_init: Initializer | None = None,
@@ -117,7 +117,6 @@ class ETPSparseLinear(nnx.Module):
             self.bias = nnx.data(None)
         self.in_features = in_features
         self.out_features = out_features
-        self.event_driven = event_driven
         self.max_events = max_events
 
     def __call__(self, inputs: ArrayLike) -> jax.Array:
@@ -125,4 +124,4 @@ class ETPSparseLinear(nnx.Module):
         check_features(type(self).__name__, jnp.shape(inputs), self.in_features)
         bias = self.bias[...] if self.bias is not None else None
         return sparse_matmul(inputs, self.weight[...], self.connectivity, bias,
-                             event_driven=self.event_driven, max_events=self.max_events)
+                             max_events=self.max_events)

@@ -124,3 +124,24 @@ def test_tasks_quick_trains_every_model_and_reports_test_accuracy(tmp_path):
                 assert 0.0 <= row["test_accuracy_mean"] <= 1.0
                 assert finite(row["train_wall_s_mean"]) and row["lr"] in payload["config"]["lrs"]
                 assert all(0.0 <= v <= 1.0 for v in row["validation_accuracy_per_lr"].values())
+
+
+def test_sparse_quick_writes_trace_memory_and_step_time_against_dense(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "sparse.py"), "--quick", "--out",
+         str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
+    assert proc.returncode == 0, f"sparse --quick failed:\n{(proc.stdout + proc.stderr)[-4000:]}"
+    assert (tmp_path / "sparse.png").stat().st_size > 0
+    payload = json.loads((tmp_path / "sparse.json").read_text())
+    assert payload["benchmark"] == "sparse" and payload["quick"] is True
+    assert set(payload["results"]) == {"d_rtrl", "d_rtrl@1"}
+    for results in payload["results"].values():
+        assert {"dense", "sparse_10pct", "sparse_1pct"} <= set(results)
+        assert results["dense"]["trace_ratio_to_dense"] == pytest.approx(1.0)
+        for entry in results.values():
+            for key in ("trace_bytes", "step_us_median", "step_us_min", "compile_s"):
+                assert finite(entry[key]) and entry[key] > 0, key
+        # Fewer connections, a smaller trace: it scales with nnz, not in x out.
+        assert results["sparse_1pct"]["trace_bytes"] < results["sparse_10pct"]["trace_bytes"] \
+            < results["dense"]["trace_bytes"]
+    assert isinstance(payload["summary"]["targets_met"], bool)

@@ -63,7 +63,8 @@ def _inputs(shape: tuple[int, ...], seed: int = 1) -> jax.Array:
     return jax.random.normal(jax.random.key(seed), (STEPS, BATCH, *shape), F64)
 
 
-def _assert_d_rtrl_equals_bptt(build, xs) -> float:
+def _assert_d_rtrl_equals_bptt(build, xs):
+    """Compiles ``build()`` with ``strict=True``; returns the learner and the largest error."""
     ys = _targets()
     want = bptt(build(), xs, ys)
     assert_live(want)
@@ -72,7 +73,7 @@ def _assert_d_rtrl_equals_bptt(build, xs) -> float:
     assert not learner.graph.approximations
     errors = relative_errors(got, want)
     assert max(errors.values()) <= 1e-8, errors
-    return max(errors.values())
+    return learner, max(errors.values())
 
 
 # -- embedding ---------------------------------------------------------------------------------
@@ -175,18 +176,6 @@ def test_linear_general_refuses_batch_axis():
         layers.ETPLinearGeneral(3, 4, axis=1, batch_axis={0: 2}, rngs=nnx.Rngs(0))
 
 
-def test_d_rtrl_equals_bptt_on_einsum_to_leaky_state(x64):
-    build = lambda: _leaky(layers.ETPEinsum("bd,dhk->bhk", (3, 2, 2), (2, 2), param_dtype=F64,
-                                            rngs=nnx.Rngs(0)), (2, 2))
-    _assert_d_rtrl_equals_bptt(build, _inputs((3,)))
-
-
-def test_d_rtrl_equals_bptt_on_linear_general_to_leaky_state(x64):
-    build = lambda: _leaky(layers.ETPLinearGeneral((2, 3), (2, 2), axis=(-2, -1),
-                                                   param_dtype=F64, rngs=nnx.Rngs(0)), (2, 2))
-    _assert_d_rtrl_equals_bptt(build, _inputs((2, 3)))
-
-
 # -- grouped ------------------------------------------------------------------------------------
 
 
@@ -208,12 +197,6 @@ def test_grouped_linear_initialises_each_block_like_nnx_linear():
     np.testing.assert_allclose(float(jnp.std(kernel)), fan_in ** -0.5, rtol=0.05)
     with pytest.raises(ValueError, match="multiples of num_groups=3"):
         layers.ETPGroupedLinear(6, 4, 3, rngs=nnx.Rngs(0))
-
-
-def test_d_rtrl_equals_bptt_on_grouped_to_leaky_state(x64):
-    build = lambda: _leaky(layers.ETPGroupedLinear(4, 6, 2, param_dtype=F64,
-                                                   rngs=nnx.Rngs(0)), (6,))
-    _assert_d_rtrl_equals_bptt(build, _inputs((4,)))
 
 
 # -- sparse -------------------------------------------------------------------------------------
@@ -249,31 +232,31 @@ def test_sparse_linear_refuses_bad_connectivity(connectivity, message):
 
 
 def test_sparse_event_driven_path_equals_the_dense_input_path(x64):
-    layer = _sparse()
+    layer = _sparse(max_events=3)
+    conn, params = layer.connectivity, (layer.weight[...], layer.bias[...])
     spikes = jax.random.bernoulli(jax.random.key(3), 0.5, (6, 4))
     floats = spikes.astype(F64)
-    jaxpr = str(jax.make_jaxpr(lambda x: layer(x))(spikes))
-    assert "max_events=4" in jaxpr  # the event path was taken
-    np.testing.assert_array_equal(layer(spikes), layer(floats))
 
-    def grads(x):
-        return nnx.grad(lambda m: jnp.sum(jnp.sin(m(x))))(layer)
+    @jax.jit
+    def outputs_and_grads(weight, bias, x):
+        def loss(weight, bias):
+            y = braintrace.sparse_matmul(x, weight, conn, bias, max_events=3)
+            return jnp.sum(jnp.sin(y)), y
+        return jax.grad(loss, argnums=(0, 1), has_aux=True)(weight, bias)
 
-    for got, want in zip(jax.tree.leaves(grads(spikes)), jax.tree.leaves(grads(floats)),
-                         strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-12)
-    crowded = _sparse(max_events=1)  # more active inputs than max_events: NaN, not a silent cut
-    out = crowded(jnp.array([[True, True, False, False], [False, False, True, False]]))
-    assert np.all(np.isnan(out[0])) and np.all(np.isfinite(out[1]))
-
-
-@pytest.mark.parametrize("spiking", [False, True], ids=["real-input", "spike-input"])
-def test_d_rtrl_equals_bptt_on_sparse_to_leaky_state(x64, spiking):
-    xs = _inputs((4,))
-    if spiking:
-        xs = xs > 0.3
-    error = _assert_d_rtrl_equals_bptt(lambda: _leaky(_sparse(), (3,)), xs)
-    assert error <= 1e-8
+    spikes = spikes.at[:, 0].set(False)  # at most 3 of the 4 inputs active
+    floats = spikes.astype(F64)
+    assert "max_events=3" in str(jax.make_jaxpr(layer)(spikes))  # the event path was taken
+    assert "max_events=None" in str(jax.make_jaxpr(layer)(floats))
+    (dw, db), y = outputs_and_grads(*params, spikes)
+    (dw_f, db_f), y_f = outputs_and_grads(*params, floats)
+    np.testing.assert_array_equal(y, y_f)
+    np.testing.assert_allclose(dw, dw_f, rtol=1e-12)
+    np.testing.assert_allclose(db, db_f, rtol=1e-12)
+    crowded = braintrace.sparse_matmul(  # more active inputs than max_events: NaN, no silent cut
+        jnp.array([[True, True, False, False], [False, False, True, False]]), params[0], conn,
+        max_events=1)
+    assert np.all(np.isnan(crowded[0])) and np.all(np.isfinite(crowded[1]))
 
 
 def test_sparse_trace_is_per_connection(x64):
@@ -282,3 +265,54 @@ def test_sparse_trace_is_per_connection(x64):
     shapes = {tuple(a.shape) for a in jax.tree.leaves(learner.traces)}
     assert (BATCH, int(MASK.sum())) in shapes and (BATCH, 4, 3) not in shapes
     assert relation.operands == {"weight": 1, "bias": 2}
+
+
+# -- each layer driving its own leaky state, D-RTRL against BPTT ----------------------------------
+
+
+class LeakyDrives(nnx.Module):
+    """Five layers, each driving its own leaky state ``h_k' = 0.8 h_k + layer_k(x)``.
+
+    ``x (B, 6)`` reaches an ``ETPEinsum``, an ``ETPLinearGeneral`` (on ``x`` as
+    ``(B, 2, 3)``), an ``ETPGroupedLinear``, and an ``ETPSparseLinear`` twice: on
+    ``x`` and, event-driven, on the spikes ``x > 0.3``. One readout of all states.
+    """
+
+    def __init__(self):
+        kw = {"param_dtype": F64}
+        self.drives = nnx.List([
+            layers.ETPEinsum("bd,dhk->bhk", (6, 2, 2), (2, 2), rngs=nnx.Rngs(0), **kw),
+            layers.ETPLinearGeneral((2, 3), (2, 2), axis=(-2, -1), rngs=nnx.Rngs(1), **kw),
+            layers.ETPGroupedLinear(6, 4, 2, rngs=nnx.Rngs(2), **kw),
+            layers.ETPSparseLinear(6, 3, connectivity=SPARSE_MASK, rngs=nnx.Rngs(3), **kw),
+            layers.ETPSparseLinear(6, 3, connectivity=SPARSE_MASK[::-1], max_events=6,
+                                   rngs=nnx.Rngs(4), **kw)])
+        self.shapes = ((2, 2), (2, 2), (4,), (3,), (3,))
+        self.h = nnx.List([braintrace.HiddenState(jnp.zeros(s, F64)) for s in self.shapes])
+        self.out = layers.ETPLinear(4 + 4 + 4 + 3 + 3, OUT, rngs=nnx.Rngs(12), **kw)
+
+    def __call__(self, x):
+        inputs = (x, x.reshape(*x.shape[:-1], 2, 3), x, x, x > 0.3)
+        features = []
+        for drive, h, shape, u in zip(self.drives, self.h, self.shapes, inputs, strict=True):
+            h[...] = 0.8 * h[...] + drive(u)
+            features.append(jnp.tanh(h[...]).reshape(*x.shape[:-1], -1))
+        return self.out(jnp.concatenate(features, axis=-1))
+
+
+SPARSE_MASK = np.random.default_rng(0).random((6, 3)) < 0.5
+
+
+def _leaky_drives() -> LeakyDrives:
+    model = LeakyDrives()
+    braintrace.init_states(model, BATCH)
+    for k, h in enumerate(model.h):
+        h.set_value(0.5 * jax.random.normal(jax.random.key(7 + k), h.shape, F64))
+    return model
+
+
+def test_d_rtrl_equals_bptt_on_each_layer_driving_a_leaky_state(x64):
+    learner, error = _assert_d_rtrl_equals_bptt(_leaky_drives, _inputs((6,)))
+    traced = {r.primitive.name for r in learner.graph.relations}
+    assert traced == {"etp_einsum_batched", "etp_grouped_batched", "etp_sparse_batched"}
+    assert len(learner.graph.relations) == 5 and error <= 1e-8
