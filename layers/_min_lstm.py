@@ -17,6 +17,8 @@ from ._recurrent import _check_step, _zero_carry
 
 __all__ = ["MinLSTMCell"]
 
+_zeros = initializers.zeros_init()
+
 
 class MinLSTMCell(nnx.RNNCellBase):
     r"""Minimal long short-term memory cell (minLSTM; Feng et al., 2024), learning online.
@@ -66,7 +68,7 @@ class MinLSTMCell(nnx.RNNCellBase):
         *,
         gate_fn: Callable[..., Any] = nnx.sigmoid,
         kernel_init: Initializer = default_kernel_init,
-        bias_init: Initializer = initializers.zeros_init(),
+        bias_init: Initializer = _zeros,
         dtype: Dtype | None = None,
         param_dtype: Dtype = jnp.float32,
         rngs: nnx.Rngs,

@@ -23,6 +23,9 @@ from ._recurrent import _check_step
 
 __all__ = ["OptimizedLSTMCell"]
 
+_orthogonal = initializers.orthogonal()
+_zeros = initializers.zeros_init()
+
 
 class _PromotingLinear(ETPLinear):
     """An :class:`ETPLinear` with Flax ``Linear``'s ``promote_dtype`` hook."""
@@ -95,8 +98,8 @@ class OptimizedLSTMCell(nnx.RNNCellBase):
         gate_fn: Callable[..., Any] = nnx.sigmoid,
         activation_fn: Callable[..., Any] = nnx.tanh,
         kernel_init: Initializer = default_kernel_init,
-        recurrent_kernel_init: Initializer = initializers.orthogonal(),
-        bias_init: Initializer = initializers.zeros_init(),
+        recurrent_kernel_init: Initializer = _orthogonal,
+        bias_init: Initializer = _zeros,
         dtype: Dtype | None = None,
         param_dtype: Dtype = jnp.float32,
         carry_init: Initializer | None = None,
@@ -121,8 +124,8 @@ class OptimizedLSTMCell(nnx.RNNCellBase):
             self.rngs = rngs.carry.fork()
         else:
             self.rngs = nnx.data(None)
-        common = dict(dtype=dtype, param_dtype=param_dtype, promote_dtype=promote_dtype,
-                      rngs=rngs)
+        common = {"dtype": dtype, "param_dtype": param_dtype, "promote_dtype": promote_dtype,
+                  "rngs": rngs}
         self.dense_i = _PromotingLinear(in_features, 4 * hidden_features, use_bias=False,
                                         kernel_init=kernel_init,
                                         kernel_metadata=kernel_metadata, **common)
