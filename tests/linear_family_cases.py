@@ -19,7 +19,7 @@ __all__ = ["einsum_diagonal", "einsum_operands", "embed_operands", "grouped_diag
 
 
 def _operands(*fields):
-    from primitive_cases import Operands  # noqa: PLC0415 (primitive_cases imports this module)
+    from primitive_cases import Operands  # here: primitive_cases imports this module
 
     return Operands(*fields)
 

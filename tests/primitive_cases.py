@@ -121,10 +121,15 @@ def elemwise_operands(sizes, lead, rng, dtype) -> Operands:
     return Operands(None, {"weight": w}, params, {}, (h1, h2))
 
 
-from linear_family_cases import einsum_diagonal, einsum_operands  # noqa: E402
-from linear_family_cases import embed_operands  # noqa: E402
-from linear_family_cases import grouped_diagonal, grouped_operands  # noqa: E402
-from linear_family_cases import sparse_diagonal, sparse_operands  # noqa: E402
+from linear_family_cases import (  # after Operands, which linear_family_cases imports
+    einsum_diagonal,
+    einsum_operands,
+    embed_operands,
+    grouped_diagonal,
+    grouped_operands,
+    sparse_diagonal,
+    sparse_operands,
+)
 
 
 def conv_operands(sizes, lead, rng, dtype) -> Operands:

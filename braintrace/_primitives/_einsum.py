@@ -38,7 +38,7 @@ from jax.typing import ArrayLike
 from braintrace._primitives._register import register_pair
 from braintrace._primitives._rules import ETPRules, zeros_like_output, zeros_like_params
 
-__all__ = ["EINSUM_RULES", "etp_einsum_batched_p", "etp_einsum_p", "einsum", "split_spec"]
+__all__ = ["EINSUM_RULES", "einsum", "etp_einsum_batched_p", "etp_einsum_p", "split_spec"]
 
 
 def split_spec(spec: str) -> tuple[str, str, str]:
