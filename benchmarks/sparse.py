@@ -205,10 +205,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     args = p.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
+    load_before = os.getloadavg()
     results = measure(cfg)
     payload = {"benchmark": NAME, "quick": args.quick, "config": cfg,
-               "environment": environment(), "results": results,
-               "summary": summarise(results)}
+               "environment": {**environment(), "load_average_1min_before_after":
+                               [load_before[0], os.getloadavg()[0]]},
+               "results": results, "summary": summarise(results)}
     write_json(os.path.join(args.out, f"{NAME}.json"), payload)
     plot(results, os.path.join(args.out, f"{NAME}.png"))
     print(payload["summary"])
