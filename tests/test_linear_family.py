@@ -109,12 +109,15 @@ def test_d_rtrl_equals_bptt_on_embedding_to_leaky_state(x64):
     _assert_d_rtrl_equals_bptt(build, xs)
 
 
-def test_embedding_refuses_io_dim_algorithms_with_a_clear_error(x64):
-    model = _leaky(layers.ETPEmbed(6, 3, param_dtype=F64, rngs=nnx.Rngs(0)), (3,))
+def test_embedding_refuses_io_dim_algorithms_and_runs_rtrl(x64):
+    build = lambda: _leaky(layers.ETPEmbed(6, 3, param_dtype=F64, rngs=nnx.Rngs(0)), (3,))
     xs = jax.random.randint(jax.random.key(1), (STEPS, BATCH), 0, 6)
-    learner = braintrace.compile(model, braintrace.ES_D_RTRL(0.5), xs[0])
-    with pytest.raises(TypeError, match="integer indices.*D_RTRL"):
-        learner.etrace_grad(xs, _targets(), mse)
+    with pytest.raises(braintrace.MissingRuleError, match="'init_pp' of primitive 'etp_embed"):
+        braintrace.compile(build(), braintrace.ES_D_RTRL(0.5), xs[0])
+    ys = _targets()
+    got = braintrace.compile(build(), braintrace.RTRL(), xs[0]).etrace_grad(
+        xs, ys, mse, reduction="sum")
+    assert max(relative_errors(got, bptt(build(), xs, ys)).values()) <= 1e-8
 
 
 # -- einsum and general linear -------------------------------------------------------------------

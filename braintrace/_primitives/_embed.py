@@ -25,8 +25,6 @@ refuses a non-integer ``x`` with an error that says so.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
@@ -36,7 +34,6 @@ from braintrace._primitives._rules import (
     ETPRules,
     output_axis_contract,
     scale_output_axis,
-    zeros_like_output,
     zeros_like_params,
 )
 
@@ -47,20 +44,16 @@ def _embed_impl(x, embedding):
     return jnp.take(embedding, x, axis=0)
 
 
-def _check_indices(x: jax.Array) -> None:
-    if not jnp.issubdtype(x.dtype, jnp.integer):
-        raise TypeError(
-            f"etp_embed: the input must be integer indices, got dtype {x.dtype}. An "
-            "embedding's input cannot be smoothed over time, so the IO-dim algorithms "
-            "(ES_D_RTRL, pp_prop, OSTLFeedforward) do not apply to it; train it with D_RTRL, "
-            "EProp or RTRL.")
-
-
 def embed_xy_to_dw(x, d, theta, **params) -> dict[str, jax.Array]:
-    """Pullback at ``(x, θ)``: ``d`` scatter-added into the rows ``x`` (leading axes summed)."""
+    """Pullback at ``(x, θ)``: ``d`` scatter-added into the rows ``x`` (leading axes summed).
+
+    ``x`` holds integer indices; a non-integer ``x`` (an algorithm probing
+    shapes with zeros) is cast to ``int32``.
+    """
     del params
     x = jnp.asarray(x)
-    _check_indices(x)
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        x = x.astype(jnp.int32)
     table = theta["embedding"]
     rows = d.reshape(-1, d.shape[-1]).astype(table.dtype)
     return {"embedding": jnp.zeros_like(table).at[x.reshape(-1)].add(rows, mode="drop")}
@@ -70,10 +63,12 @@ EMBED_RULES = ETPRules(
     xy_to_dw=embed_xy_to_dw,
     dt_to_t=scale_output_axis,
     init_drtrl=zeros_like_params,
-    init_pp=functools.partial(zeros_like_output, dtype_of="embedding"),
     contract=output_axis_contract,
 )
-"""The embedding rules: a table-shaped trace filled by scatter-add, scaled along features."""
+"""The embedding rules: a table-shaped trace filled by scatter-add, scaled along features.
+
+No ``init_pp``: an index cannot be smoothed over time, so the IO-dim algorithms
+refuse the embedding (:class:`braintrace.MissingRuleError` when compiling)."""
 
 etp_embed_p, etp_embed_batched_p = register_pair(
     "etp_embed", _embed_impl, EMBED_RULES, trainable_invars_fn=lambda params: {"embedding": 1})
