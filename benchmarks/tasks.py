@@ -3,15 +3,17 @@
 Tasks (``braintrace.tasks``, the ``tasks`` extra): ``mnist1d`` (MNIST-1D, T = 40),
 ``digits`` (sequential 8×8 digits, T = 64) and ``spiking_digits`` (latency-coded
 digits, 64 channels, T = 32). Models: ``gru`` (one GRU cell, linear readout),
-``mingru2`` (two stacked minGRU cells, linear readout) on the first two; ``alif``
-(a recurrent layer of adaptive LIF neurons, leaky readout) on the spiking one.
+``mingru2`` (two stacked minGRU cells, linear readout) and ``lru2`` (two stacked
+``layers.LRU``, GELU between, linear readout) on the first two; ``alif`` (a
+recurrent layer of adaptive LIF neurons, leaky readout) on the spiking one.
 
 Methods: ``bptt`` (``jax.grad`` through ``jax.lax.scan``), ``d_rtrl``,
-``es_d_rtrl``, ``eprop`` (``EProp(kappa=0.9)``, SNN only), ``d_rtrl@8`` and
-``d_rtrl@16`` (D-RTRL in windowed mode, ``chunk_size`` 8 / 16: exact reverse mode
-inside each window, traces across windows; a window that does not divide T is
-skipped), and ``rtrl`` (exact RTRL) with its own ``bptt@small`` reference at a
-small hidden size (``--small-hidden``), where RTRL's ``B·|θ|·N`` influence fits.
+``es_d_rtrl``, ``eprop`` (``EProp(kappa=0.9)``, SNN only), ``d_rtrl@8`` (D-RTRL
+in windowed mode, ``chunk_size`` 8: exact reverse mode inside each window,
+traces across windows; a window that does not divide T is skipped), and at a
+small hidden size (``--small-hidden``, where RTRL's ``B·|θ|·N`` influence fits)
+``rtrl`` (exact RTRL), ``snap1`` (``SnAp(1)``), ``uoro`` (``UORO``) with their
+own ``bptt@small`` reference.
 
 Every row of one model and task starts from the same initialisation (seed),
 sees the same batches (``task.sample(fold_in(key, step))``), and takes the same
@@ -50,19 +52,23 @@ from braintrace import tasks as bt_tasks
 
 NAME = "tasks"
 TASKS = {
-    "mnist1d": (bt_tasks.MNIST1D, ("gru", "mingru2")),
-    "digits": (bt_tasks.SequentialDigits, ("gru", "mingru2")),
+    "mnist1d": (bt_tasks.MNIST1D, ("gru", "mingru2", "lru2")),
+    "digits": (bt_tasks.SequentialDigits, ("gru", "mingru2", "lru2")),
     "spiking_digits": (bt_tasks.SpikingDigits, ("alif",)),
 }
 METHODS = {
-    "gru": ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@8", "d_rtrl@16", "bptt@small", "rtrl"),
-    "mingru2": ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@8", "d_rtrl@16"),
-    "alif": ("bptt", "d_rtrl", "es_d_rtrl", "eprop", "d_rtrl@8", "d_rtrl@16"),
+    "gru": ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@8", "bptt@small", "rtrl", "snap1",
+            "uoro"),
+    "mingru2": ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@8"),
+    "lru2": ("bptt", "d_rtrl", "es_d_rtrl"),
+    "alif": ("bptt", "d_rtrl", "es_d_rtrl", "eprop", "d_rtrl@8"),
 }
-FULL = {"hidden": 64, "small_hidden": 16, "batch": 32, "steps": 300, "seeds": 2,
-        "lrs": (3e-3, 1e-2, 3e-2)}
+FULL = {"hidden": 64, "small_hidden": 16, "batch": 64, "steps": 1000, "seeds": 2,
+        "lrs": (3e-3, 1e-2)}
 QUICK = {"hidden": 4, "small_hidden": 4, "batch": 4, "steps": 2, "seeds": 1, "lrs": (1e-2,)}
-SMALL = ("rtrl", "bptt@small")
+SMALL = ("rtrl", "bptt@small", "snap1", "uoro")
+ALGORITHMS = {"eprop": lambda: braintrace.EProp(kappa=0.9), "snap1": lambda: braintrace.SnAp(1),
+              "uoro": lambda: braintrace.UORO(seed=0)}
 EVAL_CHUNK = 500  # validation and test run in chunks of this many sequences: one compilation
 # --quick: one task per model, BPTT and one online rule each
 QUICK_TASKS = {"mnist1d": ("gru",), "digits": ("mingru2",), "spiking_digits": ("alif",)}
@@ -104,7 +110,21 @@ class ALIFNet(nnx.Module):
         return self.readout(self.recurrent(x))
 
 
-MODELS = {"gru": GRUNet, "mingru2": MinGRU2, "alif": ALIFNet}
+class LRU2(nnx.Module):
+    """Two stacked linear recurrent units (GELU between them) and a linear readout."""
+
+    def __init__(self, inputs: int, hidden: int, outputs: int, rngs: nnx.Rngs):
+        self.l1 = layers.LRU(inputs, hidden, out_features=hidden, r_min=0.5, r_max=0.99,
+                             rngs=rngs)
+        self.l2 = layers.LRU(hidden, hidden, out_features=hidden, r_min=0.5, r_max=0.99,
+                             rngs=rngs)
+        self.readout = layers.ETPLinear(hidden, outputs, rngs=rngs)
+
+    def __call__(self, x):
+        return self.readout(jax.nn.gelu(self.l2(jax.nn.gelu(self.l1(x)))))
+
+
+MODELS = {"gru": GRUNet, "mingru2": MinGRU2, "lru2": LRU2, "alif": ALIFNet}
 
 
 def cross_entropy(logits, labels):
@@ -144,7 +164,7 @@ def grad_function(model: nnx.Module, method: str, task, batch_size: int):
         g = jax.jit(jax.grad(lambda p, b: masked_loss(run(p, b.xs), b)))
         return lambda batch: g(nnx.state(model, nnx.Param), batch)
     name, _, window = method.partition("@")
-    algorithm = braintrace.EProp(kappa=0.9) if name == "eprop" else name
+    algorithm = ALGORITHMS[name]() if name in ALGORITHMS else name
     example = jnp.zeros((batch_size, task.num_inputs))
     learner = braintrace.compile(model, algorithm, example, batch_size=batch_size)
     chunk = int(window) if window else None
@@ -221,7 +241,9 @@ def plot(results: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(t, m) for t in results for m in results[t]]
+    panels = [(t, m) for t in results for m in results[t] if results[t][m]]
+    if not panels:
+        return
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4), squeeze=False)
     for ax, (task, model) in zip(axes[0], panels):
         rows = {k: v for k, v in results[task][model].items() if "skipped" not in v}
@@ -264,7 +286,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = {}
     for task_name in task_names:
         cls, model_names = TASKS[task_name]
-        if args.quick:
+        if args.quick and not args.models:
             model_names = QUICK_TASKS[task_name]
         if args.models:
             model_names = [m for m in model_names if m in args.models.split(",")]
@@ -272,7 +294,8 @@ def main(argv: list[str] | None = None) -> dict:
         results[task_name] = {}
         for model_name in model_names:
             rows = results[task_name][model_name] = {}
-            methods = QUICK_METHODS.get(model_name, ()) if args.quick else METHODS[model_name]
+            methods = (QUICK_METHODS.get(model_name, ()) if args.quick and not wanted
+                       else METHODS[model_name])
             for method in methods:
                 if wanted and method not in wanted:
                     continue
