@@ -103,9 +103,10 @@ def test_embed_pullback_is_a_scatter_add_not_a_one_hot_matmul():
 
 
 def test_d_rtrl_equals_bptt_on_embedding_to_leaky_state(x64):
-    xs = jax.random.randint(jax.random.key(1), (STEPS, BATCH), 0, 6)
-    xs = xs.at[2].set(xs[0])  # a row visited twice: its trace must keep decaying in between
-    build = lambda: _leaky(layers.ETPEmbed(6, 3, param_dtype=F64, rngs=nnx.Rngs(0)), (3,))
+    """Two tokens per sample and step, each driving its own row of a ``(2, F)`` state."""
+    xs = jax.random.randint(jax.random.key(1), (STEPS, BATCH, 2), 0, 6)
+    xs = xs.at[2].set(xs[0])  # rows visited again: their traces must keep decaying in between
+    build = lambda: _leaky(layers.ETPEmbed(6, 3, param_dtype=F64, rngs=nnx.Rngs(0)), (2, 3))
     _assert_d_rtrl_equals_bptt(build, xs)
 
 
