@@ -106,7 +106,12 @@ def test_d_rtrl_equals_float64_bptt_for_every_lru_param():
         (group,) = learner.graph.groups
         assert group.num_states == 2  # (h_re, h_im): one 2x2 rotation-scaling per unit
         errors = relative_errors(learner.etrace_grad(xs, ys, mse, reduction="sum"), want)
+        # and step by step: no time block hides a lossy trace carry
+        learner = braintrace.compile(_built(), braintrace.D_RTRL(), xs[0], strict=True)
+        per_step = relative_errors(learner.etrace_grad(xs, ys, mse, reduction="sum",
+                                                       block_size=1), want)
     assert len(errors) == 10 and max(errors.values()) <= 1e-8, errors
+    assert max(per_step.values()) <= 1e-8, per_step
 
 
 def test_an_adam_step_on_an_online_lru_learner_changes_nu_theta_and_gamma():
