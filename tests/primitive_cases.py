@@ -134,22 +134,27 @@ from linear_family_cases import (  # after Operands, which linear_family_cases i
 
 def conv_operands(sizes, lead, rng, dtype) -> Operands:
     """``conv(x (*lead, *spatial, G·I), kernel (*window, I, G·O)) (+ bias)``: 1-D to 3-D,
-    strides, kernel and input dilation, ``'SAME'``/``'VALID'``/explicit padding, ``G`` groups."""
+    strides, kernel and input dilation, ``'SAME'``/``'VALID'``/explicit padding, ``G`` groups.
+
+    Explicit padding comes with input dilation and unit strides and kernel dilation, so
+    that some window reads the input (not only padding) and the kernel stays live."""
     i, b, o = sizes
     num_spatial, groups = int(rng.choice([1, 2, 2, 3])), int(rng.integers(1, 3))
     window = tuple(int(k) for k in rng.integers(1, 4 if num_spatial < 3 else 3, num_spatial))
-    dilation = tuple(int(r) for r in rng.integers(1, 3, num_spatial))
     padding = ["SAME", "VALID", tuple((int(lo), int(hi)) for lo, hi in
                                       rng.integers(0, 3, (num_spatial, 2)))][rng.integers(3)]
+    explicit = isinstance(padding, tuple)
+    ones = (1,) * num_spatial
+    dilation = ones if explicit else tuple(int(r) for r in rng.integers(1, 3, num_spatial))
     spatial = tuple((k - 1) * r + b for k, r in zip(window, dilation))
     has_bias = bool(rng.integers(2))
     theta = {"kernel": _normal(rng, (*window, i, groups * o), dtype)}
     if has_bias:
         theta["bias"] = _normal(rng, (groups * o,), dtype)
-    params = {"strides": tuple(int(s) for s in rng.integers(1, 3, num_spatial)),
-              "padding": padding, "kernel_dilation": dilation, "feature_group_count": groups,
-              "input_dilation": tuple(int(d) for d in rng.integers(1, 3, num_spatial))
-              if isinstance(padding, tuple) else (1,) * num_spatial,
+    draw = lambda: tuple(int(v) for v in rng.integers(1, 3, num_spatial))
+    params = {"strides": ones if explicit else draw(), "padding": padding,
+              "kernel_dilation": dilation, "feature_group_count": groups,
+              "input_dilation": draw() if explicit else ones,
               "has_bias": has_bias, "precision": None}
     x = _normal(rng, (*lead, *spatial, groups * i), dtype)
     y = jax.eval_shape(lambda: braintrace.etp_conv_p.bind(x[(0,) * len(lead)], *theta.values(),
