@@ -320,3 +320,7 @@ def test_d_rtrl_equals_bptt_on_each_layer_driving_a_leaky_state(x64):
     traced = {r.primitive.name for r in learner.graph.relations}
     assert traced == {"etp_einsum_batched", "etp_grouped_batched", "etp_sparse_batched"}
     assert len(learner.graph.relations) == 5 and error <= 1e-8
+    # Every trace is shaped like its Param, per sample: (B, *θ) for each of the S = 1 states.
+    shapes = {tuple(a.shape) for a in jax.tree.leaves(learner.traces)}
+    assert {(BATCH, 6, 2, 2), (BATCH, 2, 3, 2, 2), (BATCH, 2, 3, 2),
+            (BATCH, int(SPARSE_MASK.sum()))} <= shapes
