@@ -165,3 +165,12 @@ def test_time_blocks_of_conv_traces_equal_the_per_step_form(algorithm):
     want = per_step.etrace_grad(xs, ys, mse, reduction="sum")
     got = blocked.etrace_grad(xs, ys, mse, reduction="sum", block_size=2)
     assert max_relative_error(got, want) <= 1e-10
+
+
+def test_conv_takes_integer_spikes_and_any_number_of_batch_axes():
+    spikes = jax.random.bernoulli(jax.random.key(0), 0.3, (2, 3, 6, 6, 2)).astype(jnp.int32)
+    kernel = jax.random.normal(jax.random.key(1), (3, 3, 2, 4), F64)
+    got = braintrace.conv(spikes, kernel, strides=2)
+    want = jax.vmap(lambda x: braintrace.conv(x.astype(F64), kernel, strides=2))(spikes)
+    assert got.shape == (2, 3, 3, 3, 4) and got.dtype == F64
+    np.testing.assert_allclose(got, want, rtol=1e-12)

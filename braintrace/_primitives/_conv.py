@@ -77,7 +77,9 @@ def _conv_impl(x, kernel, *bias, strides, padding, input_dilation, kernel_dilati
     params = {"strides": strides, "padding": padding, "input_dilation": input_dilation,
               "kernel_dilation": kernel_dilation}
     flat, lead = _with_batch(x, len(strides))
-    y = jax.lax.conv_general_dilated(flat, kernel, **_conv_args(params),
+    dtype = jnp.result_type(flat, kernel)
+    y = jax.lax.conv_general_dilated(flat.astype(dtype), kernel.astype(dtype),
+                                     **_conv_args(params),
                                      feature_group_count=feature_group_count,
                                      precision=precision)
     if bias:
