@@ -15,7 +15,9 @@ with ``B = B_re + i B_im`` of shape ``(hidden, in)`` and ``C = C_re + i C_im``
 of shape ``(out, hidden)``. Every Param is real, and the complex state is
 kept as the real pair ``(h_re, h_im)``: per unit, ``λ`` acts as the 2×2
 rotation-scaling ``[[Re λ, -Im λ], [Im λ, Re λ]]``, so the compiler groups the
-pair as ``S = 2`` states per unit and its Jacobian stays unit-diagonal.
+pair as ``S = 2`` states per unit and its Jacobian stays unit-diagonal. (A
+complex ``HiddenState`` is not used: the algorithms keep traces in the
+Params' real dtype, which would drop their imaginary parts between steps.)
 
 Online learning: ``B_re``/``B_im`` run through the dense ETP primitive and
 ``ν``, ``θ``, ``γ`` through the elementwise one, so the compiler traces each of
