@@ -134,3 +134,19 @@ def test_batch_statistics_are_reported_for_exact_rtrl():
     full = braintrace.compile_graph(MODELS["layernorm"].build(),
                                     jnp.zeros((BATCH, IN), jnp.float64), scope="full")
     assert "sample-mixing" not in {a.kind for a in full.approximations}  # per-sample norm
+
+
+def test_complex_hidden_state_is_refused_with_the_path():
+    """Traces are real: a complex state would silently lose the imaginary part of its traces."""
+
+    class ComplexLeaky(nnx.Module):
+        def __init__(self):
+            self.w = layers.ETPLinear(3, 4, rngs=nnx.Rngs(0))
+            self.h = braintrace.HiddenState(jnp.zeros((2, 4), jnp.complex64))
+
+        def __call__(self, x):
+            self.h.value = (0.5 + 0.5j) * self.h.value + self.w(x)
+            return jnp.real(self.h.value)
+
+    with pytest.raises(ValueError, match=r"hidden state 'h' is complex.*h_re"):
+        braintrace.compile(ComplexLeaky(), "d_rtrl", jnp.ones((2, 3)))

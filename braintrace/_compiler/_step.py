@@ -99,6 +99,8 @@ def trace_model_step(model: nnx.Module, example_x: Any) -> TracedStep:
             "braintrace.layers do), or wrap a cell in braintrace.layers.Stateful." + others)
     if not param_paths:
         raise ValueError(f"{name} has no nnx.Param: there is nothing to train.")
+    _check_real(name, "hidden state", hidden_paths, hidden)
+    _check_real(name, "Param", param_paths, params)
 
     def step(params, hidden, other, x):
         m = nnx.merge(graphdef, params, hidden, other, copy=True)
@@ -145,6 +147,8 @@ def trace_function_step(fn: Callable[..., Any], params: Any, hidden: Any,
             "traces through time. Pass the recurrent state as `hidden`.")
     if not param_paths:
         raise ValueError(f"{name}: `params` has no array leaves: there is nothing to train.")
+    _check_real(name, "hidden state", hidden_paths, hidden)
+    _check_real(name, "Param", param_paths, params)
 
     def step(params, hidden, other, x):
         new_hidden, y = fn(params, hidden, x)
@@ -162,6 +166,18 @@ def trace_function_step(fn: Callable[..., Any], params: Any, hidden: Any,
     out_leaves, out_treedef = jax.tree_util.tree_flatten(y_shape)
     return _flatten(closed, None, param_paths, hidden_paths, (), len(out_leaves), out_treedef,
                     example_x, caught_messages)
+
+
+def _check_real(name: str, kind: str, paths: tuple[str, ...], tree: Any) -> None:
+    """Raises for a complex-valued leaf: traces are kept real (they would lose the imaginary
+    part, a silently wrong gradient)."""
+    for path, leaf in zip(paths, jax.tree_util.tree_leaves(tree)):
+        if jax.numpy.iscomplexobj(leaf):
+            raise ValueError(
+                f"{name}: {kind} '{path}' is complex ({jax.numpy.result_type(leaf)}); "
+                "braintrace keeps eligibility traces real. Store the real and imaginary parts "
+                "as two real variables (as braintrace.layers.LRU does with 'h_re' and 'h_im'; "
+                "the compiler then traces them as two coupled states per unit).")
 
 
 def _check_hidden_out(name: str, paths: tuple[str, ...], hidden: Any, new_hidden: Any) -> None:
