@@ -28,10 +28,10 @@ from ._recurrent import GRUCell as GRUCell
 from ._recurrent import LSTMCell as LSTMCell
 from ._recurrent import MinGRUCell as MinGRUCell
 from ._recurrent import SimpleCell as SimpleCell
+from ._sparse import ETPSparseLinear as ETPSparseLinear
 from ._spiking import ALIF as ALIF
 from ._spiking import LIF as LIF
 from ._spiking import ExpSynapse as ExpSynapse
-from ._sparse import ETPSparseLinear as ETPSparseLinear
 from ._spiking import RecurrentSpiking as RecurrentSpiking
 from ._stateful import Stateful as Stateful
 from ._surrogate import SURROGATES as SURROGATES
@@ -47,11 +47,11 @@ __all__ = [
     "ETPElemwise",
     "ETPEmbed",
     "ETPGroupedLinear",
-    "ETPLinearGeneral",
-    "ETPSparseLinear",
     "ETPLinear",
+    "ETPLinearGeneral",
     "ETPLoRA",
     "ETPLoRALinear",
+    "ETPSparseLinear",
     "ExpDecay",
     "ExpSynapse",
     "GRUCell",
