@@ -53,7 +53,7 @@ def test_etp_conv_has_the_params_and_outputs_of_nnx_conv(name):
         assert type(var) is type(flax_params[key])
         assert var.shape == flax_params[key].shape and var.dtype == flax_params[key].dtype
         np.testing.assert_array_equal(var[...], flax_params[key][...])
-    for batch in [(), (2, 3)]:
+    for batch in [(), (2, 3)] if name in ("1d-valid", "2d-same-strided") else [(2,)]:
         x = jax.random.normal(jax.random.key(0), (*batch, *_spatial(kwargs),
                                                   kwargs["in_features"]))
         got, want = jax.jit(lambda x: (ours(x), theirs(x)))(x)
