@@ -125,7 +125,6 @@ def test_embedding_refuses_io_dim_algorithms_and_runs_rtrl(x64):
 
 EINSUMS = [("nta,hab->nthb", (4, 2, 3), (4, 3), (5, 6, 2)),
            ("...d,dhk->...hk", (3, 2, 4), (2, 4), (5, 3)),
-           ("ab,bc->ac", (3, 4), (4,), (6, 3)),
            ("bi,oi->bo", (4, 3), None, (6, 3))]
 
 
@@ -157,8 +156,7 @@ def test_einsum_refuses_strings_the_rules_cannot_trace(spec, x_shape, kernel_sha
         braintrace.einsum(spec, jnp.ones(x_shape), jnp.ones(kernel_shape))
 
 
-LINEAR_GENERALS = [((2, 3), (4, 5), (-2, -1), (7, 2, 3)), (3, 4, -1, (2, 5, 3)),
-                   ((2, 3), 4, (0, 2), (2, 5, 3))]
+LINEAR_GENERALS = [((2, 3), (4, 5), (-2, -1), (7, 2, 3)), ((2, 3), 4, (0, 2), (2, 5, 3))]
 
 
 @pytest.mark.parametrize(("in_features", "out_features", "axis", "x_shape"), LINEAR_GENERALS)
