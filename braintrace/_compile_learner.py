@@ -16,7 +16,7 @@ from braintrace._states import init_states
 __all__ = ["compile"]
 
 
-def compile(  # noqa: A001  (the verb users expect: braintrace.compile)
+def compile(
     model: nnx.Module,
     algorithm: str | AbstractAlgorithm,
     example_x: Any,

@@ -224,7 +224,7 @@ def train_program(graph: ETraceGraph, algorithm: AbstractAlgorithm,
     k = update_every
     length = jax.tree.leaves(xs)[0].shape[0]
     windows = length // k
-    split = lambda a: a.reshape(windows, k, *a.shape[1:])  # noqa: E731
+    split = lambda a: a.reshape(windows, k, *a.shape[1:])
     carry = _TrainCarry(list(params), opt_state,
                         init_carry(graph, algorithm, params, hidden, other, traces),
                         jnp.asarray(-1, jnp.int32), jnp.zeros((len(params),), bool))

@@ -38,11 +38,12 @@ from ._surrogate import SURROGATES as SURROGATES
 from ._surrogate import spike as spike
 
 __all__ = [
-    "ConvLIF",
-    "ETPConv",
     "ALIF",
     "LIF",
+    "LRU",
     "SURROGATES",
+    "ConvLIF",
+    "ETPConv",
     "ETPEinsum",
     "ETPElemwise",
     "ETPEmbed",
@@ -55,10 +56,9 @@ __all__ = [
     "ExpDecay",
     "ExpSynapse",
     "GRUCell",
+    "LRUCell",
     "LSTMCell",
     "LeakyReadout",
-    "LRU",
-    "LRUCell",
     "MinGRUCell",
     "MinLSTMCell",
     "OptimizedLSTMCell",

@@ -22,12 +22,11 @@ import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import reference_models as S
 from flax import nnx
 
 import braintrace
-import reference_models as S
 from braintrace import layers
-
 
 T_MAX = 20
 EXACT_TOL = 1e-8

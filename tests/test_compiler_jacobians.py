@@ -20,9 +20,9 @@ import pytest
 from flax import nnx
 
 import braintrace
+from braintrace import layers
 from braintrace._compiler import StepLeaves
 from braintrace._compiler import _programs as programs
-from braintrace import layers
 from braintrace._compiler._interpret import evaluate
 from braintrace._compiler._step import split_model
 

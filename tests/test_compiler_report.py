@@ -6,9 +6,9 @@ import numpy as np
 from flax import nnx
 
 import braintrace
+from braintrace import layers
 from braintrace._compiler import StepLeaves
 from braintrace._compiler import _programs as programs
-from braintrace import layers
 from braintrace._compiler._step import split_model
 
 B, I, H = 2, 3, 4

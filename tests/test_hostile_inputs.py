@@ -386,7 +386,7 @@ def test_reset_to_an_earlier_batch_size_does_not_recompile(monkeypatch):
     learner.reset(batch_size=B)
     grads = learner.etrace_grad(xs, ys, mse)
     assert len(calls) == 2
-    assert learner._grad_fn._cache_size() == 1  # noqa: SLF001
+    assert learner._grad_fn._cache_size() == 1
     fresh = leaky().etrace_grad(xs, ys, mse)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(fresh)):
         np.testing.assert_allclose(a, b, rtol=1e-6)

@@ -6,7 +6,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import primitive_names
 
 import braintrace
 from braintrace import layers

@@ -13,9 +13,6 @@ from helpers import primitive_names
 import braintrace
 from braintrace import layers
 
-
-
-
 SURROGATE_DERIVATIVES = {
     "sigmoid": lambda x, a: a * jax.nn.sigmoid(a * x) * (1 - jax.nn.sigmoid(a * x)),
     "fast_sigmoid": lambda x, a: 1 / (1 + a * np.abs(x)) ** 2,

@@ -94,7 +94,7 @@ def test_etrace_grad_equals_sum_of_per_step_calls():
 
 def test_mask_and_reductions_weight_steps():
     xs, ys = data(4)
-    make = lambda: braintrace.compile(gru_net(nnx.Rngs(0)), "d_rtrl", xs[0], batch_size=B)  # noqa: E731
+    make = lambda: braintrace.compile(gru_net(nnx.Rngs(0)), "d_rtrl", xs[0], batch_size=B)
     summed = make().etrace_grad(xs, ys, mse, reduction="sum")
     mean = make().etrace_grad(xs, ys, mse)
     assert max_rel_error(jax.tree.map(lambda g: 4 * g, mean), summed) < 1e-5
@@ -111,7 +111,7 @@ def test_repeated_calls_do_not_retrace():
     learner.etrace_grad(xs, ys, mse)
     learner.etrace_evolve(xs)
     learner.etrace_grad(xs, ys, mse)
-    assert learner._grad_fn._cache_size() == 1  # noqa: SLF001
+    assert learner._grad_fn._cache_size() == 1
 
 
 def test_evolve_advances_state_like_the_model_itself():

@@ -12,7 +12,6 @@ is measured by ``benchmarks/throughput.py``, not here.
 """
 
 import collections
-
 import re
 
 import jax
@@ -35,14 +34,14 @@ class TwoLayer(nnx.Module):
 
 def computation(hlo: str, name: str) -> str:
     """The text of the HLO computation called ``name`` (with its ``%``)."""
-    match = re.search(rf"^(ENTRY )?{re.escape(name)} .*?^}}", hlo, re.S | re.M)
+    match = re.search(rf"^(ENTRY )?{re.escape(name)} .*?^}}", hlo, re.DOTALL | re.MULTILINE)
     assert match, name
     return match.group(0)
 
 
 def loop_body(hlo: str) -> str:
     """The body of the scan over time: the one while loop of the entry computation."""
-    entry = re.search(r"^ENTRY (%[\w.\-]+)", hlo, re.M).group(1)
+    entry = re.search(r"^ENTRY (%[\w.\-]+)", hlo, re.MULTILINE).group(1)
     bodies = re.findall(r"body=(%[\w.\-]+)", computation(hlo, entry))
     assert len(bodies) == 1, bodies
     return computation(hlo, bodies[0])

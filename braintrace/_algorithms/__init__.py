@@ -43,18 +43,18 @@ def get_algorithm(algorithm: str | AbstractAlgorithm) -> AbstractAlgorithm:
 
 __all__ = [
     "ALGORITHMS",
-    "D_RTRL",
     "DNI",
-    "LinearSynthesizer",
+    "D_RTRL",
     "ES_D_RTRL",
+    "RTRL",
+    "UORO",
     "AbstractAlgorithm",
     "EProp",
+    "LinearSynthesizer",
     "OSTLFeedforward",
     "OSTLRecurrent",
-    "RTRL",
     "SnAp",
     "ThreeFactor",
-    "UORO",
     "get_algorithm",
     "pp_prop",
 ]

@@ -139,12 +139,12 @@ def blocked_run(graph: ETraceGraph, algorithm: AbstractAlgorithm, loss_fn: Calla
     """
     length = weights.shape[0]
     blocks, rest = divmod(length, block_size)
-    run = lambda c, inputs: _run_block(graph, algorithm, loss_fn, params, operands, c,  # noqa: E731
+    run = lambda c, inputs: _run_block(graph, algorithm, loss_fn, params, operands, c,
                                        inputs)
     losses = []
     if blocks:
         head = blocks * block_size
-        split = lambda a: a[:head].reshape(blocks, block_size, *a.shape[1:])  # noqa: E731
+        split = lambda a: a[:head].reshape(blocks, block_size, *a.shape[1:])
         carry, block_losses = jax.lax.scan(
             run, carry, jax.tree.map(split, (xs, ys, weights)))
         losses.append(block_losses.reshape(head))

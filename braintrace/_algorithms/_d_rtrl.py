@@ -44,7 +44,7 @@ from braintrace._algorithms._trace_algebra import (
 )
 from braintrace._compiler import ElementwiseRelation, ETraceGraph, InputRelation, Relation
 
-__all__ = ["D_RTRL", "DRTRL_ELEMENTWISE", "DRTRL_INPUT", "drtrl_rule"]
+__all__ = ["DRTRL_ELEMENTWISE", "DRTRL_INPUT", "D_RTRL", "drtrl_rule"]
 
 
 def _cast_to_params(graph: ETraceGraph, r: Relation, trace: Any) -> Any:
@@ -154,7 +154,7 @@ def _input_block(r: InputRelation, eps: tuple, signal: jax.Array, d_g: jax.Array
                                                 jax.vmap(r.gather_hidden)(d_g))
     df = df.astype(beta.dtype)
     outer = _instantaneous(r, theta)
-    merge = (lambda a: a.reshape(-1, *a.shape[2:])) if r.batched else (lambda a: a)  # noqa: E731
+    merge = (lambda a: a.reshape(-1, *a.shape[2:])) if r.batched else (lambda a: a)
     a = jnp.sum(beta * df, axis=-1)
     a = a if dy is None else a + dy.astype(a.dtype)
     term = jax.tree.map(jnp.add, _contract_entering(r, eps, beta0), outer(merge(x), merge(a)))

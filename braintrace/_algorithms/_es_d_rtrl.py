@@ -144,7 +144,7 @@ def es_input_rule(x_decay: float, f_decay: float) -> RelationRule:
                             jnp.zeros_like(ds[0]), ds, reverse=True)
         if dy is not None:
             e = e + dy.astype(e.dtype)
-        merge = (lambda a: a.reshape(-1, *a.shape[2:])) if r.batched else (  # noqa: E731
+        merge = (lambda a: a.reshape(-1, *a.shape[2:])) if r.batched else (
             lambda a: a)
         xy_to_dw = r.primitive.rule("xy_to_dw")
         grad = jax.tree.map(jnp.add, xy_to_dw(merge(x), merge(e), theta, **r.params),

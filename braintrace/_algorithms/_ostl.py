@@ -17,7 +17,7 @@ from braintrace._algorithms._es_d_rtrl import ES_D_RTRL
 __all__ = ["OSTLFeedforward", "OSTLRecurrent"]
 
 
-def OSTLRecurrent() -> D_RTRL:  # noqa: N802  (an algorithm's public name)
+def OSTLRecurrent() -> D_RTRL:
     """D-RTRL with per-position blocks of the full (coupled) hidden Jacobian.
 
     Equal to BPTT on position-diagonal models; on models coupled through
@@ -32,7 +32,7 @@ def OSTLRecurrent() -> D_RTRL:  # noqa: N802  (an algorithm's public name)
     return D_RTRL(coupled=True)
 
 
-def OSTLFeedforward() -> ES_D_RTRL:  # noqa: N802  (an algorithm's public name)
+def OSTLFeedforward() -> ES_D_RTRL:
     """ES-D-RTRL with ``α_x = α_f = 0``: one-step factors only.
 
     Example:

@@ -42,7 +42,7 @@ def _masked_input_update(pattern: np.ndarray):
         y_sample = r.y_shape[1:] if r.batched else r.y_shape
         mask = jnp.asarray(pattern.reshape(-1, *y_sample))  # (N, *y)
         scale = jax.vmap(lambda d, t: r.primitive.rule("dt_to_t")(d, t, **r.params))
-        per_sample = lambda t: scale(mask.astype(next(iter(t.values())).dtype), t)  # noqa: E731
+        per_sample = lambda t: scale(mask.astype(next(iter(t.values())).dtype), t)
         return jax.vmap(per_sample)(new) if r.batched else per_sample(new)
     return update
 

@@ -100,7 +100,7 @@ def mix_states(dt_to_t: Callable[..., Any], d: jax.Array, trace: Any, **params: 
     bfloat16 Params).
     """
     num_states = d.shape[-1]
-    take = lambda s: jax.tree.map(lambda e: e[..., s], trace)  # noqa: E731
+    take = lambda s: jax.tree.map(lambda e: e[..., s], trace)
     rows = []
     for s in range(num_states):
         total = None

@@ -74,7 +74,7 @@ def uoro_update(r: InputRelation, s: UOROTrace, jac: jax.Array, df: jax.Array, x
     ju = jnp.einsum("bnm,bm->bn", jac.astype(s.u.dtype), s.u)
     rho0 = jnp.sqrt((_norm(s.theta) + EPSILON) / (_norm(ju) + EPSILON))
     rho1 = jnp.sqrt((_norm(nu_i) + EPSILON) / (_norm(nu) + EPSILON))
-    scale = lambda v, a: v.reshape(-1, *([1] * (a.ndim - 1)))  # noqa: E731
+    scale = lambda v, a: v.reshape(-1, *([1] * (a.ndim - 1)))
     u = rho0[:, None] * ju + rho1[:, None] * nu.astype(s.u.dtype)
     new_theta = {k: (s.theta[k] / scale(rho0, s.theta[k])
                      + nu_i[k].astype(s.theta[k].dtype) / scale(rho1, s.theta[k]))

@@ -53,7 +53,7 @@ def windowed_gradients(
             f"{type(algorithm).__name__} with these settings is a single-step rule (e.g. "
             "EProp(feedback='random')); call etrace_grad without chunk_size.")
     length = weights.shape[0]
-    split = lambda a: a.reshape(length // chunk_size, chunk_size, *a.shape[1:])  # noqa: E731
+    split = lambda a: a.reshape(length // chunk_size, chunk_size, *a.shape[1:])
     operands = programs.operands(graph, params)
     carry = init_carry(graph, algorithm, params, hidden, other, traces)
     dni = algorithm if isinstance(algorithm, DNI) else None

@@ -22,8 +22,8 @@ from collections.abc import Callable
 import jax.extend.core as jex_core
 import numpy as np
 
-from braintrace._compiler._positions import propagate, source_map, union
 from braintrace._compiler._layout import StepLayout
+from braintrace._compiler._positions import propagate, source_map, union
 from braintrace._compiler._records import HiddenGroup
 
 __all__ = ["colour_groups", "colour_positions", "hidden_groups"]

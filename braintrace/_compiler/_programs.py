@@ -35,8 +35,15 @@ from braintrace._compiler._records import ElementwiseRelation, HiddenGroup, Inpu
 if TYPE_CHECKING:
     from braintrace._compiler._graph import ETraceGraph
 
-__all__ = ["coupled_jacobians", "forward", "output_probes", "full_jacobians", "jacobians", "operand_pullback",
-           "operands"]
+__all__ = [
+    "coupled_jacobians",
+    "forward",
+    "full_jacobians",
+    "jacobians",
+    "operand_pullback",
+    "operands",
+    "output_probes",
+]
 
 
 def forward(graph: ETraceGraph, leaves: StepLeaves,
@@ -100,7 +107,7 @@ def operands(graph: ETraceGraph, params: Sequence[jax.Array]) -> list[dict[str, 
             needed.update(v for v in eqn.invars if not isinstance(v, jex_core.Literal))
     env: dict[Any, Any] = dict(zip(jaxpr.constvars, graph.consts))
     env.update(zip(graph.layout.param_invars(jaxpr), params))
-    read = lambda v: v.val if isinstance(v, jex_core.Literal) else env[v]  # noqa: E731
+    read = lambda v: v.val if isinstance(v, jex_core.Literal) else env[v]
     for eqn in reversed(eqns):
         for v, o in zip(eqn.outvars, bind_equation(eqn, [read(v) for v in eqn.invars])):
             if not isinstance(v, jex_core.DropVar):
@@ -183,7 +190,7 @@ def _tangents(graph, hidden_in, y_avals, injected):
             t_h.append(zeros_h)
             t_y.append(ty)
             slots.append(("relation", r.index, 0, c))
-    stack = lambda rows: [jnp.stack(col) for col in zip(*rows)]  # noqa: E731
+    stack = lambda rows: [jnp.stack(col) for col in zip(*rows)]
     return stack(t_h), stack(t_y), slots
 
 

@@ -23,8 +23,8 @@ from collections.abc import Callable
 import jax.extend.core as jex_core
 import numpy as np
 
-from braintrace._compiler._positions import propagate, source_map, union
 from braintrace._compiler._layout import StepLayout
+from braintrace._compiler._positions import propagate, source_map, union
 from braintrace._compiler._records import (
     ElementwiseRelation,
     Exclusion,
@@ -109,7 +109,7 @@ def _relations_of(jaxpr, layout, groups, env, e, origin, first_index):
 
 def _unreached(jaxpr, e, all_paths, crossings, mixing) -> Exclusion:
     name = jaxpr.eqns[e].primitive.name
-    listing = lambda eqns: ", ".join(sorted({f"'{jaxpr.eqns[i].primitive.name}' (eqn {i})"  # noqa: E731
+    listing = lambda eqns: ", ".join(sorted({f"'{jaxpr.eqns[i].primitive.name}' (eqn {i})"
                                              for i in eqns}))
     if crossings:
         return Exclusion(e, name, all_paths, "through-etp-only",
