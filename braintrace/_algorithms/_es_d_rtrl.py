@@ -85,38 +85,8 @@ class IOTerm(NamedTuple):
     bias_signal: jax.Array
 
 
-def es_input_rule(x_decay: float, f_decay: float) -> RelationRule:
-    """The ES-D-RTRL rule of an operation with an input, for ``α_x`` and ``α_f``."""
-
-    def init(graph: ETraceGraph, r: InputRelation, theta) -> IOTrace:
-        g = graph.groups[r.group]
-        y_one = r.y_shape[1:] if r.batched else r.y_shape
-        x_one = r.x_shape[1:] if r.batched else r.x_shape
-        f = r.primitive.rule("init_pp")(jnp.zeros(x_one, g.dtype), jnp.zeros(y_one, g.dtype),
-                                        theta, g.num_states)
-        dtype = jnp.result_type(*param_dtypes(graph, r).values())
-        f = jnp.broadcast_to(f, (*r.y_shape, g.num_states)).astype(dtype)
-        return IOTrace(x=jnp.zeros(r.x_shape, dtype), ones=jnp.zeros((), dtype), f=f,
-                       f_power=jnp.ones((), dtype))
-
-    def update(r: InputRelation, s: IOTrace, d_g, df, x, theta) -> IOTrace:
-        """``ε_x = α_x ε_x + x``, ``ε_f = α_f D ε_f + (1 - α_f) Df``."""
-        del theta
-        f = (f_decay * mix_states(lambda d, t: d * t, r.gather_hidden(d_g), s.f)
-             + (1.0 - f_decay) * df.astype(s.f.dtype))
-        return IOTrace(x=(x_decay * s.x + x.astype(s.x.dtype)).astype(s.x.dtype),
-                       ones=(x_decay * s.ones + 1.0).astype(s.ones.dtype),
-                       f=f.astype(s.f.dtype),
-                       f_power=(f_decay * s.f_power).astype(s.f_power.dtype))
-
-    def contribution(r: InputRelation, s: IOTrace, signal, theta) -> IOTerm:
-        # c = 1 - α_f^t; before the first step (α_f^0 = 1) the trace is zero and c is
-        # irrelevant. The x-independent (bias) part of xy_to_dw is linear in d, so its
-        # correction by ε_1 - 1 is summed in output space and mapped once, in finalize.
-        correction = jnp.where(s.f_power < 1.0, 1.0 - s.f_power, 1.0)
-        d = jnp.sum(s.f * r.gather_hidden(signal), axis=-1) / correction
-        return IOTerm(grad=r.primitive.rule("xy_to_dw")(s.x, d, theta, **r.params),
-                      bias_signal=(s.ones - 1.0) * d)
+def es_block_rule(update, x_decay: float):
+    """The ``block`` of :func:`es_input_rule`: ``K`` steps of ``update``/``contribution``."""
 
     def block(r: InputRelation, s: IOTrace, signal, d_g, df, x, dy, theta
               ) -> tuple[IOTrace, IOTerm]:
@@ -151,13 +121,50 @@ def es_input_rule(x_decay: float, f_decay: float) -> RelationRule:
                             xy_to_dw(x_start, c, theta, **r.params))
         return s, IOTerm(grad=grad, bias_signal=jnp.sum(bias_signals, axis=0))
 
+    return block
+
+
+def es_input_rule(x_decay: float, f_decay: float) -> RelationRule:
+    """The ES-D-RTRL rule of an operation with an input, for ``α_x`` and ``α_f``."""
+
+    def init(graph: ETraceGraph, r: InputRelation, theta) -> IOTrace:
+        g = graph.groups[r.group]
+        y_one = r.y_shape[1:] if r.batched else r.y_shape
+        x_one = r.x_shape[1:] if r.batched else r.x_shape
+        f = r.primitive.rule("init_pp")(jnp.zeros(x_one, g.dtype), jnp.zeros(y_one, g.dtype),
+                                        theta, g.num_states)
+        dtype = jnp.result_type(*param_dtypes(graph, r).values())
+        f = jnp.broadcast_to(f, (*r.y_shape, g.num_states)).astype(dtype)
+        return IOTrace(x=jnp.zeros(r.x_shape, dtype), ones=jnp.zeros((), dtype), f=f,
+                       f_power=jnp.ones((), dtype))
+
+    def update(r: InputRelation, s: IOTrace, d_g, df, x, theta) -> IOTrace:
+        """``ε_x = α_x ε_x + x``, ``ε_f = α_f D ε_f + (1 - α_f) Df``."""
+        del theta
+        f = (f_decay * mix_states(lambda d, t: d * t, r.gather_hidden(d_g), s.f)
+             + (1.0 - f_decay) * df.astype(s.f.dtype))
+        return IOTrace(x=(x_decay * s.x + x.astype(s.x.dtype)).astype(s.x.dtype),
+                       ones=(x_decay * s.ones + 1.0).astype(s.ones.dtype),
+                       f=f.astype(s.f.dtype),
+                       f_power=(f_decay * s.f_power).astype(s.f_power.dtype))
+
+    def contribution(r: InputRelation, s: IOTrace, signal, theta) -> IOTerm:
+        # c = 1 - α_f^t; before the first step (α_f^0 = 1) the trace is zero and c is
+        # irrelevant. The x-independent (bias) part of xy_to_dw is linear in d, so its
+        # correction by ε_1 - 1 is summed in output space and mapped once, in finalize.
+        correction = jnp.where(s.f_power < 1.0, 1.0 - s.f_power, 1.0)
+        d = jnp.sum(s.f * r.gather_hidden(signal), axis=-1) / correction
+        return IOTerm(grad=r.primitive.rule("xy_to_dw")(s.x, d, theta, **r.params),
+                      bias_signal=(s.ones - 1.0) * d)
+
     def finalize(r: InputRelation, total: IOTerm, theta) -> dict:
         zeros = jnp.zeros(r.x_shape, total.bias_signal.dtype)
         bias = r.primitive.rule("xy_to_dw")(zeros, total.bias_signal, theta, **r.params)
         return jax.tree.map(jnp.add, dict(total.grad), bias)
 
     return RelationRule(init=init, update=update, contribution=contribution, finalize=finalize,
-                        rules=lambda r: ("init_pp", "xy_to_dw"), block=block)
+                        rules=lambda r: ("init_pp", "xy_to_dw"),
+                        block=es_block_rule(update, x_decay))
 
 
 class ES_D_RTRL(AbstractAlgorithm):
