@@ -309,9 +309,17 @@ def main(argv: list[str] | None = None) -> dict:
                       f"{row['test_accuracy_mean']:.3f} ± {row['test_accuracy_std']:.3f}  lr "
                       f"{row['lr']:g}  train {row['train_wall_s_mean']:.1f}s/run  "
                       f"({time.perf_counter() - t0:.0f}s)", flush=True)
+                save(args, cfg, results, start_all, complete=False)
+    return save(args, cfg, results, start_all, complete=True)
+
+
+def save(args, cfg: dict, results: dict, start_all: float, complete: bool) -> dict:
+    """Writes the JSON (after every row, so an interrupted run keeps its rows) and, at the end,
+    the plot."""
     payload = {
         "benchmark": NAME,
         "quick": args.quick,
+        "complete": complete,
         "config": {**cfg, "lrs": list(cfg["lrs"])},
         "loss": "softmax cross-entropy at the last step; Adam",
         "lr_selection": "validation accuracy after training with seed 0, per row",
@@ -321,7 +329,8 @@ def main(argv: list[str] | None = None) -> dict:
     }
     os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, f"{args.name}.json"), payload)
-    plot(results, os.path.join(args.out, f"{args.name}.png"))
+    if complete:
+        plot(results, os.path.join(args.out, f"{args.name}.png"))
     return payload
 
 
