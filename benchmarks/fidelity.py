@@ -24,7 +24,10 @@ gradient as D-RTRL); ``eprop_random`` uses fixed random feedback
 the off-diagonal hidden Jacobian), so cosines below 1 are expected; the
 ``control`` entry (a random gradient of the same shapes) shows what an
 unrelated direction scores. ``ostl_recurrent`` computes ``N·S`` JVPs per
-step and runs on the small configuration only. Float64 throughout.
+step; ``uoro``, ``snap1``/``snap2`` (``SnAp(n)``) and ``rtrl`` keep ``N``-sized
+influences: they run on the small configuration only. ``ThreeFactor`` (a
+modulator, not a loss, drives it) and ``DNI`` (windowed mode) are checked by
+their own tests (``tests/test_three_factor.py``, ``tests/test_dni.py``). Float64 throughout.
 
 Usage::
 
@@ -64,10 +67,11 @@ import braintrace
 
 NAME = "fidelity"
 ALGORITHMS = ("d_rtrl", "es_d_rtrl", "eprop", "eprop_random", "ostl_feedforward",
-              "ostl_recurrent", "uoro", "rtrl")
+              "ostl_recurrent", "uoro", "snap1", "snap2", "rtrl")
 # Names braintrace.compile does not know: the instance to pass instead.
-VARIANTS = {"eprop_random": lambda: braintrace.EProp(feedback="random")}
-SMALL_ONLY = ("ostl_recurrent", "uoro", "rtrl")
+VARIANTS = {"eprop_random": lambda: braintrace.EProp(feedback="random"),
+            "snap1": lambda: braintrace.SnAp(1), "snap2": lambda: braintrace.SnAp(2)}
+SMALL_ONLY = ("ostl_recurrent", "uoro", "snap1", "snap2", "rtrl")
 CONFIGS = {
     "small": {"hidden": 32, "inputs": 16, "outputs": 4, "batch": 8, "T": 100},
     "full": {"hidden": 256, "inputs": 64, "outputs": 10, "batch": 16, "T": 100},
@@ -214,7 +218,8 @@ def main(argv: list[str] | None = None) -> dict:
             for alg in algorithms:
                 if alg in SMALL_ONLY and cname == "full":
                     m_entry["algorithms"][alg] = {
-                        "skipped": "ostl_recurrent needs N*S JVPs per step; small sizes only"}
+                        "skipped": f"{alg} keeps N*S-sized Jacobians or influences; small "
+                                   "sizes only"}
                     continue
                 t0 = time.perf_counter()
                 algorithm = VARIANTS[alg]() if alg in VARIANTS else alg
