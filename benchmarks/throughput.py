@@ -67,6 +67,7 @@ MODELS = ("snn", "gru", "alif", "demo")
 METHODS = ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@1", "es_d_rtrl@1")
 """``name`` is the default (time-blocked, ``block_size=16``) form, ``name@K`` blocks of ``K``
 steps (``@1``: the per-step form)."""
+QUICK_METHODS = ("bptt", "d_rtrl", "d_rtrl@1")
 TARGETS = {"es_d_rtrl": 0.6, "d_rtrl": 1.3}
 
 
@@ -217,7 +218,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--models", default=None,
                    help="comma-separated (default snn,gru; gru with --quick)")
-    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--methods", default=None,
+                   help=f"comma-separated (default {','.join(METHODS)}; with --quick "
+                        f"{','.join(QUICK_METHODS)})")
     p.add_argument("--length", type=int, default=None, help="steps per pass (T)")
     p.add_argument("--repeats", type=int, default=None, help="timed passes per method")
     p.add_argument("--xla-multi-output-fusion", action="store_true",
@@ -229,7 +232,8 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = QUICK if args.quick else FULL
     T = args.length or (20 if args.quick else 200)
     repeats = args.repeats or (3 if args.quick else 7)
-    methods = args.methods.split(",")
+    methods = (args.methods.split(",") if args.methods
+               else list(QUICK_METHODS if args.quick else METHODS))
     if args.xla_multi_output_fusion and MOF_FLAG not in os.environ.get("XLA_FLAGS", ""):
         p.error("--xla-multi-output-fusion only works on the command line (XLA reads XLA_FLAGS "
                 "when its backend starts, before main() runs)")
