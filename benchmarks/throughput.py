@@ -67,7 +67,7 @@ MODELS = ("snn", "gru", "alif", "demo")
 METHODS = ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@1", "es_d_rtrl@1")
 """``name`` is the default (time-blocked, ``block_size=16``) form, ``name@K`` blocks of ``K``
 steps (``@1``: the per-step form)."""
-QUICK_METHODS = ("bptt", "d_rtrl", "d_rtrl@1")
+QUICK_METHODS = ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@1")
 TARGETS = {"es_d_rtrl": 0.6, "d_rtrl": 1.3}
 
 

@@ -81,7 +81,7 @@ def test_throughput_quick_writes_step_times_and_ratios(quick_results):
     assert payload["results"]
     for model in payload["results"].values():
         methods = model["methods"]
-        assert {"bptt", "d_rtrl", "es_d_rtrl"} <= set(methods)
+        assert {"bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@1"} <= set(methods)  # blocked and per step
         assert methods["bptt"]["ratio_to_bptt"] == pytest.approx(1.0)
         for entry in methods.values():
             for key in ("step_us_median", "step_us_min", "compile_s", "ratio_to_bptt"):
