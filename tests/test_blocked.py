@@ -101,6 +101,7 @@ def test_block_size_is_checked():
     for bad in (0, -2, 2.5, True):
         with pytest.raises(ValueError, match="block_size must be a positive int"):
             learner.etrace_grad(xs, ys, mse, block_size=bad)
+    learner.etrace_grad(xs, ys, mse, block_size=np.int64(2))  # any integer type
     rtrl = braintrace.compile(case.build(), "rtrl", jnp.zeros((BATCH, IN)))
     with pytest.raises(ValueError, match="no time-blocked form"):
         rtrl.etrace_grad(xs, ys, mse, block_size=4)

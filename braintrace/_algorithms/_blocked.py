@@ -35,6 +35,7 @@ gradient, the learning signal and the Jacobians; per block the algorithm's
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -97,8 +98,10 @@ def resolve_block_size(algorithm: AbstractAlgorithm, graph: ETraceGraph,
     blocks = algorithm.supports_blocks(graph)
     if block_size is None:
         return DEFAULT_BLOCK_SIZE if blocks else 1
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+    if (isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral)
+            or block_size < 1):
         raise ValueError(f"block_size must be a positive int, got {block_size!r}.")
+    block_size = int(block_size)
     if block_size > 1 and not blocks:
         raise ValueError(
             f"Algorithm '{algorithm.name or type(algorithm).__name__}' has no time-blocked form "
