@@ -16,6 +16,8 @@ from jax.typing import ArrayLike
 
 from braintrace._primitives import conv
 
+from ._params import bias_param
+
 __all__ = ["ETPConv"]
 
 
@@ -125,11 +127,8 @@ class ETPConv(nnx.Module):
         self.kernel = nnx.Param(kernel_init(rngs.params(), self.kernel_shape, param_dtype),
                                 **kernel_metadata)
         self.bias: nnx.Param[jax.Array] | None
-        if use_bias:
-            self.bias = nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype),
-                                  **bias_metadata)
-        else:
-            self.bias = nnx.data(None)
+        self.bias = bias_param(bias_init, rngs, (out_features,) if use_bias else None,
+                               param_dtype, bias_metadata)
         self.in_features = in_features
         self.out_features = out_features
         self.kernel_size = kernel_size

@@ -19,14 +19,9 @@ from jax.typing import ArrayLike
 from braintrace._primitives import einsum
 from braintrace._primitives._einsum import split_spec
 
+from ._params import bias_param
+
 __all__ = ["ETPEinsum", "ETPLinearGeneral"]
-
-
-def _bias_param(bias_init: Initializer, rngs: nnx.Rngs, shape: tuple[int, ...] | None,
-                param_dtype: Dtype, metadata: Mapping[str, Any]):
-    if shape is None:
-        return nnx.data(None)
-    return nnx.Param(bias_init(rngs.params(), shape, param_dtype), **metadata)
 
 
 class ETPEinsum(nnx.Module):
@@ -86,7 +81,7 @@ class ETPEinsum(nnx.Module):
         split_spec(einsum_str)
         self.kernel = nnx.Param(kernel_init(rngs.params(), tuple(kernel_shape), param_dtype),
                                 **kernel_metadata)
-        self.bias = _bias_param(bias_init, rngs, None if bias_shape is None else tuple(bias_shape),
+        self.bias = bias_param(bias_init, rngs, None if bias_shape is None else tuple(bias_shape),
                                 param_dtype, bias_metadata)
         self.einsum_str = einsum_str
         self.kernel_shape = tuple(kernel_shape)
@@ -193,7 +188,7 @@ class ETPLinearGeneral(nnx.Module):
         self.kernel = nnx.Param(_reshaped_init(kernel_init, flat)(
             rngs.params(), (*self.in_features, *self.out_features), param_dtype),
             **kernel_metadata)
-        self.bias = _bias_param(_reshaped_init(bias_init, (flat[1],)), rngs,
+        self.bias = bias_param(_reshaped_init(bias_init, (flat[1],)), rngs,
                                 self.out_features if use_bias else None, param_dtype,
                                 bias_metadata)
         self.use_bias = use_bias

@@ -17,6 +17,7 @@ from jax.typing import ArrayLike
 from braintrace._primitives import grouped_matmul
 
 from ._checks import check_features
+from ._params import bias_param
 
 __all__ = ["ETPGroupedLinear", "default_grouped_kernel_init"]
 
@@ -91,11 +92,8 @@ class ETPGroupedLinear(nnx.Module):
         shape = (num_groups, in_features // num_groups, out_features // num_groups)
         self.kernel = nnx.Param(kernel_init(rngs.params(), shape, param_dtype), **kernel_metadata)
         self.bias: nnx.Param[jax.Array] | None
-        if use_bias:
-            self.bias = nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype),
-                                  **bias_metadata)
-        else:
-            self.bias = nnx.data(None)
+        self.bias = bias_param(bias_init, rngs, (out_features,) if use_bias else None,
+                               param_dtype, bias_metadata)
         self.in_features = in_features
         self.out_features = out_features
         self.num_groups = num_groups

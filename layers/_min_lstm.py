@@ -8,16 +8,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from flax.nnx.nn import initializers
 from flax.nnx.nn.recurrent import default_kernel_init
 from flax.typing import Dtype, Initializer
 
 from ._linear import ETPLinear
-from ._recurrent import _check_step, _zero_carry
+from ._recurrent import _check_step, _zero_carry, _zeros
 
 __all__ = ["MinLSTMCell"]
 
-_zeros = initializers.zeros_init()
 
 
 class MinLSTMCell(nnx.RNNCellBase):

@@ -19,12 +19,10 @@ from braintrace._primitives import matmul
 
 from ._checks import check_features
 from ._linear import ETPLinear
-from ._recurrent import _check_step
+from ._recurrent import _check_step, _orthogonal, _zeros
 
 __all__ = ["OptimizedLSTMCell"]
 
-_orthogonal = initializers.orthogonal()
-_zeros = initializers.zeros_init()
 
 
 class _PromotingLinear(ETPLinear):

@@ -17,6 +17,7 @@ from jax.typing import ArrayLike
 from braintrace._primitives import Connectivity, sparse_matmul
 
 from ._checks import check_features
+from ._params import bias_param
 
 __all__ = ["ETPSparseLinear"]
 
@@ -110,11 +111,8 @@ class ETPSparseLinear(nnx.Module):
                   if weight_init is None else weight_init(key, (nnz,), param_dtype))
         self.weight = nnx.Param(weight, **weight_metadata)
         self.bias: nnx.Param[jax.Array] | None
-        if use_bias:
-            self.bias = nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype),
-                                  **bias_metadata)
-        else:
-            self.bias = nnx.data(None)
+        self.bias = bias_param(bias_init, rngs, (out_features,) if use_bias else None,
+                               param_dtype, bias_metadata)
         self.in_features = in_features
         self.out_features = out_features
         self.max_events = max_events
