@@ -85,6 +85,15 @@ class IOTerm(NamedTuple):
     bias_signal: jax.Array
 
 
+def output_factor(r: InputRelation, s: IOTrace, signal: jax.Array) -> jax.Array:
+    """``Σ_s ε_f[..., s] δ̄[..., s] / c``: the output side of one step's term, ``c = 1 - α_f^t``.
+
+    Before the first step (``α_f^0 = 1``) the trace is zero and ``c`` is irrelevant (1).
+    """
+    correction = jnp.where(s.f_power < 1.0, 1.0 - s.f_power, 1.0)
+    return jnp.sum(s.f * r.gather_hidden(signal), axis=-1) / correction
+
+
 def es_block_rule(update, x_decay: float):
     """The ``block`` of :func:`es_input_rule`: ``K`` steps of ``update``/``contribution``."""
 
@@ -102,8 +111,7 @@ def es_block_rule(update, x_decay: float):
         def one(carry, step):
             s, omega = carry
             signal_k, d_k, df_k, x_k = step
-            correction = jnp.where(s.f_power < 1.0, 1.0 - s.f_power, 1.0)
-            d = jnp.sum(s.f * r.gather_hidden(signal_k), axis=-1) / correction
+            d = output_factor(r, s, signal_k)
             return ((update(r, s, d_k, df_k, x_k, theta), (x_decay * omega + 1.0).astype(
                 omega.dtype)), (d, (s.ones - omega) * d))
 
@@ -149,11 +157,9 @@ def es_input_rule(x_decay: float, f_decay: float) -> RelationRule:
                        f_power=(f_decay * s.f_power).astype(s.f_power.dtype))
 
     def contribution(r: InputRelation, s: IOTrace, signal, theta) -> IOTerm:
-        # c = 1 - α_f^t; before the first step (α_f^0 = 1) the trace is zero and c is
-        # irrelevant. The x-independent (bias) part of xy_to_dw is linear in d, so its
-        # correction by ε_1 - 1 is summed in output space and mapped once, in finalize.
-        correction = jnp.where(s.f_power < 1.0, 1.0 - s.f_power, 1.0)
-        d = jnp.sum(s.f * r.gather_hidden(signal), axis=-1) / correction
+        # The x-independent (bias) part of xy_to_dw is linear in d, so its correction by
+        # ε_1 - 1 is summed in output space and mapped once, in finalize.
+        d = output_factor(r, s, signal)
         return IOTerm(grad=r.primitive.rule("xy_to_dw")(s.x, d, theta, **r.params),
                       bias_signal=(s.ones - 1.0) * d)
 
