@@ -3,17 +3,20 @@
 Tasks (``braintrace.tasks``, the ``tasks`` extra): ``mnist1d`` (MNIST-1D, T = 40),
 ``digits`` (sequential 8×8 digits, T = 64) and ``spiking_digits`` (latency-coded
 digits, 64 channels, T = 32). Models: ``gru`` (one GRU cell, linear readout),
-``mingru2`` (two stacked minGRU cells, linear readout) and ``lru2`` (two stacked
-``layers.LRU``, GELU between, linear readout) on the first two; ``alif`` (a
-recurrent layer of adaptive LIF neurons, leaky readout) on the spiking one.
+``mingru2`` (two stacked minGRU cells, linear readout), ``lru2`` (two stacked
+``layers.LRU``, GELU between, linear readout) and ``lru_mlp`` (one ``layers.LRU``
+and a GELU MLP readout: the architecture on which D-RTRL is exact) on the first
+two; ``alif`` (a recurrent layer of adaptive LIF neurons, leaky readout) on the
+spiking one.
 
 Methods: ``bptt`` (``jax.grad`` through ``jax.lax.scan``), ``d_rtrl``,
-``es_d_rtrl``, ``eprop`` (``EProp(kappa=0.9)``, SNN only), ``d_rtrl@8`` (D-RTRL
-in windowed mode, ``chunk_size`` 8: exact reverse mode inside each window,
-traces across windows; a window that does not divide T is skipped), and at a
-small hidden size (``--small-hidden``, where RTRL's ``B·|θ|·N`` influence fits)
-``rtrl`` (exact RTRL), ``snap1`` (``SnAp(1)``), ``uoro`` (``UORO``) with their
-own ``bptt@small`` reference.
+``es_d_rtrl``, ``eprop`` (``EProp(kappa=0.9)``, SNN only), ``d_rtrl@8`` and
+``d_rtrl@16`` (D-RTRL in windowed mode, ``chunk_size`` 8 or 16: exact reverse mode
+inside each window, traces across windows; a window that does not divide T is
+skipped), and at a small hidden size (``--small-hidden``, where RTRL's ``B·|θ|·N``
+influence fits) ``rtrl`` (exact RTRL: BPTT's gradient, on the GRU and the minGRU
+stack), ``snap1`` (``SnAp(1)``), ``uoro`` (``UORO``) with their own ``bptt@small``
+reference.
 
 Every row of one model and task starts from the same initialisation (seed),
 sees the same batches (``task.sample(fold_in(key, step))``), and takes the same
@@ -21,20 +24,25 @@ number of Adam steps (``--steps``) with the loss at the last step (cross-entropy
 The learning rate is chosen per row from ``--lrs`` by validation accuracy after
 training with seed 0; further seeds (``--seeds``) rerun only the chosen rate.
 Reported: test accuracy of each seed (mean and spread), validation accuracy of
-every rate tried, wall time of training.
+every rate tried, wall time of training. Rows run two at a time (``--jobs``), each
+in its own process: a row's numbers do not depend on which process ran it.
 
 Usage::
 
-    python benchmarks/tasks.py            # full run (see benchmarks/README.md)
+    python benchmarks/tasks.py            # full run, every row: under 30 min on 2 cores
     python benchmarks/tasks.py --quick    # seconds
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import multiprocessing
 import os
 import sys
 import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -52,18 +60,19 @@ from braintrace import tasks as bt_tasks
 
 NAME = "tasks"
 TASKS = {
-    "mnist1d": (bt_tasks.MNIST1D, ("gru", "mingru2", "lru2")),
-    "digits": (bt_tasks.SequentialDigits, ("gru", "mingru2", "lru2")),
+    "mnist1d": (bt_tasks.MNIST1D, ("gru", "mingru2", "lru2", "lru_mlp")),
+    "digits": (bt_tasks.SequentialDigits, ("gru", "mingru2", "lru2", "lru_mlp")),
     "spiking_digits": (bt_tasks.SpikingDigits, ("alif",)),
 }
 METHODS = {
-    "gru": ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@8", "bptt@small", "rtrl", "snap1",
-            "uoro"),
-    "mingru2": ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@8"),
+    "gru": ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@8", "d_rtrl@16", "bptt@small", "rtrl",
+            "snap1", "uoro"),
+    "mingru2": ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@8", "d_rtrl@16", "bptt@small", "rtrl"),
     "lru2": ("bptt", "d_rtrl", "es_d_rtrl"),
-    "alif": ("bptt", "d_rtrl", "es_d_rtrl", "eprop", "d_rtrl@8"),
+    "lru_mlp": ("bptt", "d_rtrl"),
+    "alif": ("bptt", "d_rtrl", "es_d_rtrl", "eprop", "d_rtrl@8", "d_rtrl@16"),
 }
-FULL = {"hidden": 64, "small_hidden": 16, "batch": 64, "steps": 1000, "seeds": 2,
+FULL = {"hidden": 64, "small_hidden": 16, "batch": 64, "steps": 500, "seeds": 2,
         "lrs": (3e-3, 1e-2)}
 QUICK = {"hidden": 4, "small_hidden": 4, "batch": 4, "steps": 2, "seeds": 1, "lrs": (1e-2,)}
 SMALL = ("rtrl", "bptt@small", "snap1", "uoro")
@@ -124,7 +133,21 @@ class LRU2(nnx.Module):
         return self.readout(jax.nn.gelu(self.l2(jax.nn.gelu(self.l1(x)))))
 
 
-MODELS = {"gru": GRUNet, "mingru2": MinGRU2, "lru2": LRU2, "alif": ALIFNet}
+class LRUMLP(nnx.Module):
+    """One linear recurrent unit and a GELU MLP readout: no recurrence after a trained layer
+    that D-RTRL would drop, so D-RTRL equals BPTT on it."""
+
+    def __init__(self, inputs: int, hidden: int, outputs: int, rngs: nnx.Rngs):
+        self.lru = layers.LRU(inputs, hidden, out_features=hidden, r_min=0.5, r_max=0.99,
+                              rngs=rngs)
+        self.mlp = layers.ETPLinear(hidden, hidden, rngs=rngs)
+        self.readout = layers.ETPLinear(hidden, outputs, rngs=rngs)
+
+    def __call__(self, x):
+        return self.readout(jax.nn.gelu(self.mlp(jax.nn.gelu(self.lru(x)))))
+
+
+MODELS = {"gru": GRUNet, "mingru2": MinGRU2, "lru2": LRU2, "lru_mlp": LRUMLP, "alif": ALIFNet}
 
 
 def cross_entropy(logits, labels):
@@ -246,7 +269,8 @@ def plot(results: dict, path: str) -> None:
         return
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4), squeeze=False)
     for ax, (task, model) in zip(axes[0], panels):
-        rows = {k: v for k, v in results[task][model].items() if "skipped" not in v}
+        rows = {k: v for k, v in results[task][model].items()
+                if "skipped" not in v and "error" not in v}
         names = list(rows)
         means = [rows[n]["test_accuracy_mean"] for n in names]
         stds = [rows[n]["test_accuracy_std"] for n in names]
@@ -262,17 +286,56 @@ def plot(results: dict, path: str) -> None:
     plt.close(fig)
 
 
+@functools.cache
+def make_task(task_name: str):
+    """The task's data set, built once per process."""
+    return TASKS[task_name][0]()
+
+
+def row_job(task_name: str, model_name: str, method: str, cfg: dict) -> tuple[dict, float]:
+    """One row (a worker's job): its results, or ``{"error": traceback}``, and its wall time.
+
+    A failing row is recorded and the run goes on (JAX's exceptions do not cross a process
+    boundary); :func:`main` exits with an error at the end.
+    """
+    start = time.perf_counter()
+    try:
+        row = run_row(make_task(task_name), model_name, method, cfg)
+    except Exception:  # noqa: BLE001  (reported by main, which then fails)
+        row = {"error": traceback.format_exc()}
+    return row, time.perf_counter() - start
+
+
+def plan(args) -> list[tuple[str, str, str]]:
+    """The rows to run, ``(task, model, method)``, in table order."""
+    wanted = set(args.methods.split(",")) if args.methods else None
+    rows = []
+    for task_name in (args.tasks.split(",") if args.tasks else list(TASKS)):
+        model_names = TASKS[task_name][1]
+        if args.quick and not args.models:
+            model_names = QUICK_TASKS[task_name]
+        if args.models:
+            model_names = [m for m in model_names if m in args.models.split(",")]
+        for model_name in model_names:
+            methods = (QUICK_METHODS.get(model_name, ()) if args.quick and not wanted
+                       else METHODS[model_name])
+            rows += [(task_name, model_name, m) for m in methods if not wanted or m in wanted]
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny sizes, seconds")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--name", default=NAME, help="file name of the JSON and plot")
     p.add_argument("--tasks", default=None, help="comma-separated: " + ",".join(TASKS))
-    p.add_argument("--models", default=None, help="comma-separated: gru,mingru2,alif")
+    p.add_argument("--models", default=None, help="comma-separated: " + ",".join(MODELS))
     p.add_argument("--methods", default=None, help="comma-separated subset of each model's")
     for key in ("hidden", "small_hidden", "batch", "steps", "seeds"):
         p.add_argument(f"--{key.replace('_', '-')}", type=int, default=None)
     p.add_argument("--lrs", default=None, help="comma-separated Adam learning rates")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="rows run at once, one process each (default 2; 1 with --quick)")
     args = p.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
     for key in ("hidden", "small_hidden", "batch", "steps", "seeds"):
@@ -280,40 +343,53 @@ def main(argv: list[str] | None = None) -> dict:
             cfg[key] = getattr(args, key)
     if args.lrs:
         cfg["lrs"] = tuple(float(x) for x in args.lrs.split(","))
-    task_names = args.tasks.split(",") if args.tasks else list(TASKS)
-    wanted = set(args.methods.split(",")) if args.methods else None
+    jobs = args.jobs or (1 if args.quick else 2)
     start_all = time.perf_counter()
-    results = {}
-    for task_name in task_names:
-        cls, model_names = TASKS[task_name]
-        if args.quick and not args.models:
-            model_names = QUICK_TASKS[task_name]
-        if args.models:
-            model_names = [m for m in model_names if m in args.models.split(",")]
-        task = cls()
-        results[task_name] = {}
-        for model_name in model_names:
-            rows = results[task_name][model_name] = {}
-            methods = (QUICK_METHODS.get(model_name, ()) if args.quick and not wanted
-                       else METHODS[model_name])
-            for method in methods:
-                if wanted and method not in wanted:
-                    continue
-                t0 = time.perf_counter()
-                rows[method] = row = run_row(task, model_name, method, cfg)
-                if "skipped" in row:
-                    print(f"{task_name:15s} {model_name:8s} {method:11s} skipped: "
-                          f"{row['skipped']}", flush=True)
-                    continue
-                print(f"{task_name:15s} {model_name:8s} {method:11s} test "
-                      f"{row['test_accuracy_mean']:.3f} ± {row['test_accuracy_std']:.3f}  lr "
-                      f"{row['lr']:g}  train {row['train_wall_s_mean']:.1f}s/run  "
-                      f"({time.perf_counter() - t0:.0f}s)", flush=True)
-                save(args, cfg, results, start_all, complete=False)
-    return save(args, cfg, results, start_all, complete=True)
+    rows = plan(args)
+    done: dict[tuple[str, str, str], dict] = {}
+
+    def report(key: tuple[str, str, str], row: dict, wall: float) -> None:
+        done[key] = row
+        task_name, model_name, method = key
+        if "skipped" in row or "error" in row:
+            why = row.get("skipped") or "ERROR\n" + row["error"]
+            print(f"{task_name:15s} {model_name:8s} {method:11s} {why}", flush=True)
+        else:
+            print(f"{task_name:15s} {model_name:8s} {method:11s} test "
+                  f"{row['test_accuracy_mean']:.3f} ± {row['test_accuracy_std']:.3f}  lr "
+                  f"{row['lr']:g}  train {row['train_wall_s_mean']:.1f}s/run  ({wall:.0f}s)",
+                  flush=True)
+        save(args, cfg, table(rows, done), start_all, complete=False, jobs=jobs)
+
+    if jobs == 1:
+        for key in rows:
+            report(key, *row_job(*key, cfg))
+    else:  # spawn: a forked child would inherit JAX's threads
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(jobs, mp_context=context) as pool:
+            # the table's end first: the digits and LRU rows are the longest, so no worker
+            # is left with one long row at the end
+            futures = {pool.submit(row_job, *key, cfg): key for key in reversed(rows)}
+            for future in as_completed(futures):
+                report(futures[future], *future.result())
+    payload = save(args, cfg, table(rows, done), start_all, complete=True, jobs=jobs)
+    failed = [" ".join(key) for key, row in done.items() if "error" in row]
+    if failed:
+        raise SystemExit(f"{len(failed)} row(s) failed: {', '.join(failed)} (tracebacks above)")
+    return payload
 
 
-def save(args, cfg: dict, results: dict, start_all: float, complete: bool) -> dict:
+def table(rows: list[tuple[str, str, str]], done: dict) -> dict:
+    """``{task: {model: {method: row}}}`` of the finished rows, in table order."""
+    results: dict = {}
+    for task_name, model_name, method in rows:
+        by_model = results.setdefault(task_name, {}).setdefault(model_name, {})
+        if (task_name, model_name, method) in done:
+            by_model[method] = done[task_name, model_name, method]
+    return results
+
+
+def save(args, cfg: dict, results: dict, start_all: float, complete: bool, jobs: int) -> dict:
     """Writes the JSON (after every row, so an interrupted run keeps its rows) and, at the end,
     the plot."""
     payload = {
@@ -323,6 +399,7 @@ def save(args, cfg: dict, results: dict, start_all: float, complete: bool) -> di
         "config": {**cfg, "lrs": list(cfg["lrs"])},
         "loss": "softmax cross-entropy at the last step; Adam",
         "lr_selection": "validation accuracy after training with seed 0, per row",
+        "jobs": jobs,
         "environment": environment(),
         "results": results,
         "total_wall_s": time.perf_counter() - start_all,

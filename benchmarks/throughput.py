@@ -65,7 +65,7 @@ import braintrace
 NAME = "throughput"
 MODELS = ("snn", "gru", "alif", "demo")
 METHODS = ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@1", "es_d_rtrl@1")
-"""``name`` is the default (time-blocked, ``block_size=16``) form, ``name@K`` blocks of ``K``
+"""``name`` is the default (time-blocked, ``block_size=32``) form, ``name@K`` blocks of ``K``
 steps (``@1``: the per-step form)."""
 QUICK_METHODS = ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@1")
 TARGETS = {"es_d_rtrl": 0.6, "d_rtrl": 1.3}
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> dict:
              "methods run round-robin)."),
             ("online passes go through learner.etrace_grad (includes its Python-side checks and "
              "the NaN check that syncs on the losses); BPTT calls the compiled program directly."),
-            ("'d_rtrl'/'es_d_rtrl' run the default time-blocked form (block_size=16, "
+            ("'d_rtrl'/'es_d_rtrl' run the default time-blocked form (block_size=32, "
              "braintrace/_algorithms/_blocked.py); 'name@1' the per-step form."),
             ("targets (issue 19): d_rtrl <= 1.3x BPTT (gru, snn), alif <= 2.5x, es_d_rtrl <= "
              "0.6x, demo es_d_rtrl <= 1.2x."),

@@ -45,7 +45,7 @@ class OnlineTrainer:
             multiples of it.
         blocked: Advance the traces of the steps between updates as one
             time block (exactly the per-step result, with matrix products;
-            blocks of at most 64 steps). ``None``: wherever the algorithm has a
+            ``n = ⌈k/64⌉`` blocks of ``⌊k/n⌋`` steps, the rest per step). ``None``: wherever the algorithm has a
             blocked form (D_RTRL, ES_D_RTRL) and ``update_every > 1``.
 
     Example:
@@ -143,7 +143,8 @@ class OnlineTrainer:
         """:func:`train_program` on the learner's current graph (read when ``jit`` traces)."""
         graph, algorithm = self.learner.graph, self.learner.algorithm
         blocked = (algorithm.supports_blocks(graph) if self.blocked is None else self.blocked)
-        block_size = min(self.update_every, MAX_BLOCK_SIZE) if blocked else 1
+        blocks = -(-self.update_every // MAX_BLOCK_SIZE)  # equal blocks, a short per-step tail
+        block_size = self.update_every // blocks if blocked else 1
         return train_program(graph, algorithm, self.tx, self.loss_fn, self.update_every, params,
                              opt_state, hidden, other, traces, xs, ys, weights,
                              layout=self.learner._layout_now, block_size=block_size,

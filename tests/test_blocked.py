@@ -5,7 +5,7 @@ The blocked form regroups the per-step recursion ``ε_k = d_k ε_{k-1} + f_k ⊗
 traces and hidden state: for dense, LoRA and elementwise (learned time
 constant) relations, one and two states per unit, models where D-RTRL is exact
 and where it is not (the regrouping is exact either way), and a sequence
-length that ``K`` does not divide (a shorter last block).
+length that ``K`` does not divide (the last ``T mod K`` steps run per step).
 """
 
 import jax

@@ -27,10 +27,10 @@ every primitive whose ``dt_to_t`` scales along the output units (the
 primitive contract), so ``dt_to_t(a, dt_to_t(b, ε)) = dt_to_t(a·b, ε)`` and
 ``dt_to_t(a, x ⊗ f) = x ⊗ (a·f)``.
 
-:func:`blocked_run` runs a sequence block by block (a shorter last block
-when ``K`` does not divide ``T``): per step only the model, its same-step
-gradient, the learning signal and the Jacobians; per block the algorithm's
-``block`` rule.
+:func:`blocked_run` runs a sequence block by block (the last ``T mod K``
+steps, if any, per step): per step only the model, its same-step gradient,
+the learning signal and the Jacobians; per block the algorithm's ``block``
+rule.
 """
 
 from __future__ import annotations
@@ -43,12 +43,18 @@ import jax
 import jax.numpy as jnp
 
 from braintrace._algorithms._base import AbstractAlgorithm, BlockSteps
-from braintrace._algorithms._scan import ScanCarry, add_same_step, step_terms
+from braintrace._algorithms._scan import (
+    ScanCarry,
+    add_same_step,
+    finish_carry,
+    online_step,
+    step_terms,
+)
 from braintrace._compiler import ETraceGraph, StepLeaves
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "block_coefficients", "blocked_run", "resolve_block_size"]
 
-DEFAULT_BLOCK_SIZE = 16
+DEFAULT_BLOCK_SIZE = 32
 """Steps per block when ``etrace_grad`` is not given ``block_size``."""
 
 
@@ -144,15 +150,26 @@ def blocked_run(graph: ETraceGraph, algorithm: AbstractAlgorithm, loss_fn: Calla
     blocks, rest = divmod(length, block_size)
     run = lambda c, inputs: _run_block(graph, algorithm, loss_fn, params, operands, c,
                                        inputs)
-    losses = []
+    # Each block reads its steps in place and writes its losses into one (T,) buffer:
+    # slicing the sequence to whole blocks, or concatenating the losses, would copy
+    # memory that grows with T.
+    losses = jnp.zeros((length,), jnp.result_type(float))
+
+    def block_at(state, start):
+        c, out = state
+        take = lambda a: jax.lax.dynamic_slice_in_dim(a, start, block_size)
+        c, block_losses = run(c, jax.tree.map(take, (xs, ys, weights)))
+        return (c, jax.lax.dynamic_update_slice_in_dim(out, block_losses.astype(out.dtype),
+                                                       start, 0)), None
+
     if blocks:
-        head = blocks * block_size
-        split = lambda a: a[:head].reshape(blocks, block_size, *a.shape[1:])
-        carry, block_losses = jax.lax.scan(
-            run, carry, jax.tree.map(split, (xs, ys, weights)))
-        losses.append(block_losses.reshape(head))
-    if rest:
-        carry, tail_losses = run(carry, jax.tree.map(lambda a: a[length - rest:],
-                                                     (xs, ys, weights)))
-        losses.append(tail_losses)
-    return carry, jnp.concatenate(losses)
+        starts = jnp.arange(blocks, dtype=jnp.int32) * block_size
+        (carry, losses), _ = jax.lax.scan(block_at, (carry, losses), starts)
+    if rest:  # per step: a shorter block would add its own buffers, a memory that varies
+        #          with T mod K
+        step = lambda c, xyw: online_step(graph, algorithm, loss_fn, params, operands, c, *xyw)
+        carry, tail_losses = jax.lax.scan(step, carry, jax.tree.map(
+            lambda a: a[length - rest:], (xs, ys, weights)))
+        carry = finish_carry(graph, algorithm, operands, carry)
+        losses = losses.at[length - rest:].set(tail_losses.astype(losses.dtype))
+    return carry, losses

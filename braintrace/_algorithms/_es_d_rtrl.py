@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
 from braintrace._algorithms._d_rtrl import DRTRL_ELEMENTWISE
@@ -94,40 +95,57 @@ def output_factor(r: InputRelation, s: IOTrace, signal: jax.Array) -> jax.Array:
     return jnp.sum(s.f * r.gather_hidden(signal), axis=-1) / correction
 
 
-def es_block_rule(update, x_decay: float):
+def decay_weights(decay: float, steps: int, dtype) -> tuple[jax.Array, jax.Array]:
+    """The ``x``-side weights of a block: ``filt[j, k] = α^{k-1-j}`` for ``k > j`` (else 0) and
+    ``powers[k] = α^k``, constants of the block length.
+
+    Example:
+        >>> from braintrace._algorithms._es_d_rtrl import decay_weights
+        >>> filt, powers = decay_weights(0.5, 3, "float32")
+        >>> filt.tolist(), powers.tolist()
+        ([[0.0, 1.0, 0.5], [0.0, 0.0, 1.0], [0.0, 0.0, 0.0]], [1.0, 0.5, 0.25])
+    """
+    lag = np.arange(steps)[None, :] - np.arange(steps)[:, None] - 1  # k - 1 - j
+    filt = np.where(lag >= 0, float(decay) ** np.maximum(lag, 0), 0.0)
+    return jnp.asarray(filt, dtype), jnp.asarray(float(decay) ** np.arange(steps), dtype)
+
+
+def es_block_rule(f_update, x_decay: float):
     """The ``block`` of :func:`es_input_rule`: ``K`` steps of ``update``/``contribution``."""
 
     def block(r: InputRelation, s: IOTrace, signal, d_g, df, x, dy, theta
               ) -> tuple[IOTrace, IOTerm]:
         """``K`` steps in one product (module docstring of ``_blocked.py`` for the idea).
 
-        With ``d_k`` the step's output-side factor and ``ε_x`` entering the block
-        at ``ε_x^{-1}``, ``Σ_k xy_to_dw(ε_x^{k-1}, d_k) = xy_to_dw(ε_x^{-1}, c) +
-        Σ_j xy_to_dw(x_j, e_j)`` with ``e_j = Σ_{k>j} α_x^{k-1-j} d_k`` and ``c = Σ_k α_x^k d_k``
-        (one backward recursion); the same-step shares ``dy_j`` join ``e_j``. That
-        product counts a bias's input as ``ω^{k-1} = α_x^k + Σ_{j<k} α_x^{k-1-j}``; the
-        bias term adds ``(ε_1^{k-1} - ω^{k-1})·d_k``.
+        One forward loop gives ``ε_f`` and each step's output factor ``d_k``. With ``ε_x``
+        entering at ``ε_x^{-1}``, ``Σ_k xy_to_dw(ε_x^{k-1}, d_k) = xy_to_dw(ε_x^{-1}, c) +
+        Σ_j xy_to_dw(x_j, e_j)`` with ``c = Σ_k α_x^k d_k`` and ``e_j = Σ_{k>j} α_x^{k-1-j}
+        d_k`` (:func:`decay_weights`, no loop); the same-step shares ``dy_j`` join ``e_j``.
+        That product counts a bias's input as ``α_x^k + Σ_{j<k} α_x^{k-1-j}``, which falls
+        ``α_x^k (ε_1^{-1} - 1)`` short of ``ε_1^{k-1}``: the bias term adds
+        ``(ε_1^{-1} - 1)·c``. At the end ``ε_x = α_x^K ε_x^{-1} + Σ_j α_x^{K-1-j} x_j``.
         """
-        def one(carry, step):
-            s, omega = carry
-            signal_k, d_k, df_k, x_k = step
-            d = output_factor(r, s, signal_k)
-            return ((update(r, s, d_k, df_k, x_k, theta), (x_decay * omega + 1.0).astype(
-                omega.dtype)), (d, (s.ones - omega) * d))
+        def one(s, step):
+            signal_k, d_k, df_k = step
+            return f_update(r, s, d_k, df_k), output_factor(r, s, signal_k)
 
-        x_start = s.x
-        (s, _), (ds, bias_signals) = jax.lax.scan(one, (s, jnp.ones_like(s.ones)),
-                                                  (signal, d_g, df, x))
-        c, e = jax.lax.scan(lambda e, d_k: ((d_k + x_decay * e).astype(e.dtype), e),
-                            jnp.zeros_like(ds[0]), ds, reverse=True)
+        f_state, ds = jax.lax.scan(one, s, (signal, d_g, df))
+        steps = ds.shape[0]
+        filt, powers = decay_weights(x_decay, steps, ds.dtype)
+        e = jnp.tensordot(filt, ds, axes=1)
+        c = jnp.tensordot(powers, ds, axes=1)
         if dy is not None:
             e = e + dy.astype(e.dtype)
-        merge = (lambda a: a.reshape(-1, *a.shape[2:])) if r.batched else (
-            lambda a: a)
+        merge = (lambda v: v.reshape(-1, *v.shape[2:])) if r.batched else (lambda v: v)
         xy_to_dw = r.primitive.rule("xy_to_dw")
         grad = jax.tree.map(jnp.add, xy_to_dw(merge(x), merge(e), theta, **r.params),
-                            xy_to_dw(x_start, c, theta, **r.params))
-        return s, IOTerm(grad=grad, bias_signal=jnp.sum(bias_signals, axis=0))
+                            xy_to_dw(s.x, c, theta, **r.params))
+        to_end = powers[::-1].astype(s.x.dtype)  # α_x^{K-1-j}
+        end = (x_decay ** steps) * s.x + jnp.tensordot(to_end, x.astype(s.x.dtype), axes=1)
+        new = f_state._replace(
+            x=end.astype(s.x.dtype),
+            ones=((x_decay ** steps) * s.ones + jnp.sum(to_end)).astype(s.ones.dtype))
+        return new, IOTerm(grad=grad, bias_signal=(s.ones - 1.0) * c)
 
     return block
 
@@ -146,15 +164,19 @@ def es_input_rule(x_decay: float, f_decay: float) -> RelationRule:
         return IOTrace(x=jnp.zeros(r.x_shape, dtype), ones=jnp.zeros((), dtype), f=f,
                        f_power=jnp.ones((), dtype))
 
+    def f_update(r: InputRelation, s: IOTrace, d_g, df) -> IOTrace:
+        """``ε_f = α_f D ε_f + (1 - α_f) Df`` and ``α_f^t``; the ``x`` side is left as it is."""
+        f = (f_decay * mix_states(lambda d, t: d * t, r.gather_hidden(d_g), s.f)
+             + (1.0 - f_decay) * df.astype(s.f.dtype))
+        return s._replace(f=f.astype(s.f.dtype),
+                          f_power=(f_decay * s.f_power).astype(s.f_power.dtype))
+
     def update(r: InputRelation, s: IOTrace, d_g, df, x, theta) -> IOTrace:
         """``ε_x = α_x ε_x + x``, ``ε_f = α_f D ε_f + (1 - α_f) Df``."""
         del theta
-        f = (f_decay * mix_states(lambda d, t: d * t, r.gather_hidden(d_g), s.f)
-             + (1.0 - f_decay) * df.astype(s.f.dtype))
-        return IOTrace(x=(x_decay * s.x + x.astype(s.x.dtype)).astype(s.x.dtype),
-                       ones=(x_decay * s.ones + 1.0).astype(s.ones.dtype),
-                       f=f.astype(s.f.dtype),
-                       f_power=(f_decay * s.f_power).astype(s.f_power.dtype))
+        s = f_update(r, s, d_g, df)
+        return s._replace(x=(x_decay * s.x + x.astype(s.x.dtype)).astype(s.x.dtype),
+                          ones=(x_decay * s.ones + 1.0).astype(s.ones.dtype))
 
     def contribution(r: InputRelation, s: IOTrace, signal, theta) -> IOTerm:
         # The x-independent (bias) part of xy_to_dw is linear in d, so its correction by
@@ -170,7 +192,7 @@ def es_input_rule(x_decay: float, f_decay: float) -> RelationRule:
 
     return RelationRule(init=init, update=update, contribution=contribution, finalize=finalize,
                         rules=lambda r: ("init_pp", "xy_to_dw"),
-                        block=es_block_rule(update, x_decay))
+                        block=es_block_rule(f_update, x_decay))
 
 
 class ES_D_RTRL(AbstractAlgorithm):
