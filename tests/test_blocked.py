@@ -121,3 +121,18 @@ def test_trainer_blocked_updates_equal_per_step_updates():
         results.append([np.asarray(a) for a in jax.tree.leaves(
             (losses, learner.leaves(), learner.traces))])
     assert_same(results[1], results[0])
+
+
+def test_blocked_losses_have_the_loss_dtype_and_values_of_the_per_step_form():
+    case = MODELS["dense"]
+    xs, ys = data(case.input_scale)
+    loss32 = lambda y, t: mse(y, t).astype(jnp.float32)  # x64 on: a float32 loss of f64 outputs
+    out = {}
+    for k, chunk in ((1, None), (3, None), (1, 7)):  # 3: two blocks, then a step per step;
+        # chunk 7: windowed mode (float64 step weights, a float32 loss: once a dtype error)
+        learner = braintrace.compile(case.build(), "d_rtrl", jnp.zeros((BATCH, IN)))
+        out[k, chunk] = learner.etrace_grad(xs, ys, loss32, block_size=k, chunk_size=chunk,
+                                            return_losses=True)[1]
+    assert {v.dtype for v in out.values()} == {jnp.dtype(jnp.float32)}
+    np.testing.assert_allclose(out[3, None], out[1, None], rtol=1e-6)
+    np.testing.assert_allclose(out[1, 7], out[1, None], rtol=1e-6)

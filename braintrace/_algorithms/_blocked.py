@@ -51,6 +51,7 @@ from braintrace._algorithms._scan import (
     step_terms,
 )
 from braintrace._compiler import ETraceGraph, StepLeaves
+from braintrace._compiler import _programs as programs
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "block_coefficients", "blocked_run", "resolve_block_size"]
 
@@ -137,6 +138,20 @@ def _run_block(graph: ETraceGraph, algorithm: AbstractAlgorithm, loss_fn: Callab
                           same_step=same), losses
 
 
+def _loss_dtype(graph: ETraceGraph, algorithm: AbstractAlgorithm, loss_fn: Callable,
+                params: Sequence[jax.Array], carry: ScanCarry, xs: Any, ys: Any) -> Any:
+    """The dtype of ``loss_fn`` on the first step (one forward pass, traced for shapes only)."""
+    first = lambda tree: jax.tree.map(lambda a: a[0], tree)
+
+    def loss():
+        leaves = StepLeaves(list(params), list(carry.hidden), list(carry.other),
+                            jax.tree.leaves(first(xs)))
+        outs, _ = programs.forward(graph, leaves, algorithm.feedback_operands(graph))
+        return loss_fn(jax.tree.unflatten(graph.out_treedef, outs.y), first(ys))
+
+    return jax.eval_shape(loss).dtype
+
+
 def blocked_run(graph: ETraceGraph, algorithm: AbstractAlgorithm, loss_fn: Callable,
                 params: Sequence[jax.Array], operands: Sequence[dict[str, jax.Array]],
                 carry: ScanCarry, xs: Any, ys: Any, weights: jax.Array,
@@ -153,7 +168,7 @@ def blocked_run(graph: ETraceGraph, algorithm: AbstractAlgorithm, loss_fn: Calla
     # Each block reads its steps in place and writes its losses into one (T,) buffer:
     # slicing the sequence to whole blocks, or concatenating the losses, would copy
     # memory that grows with T.
-    losses = jnp.zeros((length,), jnp.result_type(float))
+    losses = jnp.zeros((length,), _loss_dtype(graph, algorithm, loss_fn, params, carry, xs, ys))
 
     def block_at(state, start):
         c, out = state

@@ -150,9 +150,9 @@ def step_terms(graph: ETraceGraph, algorithm: AbstractAlgorithm,
                 "Reduce over the batch and feature axes inside loss_fn.")
         return loss * weight_t, (loss, outs, rel_x)
 
-    _, pullback, (loss, outs, rel_x) = jax.vjp(
+    weighted, pullback, (loss, outs, rel_x) = jax.vjp(
         weighted_loss, leaves.params, leaves.hidden, probes, has_aux=True)
-    same_step, signal, dy = pullback(jnp.ones((), dtype=jnp.result_type(loss)))
+    same_step, signal, dy = pullback(jnp.ones_like(weighted))  # w_t may be wider than L_t
     jac = step_jacobians(graph, algorithm, leaves)
     return StepTerms(outs.hidden, outs.other, same_step, signal, jac, list(rel_x), loss,
                      dy)

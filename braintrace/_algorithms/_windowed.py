@@ -66,11 +66,11 @@ def windowed_gradients(
 
     def window(carry, inputs):
         xw, yw, ww, t0 = inputs
-        _, pullback, losses = jax.vjp(
+        total, pullback, losses = jax.vjp(
             lambda p, h: _window_loss(graph, loss_fn, dni, p, h, carry.other, xw, yw, ww,
                                       t0 + chunk_size),
             list(params), list(carry.hidden), has_aux=True)
-        g_params, g_hidden = pullback(jnp.ones((), losses.dtype))
+        g_params, g_hidden = pullback(jnp.ones_like(total))  # w_t may be wider than L_t
         if dni is not None:
             g_hidden, g_params = dni.correct(graph, params, carry.hidden, g_hidden, g_params, t0)
         term = algorithm.contribution(graph, carry.traces, g_hidden, operands)
