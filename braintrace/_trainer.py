@@ -43,10 +43,11 @@ class OnlineTrainer:
         loss_fn: ``loss_fn(y_pred, y_target) -> scalar`` for one step.
         update_every: Steps between updates (``k``); sequence lengths must be
             multiples of it.
-        blocked: Advance the traces of the steps between updates as one
-            time block (exactly the per-step result, with matrix products;
-            ``n = ⌈k/64⌉`` blocks of ``⌊k/n⌋`` steps, the rest per step). ``None``: wherever the algorithm has a
-            blocked form (D_RTRL, ES_D_RTRL) and ``update_every > 1``.
+        blocked: Advance the traces of the steps between updates in time
+            blocks (exactly the per-step result, with matrix products;
+            ``n = ⌈k/64⌉`` blocks of ``⌊k/n⌋`` steps and one of the rest).
+            ``None``: wherever the algorithm has a blocked form (D_RTRL,
+            ES_D_RTRL) and ``update_every > 1``.
 
     Example:
         >>> import jax, jax.numpy as jnp, optax
@@ -143,7 +144,7 @@ class OnlineTrainer:
         """:func:`train_program` on the learner's current graph (read when ``jit`` traces)."""
         graph, algorithm = self.learner.graph, self.learner.algorithm
         blocked = (algorithm.supports_blocks(graph) if self.blocked is None else self.blocked)
-        blocks = -(-self.update_every // MAX_BLOCK_SIZE)  # equal blocks, a short per-step tail
+        blocks = -(-self.update_every // MAX_BLOCK_SIZE)  # equal blocks and a short one
         block_size = self.update_every // blocks if blocked else 1
         return train_program(graph, algorithm, self.tx, self.loss_fn, self.update_every, params,
                              opt_state, hidden, other, traces, xs, ys, weights,

@@ -5,7 +5,7 @@ The blocked form regroups the per-step recursion ``ε_k = d_k ε_{k-1} + f_k ⊗
 traces and hidden state: for dense, LoRA and elementwise (learned time
 constant) relations, one and two states per unit, models where D-RTRL is exact
 and where it is not (the regrouping is exact either way), and a sequence
-length that ``K`` does not divide (the last ``T mod K`` steps run per step).
+length that ``K`` does not divide (a shorter last block).
 """
 
 import jax
@@ -128,7 +128,7 @@ def test_blocked_losses_have_the_loss_dtype_and_values_of_the_per_step_form():
     xs, ys = data(case.input_scale)
     loss32 = lambda y, t: mse(y, t).astype(jnp.float32)  # x64 on: a float32 loss of f64 outputs
     out = {}
-    for k, chunk in ((1, None), (3, None), (1, 7)):  # 3: two blocks, then a step per step;
+    for k, chunk in ((1, None), (3, None), (1, 7)):  # 3: two blocks and a shorter one;
         # chunk 7: windowed mode (float64 step weights, a float32 loss: once a dtype error)
         learner = braintrace.compile(case.build(), "d_rtrl", jnp.zeros((BATCH, IN)))
         out[k, chunk] = learner.etrace_grad(xs, ys, loss32, block_size=k, chunk_size=chunk,

@@ -27,10 +27,10 @@ every primitive whose ``dt_to_t`` scales along the output units (the
 primitive contract), so ``dt_to_t(a, dt_to_t(b, ε)) = dt_to_t(a·b, ε)`` and
 ``dt_to_t(a, x ⊗ f) = x ⊗ (a·f)``.
 
-:func:`blocked_run` runs a sequence block by block (the last ``T mod K``
-steps, if any, per step): per step only the model, its same-step gradient,
-the learning signal and the Jacobians; per block the algorithm's ``block``
-rule.
+:func:`blocked_run` runs a sequence block by block (a shorter last block
+when ``K`` does not divide ``T``): per step only the model, its same-step
+gradient, the learning signal and the Jacobians; per block the algorithm's
+``block`` rule.
 """
 
 from __future__ import annotations
@@ -43,13 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from braintrace._algorithms._base import AbstractAlgorithm, BlockSteps
-from braintrace._algorithms._scan import (
-    ScanCarry,
-    add_same_step,
-    finish_carry,
-    online_step,
-    step_terms,
-)
+from braintrace._algorithms._scan import ScanCarry, add_same_step, step_terms
 from braintrace._compiler import ETraceGraph, StepLeaves
 from braintrace._compiler import _programs as programs
 
@@ -180,11 +174,9 @@ def blocked_run(graph: ETraceGraph, algorithm: AbstractAlgorithm, loss_fn: Calla
     if blocks:
         starts = jnp.arange(blocks, dtype=jnp.int32) * block_size
         (carry, losses), _ = jax.lax.scan(block_at, (carry, losses), starts)
-    if rest:  # per step: a shorter block would add its own buffers, a memory that varies
-        #          with T mod K
-        step = lambda c, xyw: online_step(graph, algorithm, loss_fn, params, operands, c, *xyw)
-        carry, tail_losses = jax.lax.scan(step, carry, jax.tree.map(
-            lambda a: a[length - rest:], (xs, ys, weights)))
-        carry = finish_carry(graph, algorithm, operands, carry)
+    if rest:  # a shorter last block: its buffers (T mod K steps) add to the blocks' ones;
+        #          per step it would cost up to K - 1 slow steps per call
+        carry, tail_losses = run(carry, jax.tree.map(lambda a: a[length - rest:],
+                                                     (xs, ys, weights)))
         losses = losses.at[length - rest:].set(tail_losses.astype(losses.dtype))
     return carry, losses
