@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
 from braintrace._algorithms._blocked import block_coefficients
 from braintrace._algorithms._trace_algebra import (
+    merge_steps,
     mix_states,
     param_dtypes,
     per_sample,
@@ -154,10 +155,10 @@ def _input_block(r: InputRelation, eps: tuple, signal: jax.Array, d_g: jax.Array
                                                 jax.vmap(r.gather_hidden)(d_g))
     df = df.astype(beta.dtype)
     outer = _instantaneous(r, theta)
-    merge = (lambda a: a.reshape(-1, *a.shape[2:])) if r.batched else (lambda a: a)
     a = jnp.sum(beta * df, axis=-1)
     a = a if dy is None else a + dy.astype(a.dtype)
-    term = jax.tree.map(jnp.add, _contract_entering(r, eps, beta0), outer(merge(x), merge(a)))
+    current = outer(merge_steps(r, x), merge_steps(r, a))  # the block's steps, one product
+    term = jax.tree.map(jnp.add, _contract_entering(r, eps, beta0), current)
     gain = jnp.einsum("k...st,k...t->k...s", lam, df)
     over_steps = jax.vmap(outer, in_axes=(1, 1)) if r.batched else outer
     dt_to_t = r.primitive.rule("dt_to_t")

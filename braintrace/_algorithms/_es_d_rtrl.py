@@ -35,7 +35,7 @@ import numpy as np
 
 from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
 from braintrace._algorithms._d_rtrl import DRTRL_ELEMENTWISE
-from braintrace._algorithms._trace_algebra import mix_states, param_dtypes
+from braintrace._algorithms._trace_algebra import merge_steps, mix_states, param_dtypes
 from braintrace._compiler import ETraceGraph, InputRelation, Relation
 
 __all__ = ["ES_D_RTRL", "IOTerm", "IOTrace", "decay_from", "es_input_rule", "pp_prop"]
@@ -136,15 +136,16 @@ def es_block_rule(f_update, x_decay: float):
         c = jnp.tensordot(powers, ds, axes=1)
         if dy is not None:
             e = e + dy.astype(e.dtype)
-        merge = (lambda v: v.reshape(-1, *v.shape[2:])) if r.batched else (lambda v: v)
         xy_to_dw = r.primitive.rule("xy_to_dw")
-        grad = jax.tree.map(jnp.add, xy_to_dw(merge(x), merge(e), theta, **r.params),
+        grad = jax.tree.map(jnp.add, xy_to_dw(merge_steps(r, x), merge_steps(r, e), theta,
+                                                     **r.params),
                             xy_to_dw(s.x, c, theta, **r.params))
         to_end = powers[::-1].astype(s.x.dtype)  # α_x^{K-1-j}
-        end = (x_decay ** steps) * s.x + jnp.tensordot(to_end, x.astype(s.x.dtype), axes=1)
+        through = x_decay ** steps  # α_x^K: what of the entering ε_x survives the block
+        end = through * s.x + jnp.tensordot(to_end, x.astype(s.x.dtype), axes=1)
         new = f_state._replace(
             x=end.astype(s.x.dtype),
-            ones=((x_decay ** steps) * s.ones + jnp.sum(to_end)).astype(s.ones.dtype))
+            ones=(through * s.ones + jnp.sum(to_end)).astype(s.ones.dtype))
         return new, IOTerm(grad=grad, bias_signal=(s.ones - 1.0) * c)
 
     return block

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 
 from braintrace._compiler import ETraceGraph, Relation
 
-__all__ = ["SAMPLE_BLOCK", "group_signal", "mix_states", "param_dtypes", "per_sample",
-           "sum_over_samples", "tree_sum"]
+__all__ = ["SAMPLE_BLOCK", "group_signal", "merge_steps", "mix_states", "param_dtypes",
+           "per_sample", "sum_over_samples", "tree_sum"]
 
 
 def param_dtypes(graph: ETraceGraph, relation: Relation) -> dict[str, Any]:
@@ -31,6 +31,20 @@ def param_dtypes(graph: ETraceGraph, relation: Relation) -> dict[str, Any]:
         out[key] = (jnp.result_type(*(avals[p].dtype for p in paths)) if paths
                     else eqn.invars[position].aval.dtype)
     return out
+
+
+def merge_steps(relation: Relation, a: jax.Array) -> jax.Array:
+    """A block's ``(K, B, ...)`` stack as ``(K·B, ...)`` rows for one product over steps and
+    samples (unchanged for a relation without a batch axis).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from types import SimpleNamespace
+        >>> from braintrace._algorithms._trace_algebra import merge_steps
+        >>> merge_steps(SimpleNamespace(batched=True), jnp.zeros((4, 2, 3))).shape
+        (8, 3)
+    """
+    return a.reshape(-1, *a.shape[2:]) if relation.batched else a
 
 
 def per_sample(fn: Callable[..., Any], relation: Relation) -> Callable[..., Any]:
