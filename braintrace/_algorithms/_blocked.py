@@ -119,14 +119,20 @@ def _run_block(graph: ETraceGraph, algorithm: AbstractAlgorithm, loss_fn: Callab
         hidden, other, same = state
         x_t, y_t, w_t = step_inputs
         leaves = StepLeaves(list(params), list(hidden), list(other), jax.tree.leaves(x_t))
-        terms = step_terms(graph, algorithm, loss_fn, leaves, y_t, w_t, probe_outputs=True)
-        stacked = (terms.signal, list(terms.jac.d), list(terms.jac.df), terms.rel_x, terms.dy)
+        terms = step_terms(graph, algorithm, loss_fn, leaves, y_t, w_t, probe_outputs=True,
+                           defer_jacobians=True)
+        jac = (terms.responses if terms.jac is None
+               else (list(terms.jac.d), list(terms.jac.df)))
+        stacked = (terms.signal, jac, terms.rel_x, terms.dy)
         return (terms.hidden, terms.other, add_same_step(same, terms.same_step)), (stacked,
                                                                                  terms.loss)
 
-    (hidden, other, same), (stacked, losses) = jax.lax.scan(
+    (hidden, other, same), ((signal, jac, rel_x, dy), losses) = jax.lax.scan(
         step, (list(carry.hidden), list(carry.other), list(carry.same_step)), inputs)
-    traces, term = algorithm.block(graph, carry.traces, BlockSteps(*stacked), operands)
+    if isinstance(jac, list):  # the block's responses, arranged for all its steps at once
+        jac = jax.vmap(lambda responses: programs.assemble_jacobians(graph, responses))(jac)
+    steps = BlockSteps(signal, list(jac[0]), list(jac[1]), rel_x, dy)
+    traces, term = algorithm.block(graph, carry.traces, steps, operands)
     summed = jax.tree.map(jnp.add, carry.summed, term)
     return carry._replace(hidden=hidden, other=other, traces=traces, summed=summed,
                           same_step=same), losses

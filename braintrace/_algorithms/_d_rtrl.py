@@ -124,11 +124,17 @@ def _contract_y(r: InputRelation, eps: tuple, signal: jax.Array) -> Any:
 
 
 def _contract_entering(r: InputRelation, eps: tuple, signal: jax.Array) -> Any:
-    """:func:`_contract_y` once per block: with a ``contract`` rule, one contraction over the
-    batch axis too (no per-sample slices, which a batch-sharded trace would move between
-    devices)."""
+    """:func:`_contract_y` once per block.
+
+    On XLA:CPU, per sample summed by unrolled adds (:func:`sum_over_samples`):
+    the ``contract`` rule's sum over the batch axis there is a ``dot_general``
+    batched over the output units, for which XLA:CPU transposes the whole
+    trace first (measured: 1.2 ms against 0.2 ms for a ``(16, 256, 768)``
+    trace). Elsewhere one ``contract`` over the batch axis too, with no
+    per-sample slices, which a batch-sharded trace would move between devices.
+    """
     prim = r.primitive
-    if not prim.has_rule("contract"):
+    if not prim.has_rule("contract") or jax.default_backend() == "cpu":
         return _contract_y(r, eps, signal)
     contract = prim.rule("contract")
     return tree_sum([contract(signal[..., s], e, **r.params) for s, e in enumerate(eps)])

@@ -110,32 +110,38 @@ class StepTerms(NamedTuple):
         hidden, other: The state after the step.
         same_step: ``∂(w_t L_t)/∂θ|_{h^{t-1}}`` per Param leaf (every path of the step).
         signal: ``δ̄^t = ∂(w_t L_t)/∂h^{t-1}`` per hidden leaf.
-        jac: ``D^t`` and ``Df^t`` at ``(h^{t-1}, x^t)``.
+        jac: ``D^t`` and ``Df^t`` at ``(h^{t-1}, x^t)`` (``None`` with ``responses``).
         rel_x: Each relation's input ``x^t`` (``None`` for elementwise relations).
         loss: ``L_t`` (unweighted).
         dy: With ``probe_outputs``: each relation's output cotangent
             ``∂(w_t L_t)/∂y^t`` (``None`` for a relation sharing an earlier one's
             equation), and ``same_step`` then lacks every relation's own share
             ``xy_to_dw(x^t, dy)`` (left to the caller); otherwise ``None``.
+        responses: With ``defer_jacobians`` (and the diagonal scope): the
+            Jacobian responses that ``assemble_jacobians`` arranges into ``jac``,
+            which is then ``None``; otherwise ``None``.
     """
 
     hidden: list[jax.Array]
     other: list[jax.Array]
     same_step: list[jax.Array]
     signal: list[jax.Array]
-    jac: Jacobians
+    jac: Jacobians | None
     rel_x: list[jax.Array | None]
     loss: jax.Array
     dy: list[jax.Array | None] | None = None
+    responses: list[jax.Array] | None = None
 
 
 def step_terms(graph: ETraceGraph, algorithm: AbstractAlgorithm,
                loss_fn: Callable[[Any, Any], jax.Array], leaves: StepLeaves, y_t: Any,
-               weight_t: jax.Array, probe_outputs: bool = False) -> StepTerms:
+               weight_t: jax.Array, probe_outputs: bool = False,
+               defer_jacobians: bool = False) -> StepTerms:
     """One step's same-step gradient, learning signal and Jacobians (module docstring, 1 and 3).
 
     ``probe_outputs`` returns the relations' output cotangents instead of
-    their share of the same-step gradient (see :class:`StepTerms`).
+    their share of the same-step gradient; ``defer_jacobians`` the diagonal
+    scope's Jacobian responses instead of ``D`` and ``Df`` (see :class:`StepTerms`).
     """
     feedback = algorithm.feedback_operands(graph)
     probes = programs.output_probes(graph) if probe_outputs else None
@@ -153,6 +159,9 @@ def step_terms(graph: ETraceGraph, algorithm: AbstractAlgorithm,
     weighted, pullback, (loss, outs, rel_x) = jax.vjp(
         weighted_loss, leaves.params, leaves.hidden, probes, has_aux=True)
     same_step, signal, dy = pullback(jnp.ones_like(weighted))  # w_t may be wider than L_t
+    if defer_jacobians and algorithm.scope == "diagonal":
+        return StepTerms(outs.hidden, outs.other, same_step, signal, None, list(rel_x), loss,
+                         dy, programs.jacobian_responses(graph, leaves))
     jac = step_jacobians(graph, algorithm, leaves)
     return StepTerms(outs.hidden, outs.other, same_step, signal, jac, list(rel_x), loss,
                      dy)

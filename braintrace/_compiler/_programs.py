@@ -36,9 +36,11 @@ if TYPE_CHECKING:
     from braintrace._compiler._graph import ETraceGraph
 
 __all__ = [
+    "assemble_jacobians",
     "coupled_jacobians",
     "forward",
     "full_jacobians",
+    "jacobian_responses",
     "jacobians",
     "operand_pullback",
     "operands",
@@ -141,6 +143,18 @@ def jacobians(graph: ETraceGraph, leaves: StepLeaves) -> tuple[list[jax.Array], 
     ``∂h[π(k), s]/∂y[k]``) and ``(*V, S)`` for the elementwise primitive
     (entry ``[v, s]`` is ``∂h[v, s]/∂y[σ(v)]``).
     """
+    return assemble_jacobians(graph, jacobian_responses(graph, leaves))
+
+
+def jacobian_responses(graph: ETraceGraph, leaves: StepLeaves) -> list[jax.Array]:
+    """The cut step's responses to its tangents, per hidden leaf ``(R, *V)``: what
+    :func:`assemble_jacobians` arranges into ``D`` and ``Df``.
+
+    Kept apart so that a loop over time can stack the responses (contiguous
+    rows) and arrange a whole block of steps at once: arranged inside the
+    loop, XLA:CPU fuses the arrangement into every step's elementwise
+    Jacobian and runs it element by element.
+    """
     injected = sorted(graph.traced_eqns)
     y_avals = [graph.relation_output_var(e).aval for e in injected]
     stop = graph.cut_eqns | _etp_stops(graph)
@@ -154,44 +168,54 @@ def jacobians(graph: ETraceGraph, leaves: StepLeaves) -> tuple[list[jax.Array], 
 
     hidden_in = list(leaves.hidden)
     zero_y = [jnp.zeros(a.shape, a.dtype) for a in y_avals]
+    if not _slots(graph):
+        return []
+    tangents_h, tangents_y = _tangents(graph, hidden_in, y_avals, injected)
     _, jvp = jax.linearize(cut_step, hidden_in, zero_y)
-    tangents_h, tangents_y, slots = _tangents(graph, hidden_in, y_avals, injected)
-    if not slots:
+    return list(jax.vmap(jvp)(tangents_h, tangents_y))
+
+
+def assemble_jacobians(graph: ETraceGraph, outs: Sequence[jax.Array]
+                       ) -> tuple[list[jax.Array], list[jax.Array]]:
+    """``D`` per group and ``Df`` per relation from :func:`jacobian_responses`."""
+    if not outs:
         return [], []
-    outs = jax.vmap(jvp)(tangents_h, tangents_y)
-    row = {slot: i for i, slot in enumerate(slots)}
+    row = {slot: i for i, slot in enumerate(_slots(graph))}
     return ([_assemble_d(g, outs, row) for g in graph.groups],
             [_assemble_df(r, graph.groups[r.group], outs, row) for r in graph.relations])
 
 
+def _slots(graph: ETraceGraph) -> list[tuple[str, int, int, int]]:
+    """The tangent rows in order: per (group, state, colour), then per (relation, colour)."""
+    slots = [("group", g.index, s, c) for g in graph.groups for s in range(g.num_states)
+             for c in range(g.num_colours)]
+    return slots + [("relation", r.index, 0, c) for r in graph.relations
+                    for c in range(r.num_colours)]
+
+
 def _tangents(graph, hidden_in, y_avals, injected):
-    """Stacks one tangent per (group, state, colour) and per (relation, colour)."""
-    slots: list[tuple[str, int, int, int]] = []
-    t_h, t_y = [], []
+    """Stacks one tangent per slot of :func:`_slots`: a colour of one state of a group, or a
+    colour of one relation's output."""
     zeros_h = [jnp.zeros_like(h) for h in hidden_in]
     zeros_y = [jnp.zeros(a.shape, a.dtype) for a in y_avals]
-    for g in graph.groups:
-        for s, leaf in enumerate(g.leaves):
-            for c in range(g.num_colours):
-                th = list(zeros_h)
-                mask = np.ones(g.shape, bool) if g.colours is None else (g.colours == c)
-                th[leaf] = jnp.asarray(mask.reshape(g.shape), hidden_in[leaf].dtype)
-                t_h.append(th)
-                t_y.append(zeros_y)
-                slots.append(("group", g.index, s, c))
     position = {e: i for i, e in enumerate(injected)}
-    for r in graph.relations:
-        j = position[r.eqn_index]
-        for c in range(r.num_colours):
-            ty = list(zeros_y)
+    t_h, t_y = [], []
+    for kind, index, s, c in _slots(graph):
+        th, ty = list(zeros_h), list(zeros_y)
+        if kind == "group":
+            g = graph.groups[index]
+            mask = np.ones(g.shape, bool) if g.colours is None else (g.colours == c)
+            th[g.leaves[s]] = jnp.asarray(mask.reshape(g.shape), hidden_in[g.leaves[s]].dtype)
+        else:
+            r = graph.relations[index]
+            j = position[r.eqn_index]
             mask = (np.ones(y_avals[j].shape, bool) if isinstance(r, ElementwiseRelation)
                     else (r.colours == c).reshape(y_avals[j].shape))
             ty[j] = jnp.asarray(mask, y_avals[j].dtype)
-            t_h.append(zeros_h)
-            t_y.append(ty)
-            slots.append(("relation", r.index, 0, c))
+        t_h.append(th)
+        t_y.append(ty)
     stack = lambda rows: [jnp.stack(col) for col in zip(*rows)]
-    return stack(t_h), stack(t_y), slots
+    return stack(t_h), stack(t_y)
 
 
 def _response(g: HiddenGroup, outs: list[jax.Array], i: int) -> jax.Array:
@@ -208,8 +232,8 @@ def _assemble_d(g: HiddenGroup, outs, row) -> jax.Array:
             cols.append(responses[0])
             continue
         # Position v reads the response to the tangent of its own colour.
-        flat = jnp.stack(responses).reshape(g.num_colours, g.size, g.num_states)
-        cols.append(flat[g.colours, np.arange(g.size)].reshape(*g.shape, g.num_states))
+        flat = jnp.stack(responses).reshape(g.num_colours * g.size, g.num_states)
+        cols.append(g.own_colour_map.take(flat).reshape(*g.shape, g.num_states))
     return jnp.stack(cols, axis=-1)  # (*V, S, S'): D[..., s, s']
 
 
@@ -219,9 +243,8 @@ def _assemble_df(r, g: HiddenGroup, outs, row) -> jax.Array:
     if isinstance(r, ElementwiseRelation):
         return responses[0]
     assert isinstance(r, InputRelation)
-    flat = responses.reshape(r.num_colours, g.size, g.num_states)
-    df = flat[r.colours, np.maximum(r.y_to_hidden, 0)] * (r.y_to_hidden >= 0)[:, None]
-    return df.reshape(*r.y_shape, g.num_states)
+    flat = responses.reshape(r.num_colours * g.size, g.num_states)
+    return r.response_map.take(flat).reshape(*r.y_shape, g.num_states)
 
 
 def coupled_jacobians(graph: ETraceGraph, leaves: StepLeaves) -> list[jax.Array]:

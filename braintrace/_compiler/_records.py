@@ -10,12 +10,14 @@ for one without (``y = fn(w)``, shaped like the hidden state).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from braintrace._compiler._index_maps import FlatMap
 from braintrace._primitives import ETPPrimitive
 
 __all__ = ["Approximation", "ElementwiseRelation", "Exclusion", "HiddenGroup", "InputRelation",
@@ -59,6 +61,13 @@ class HiddenGroup:
     def num_colours(self) -> int:
         """The number of JVPs per state needed for ``D``."""
         return 1 if self.colours is None else int(self.colours.max(initial=0)) + 1
+
+    @functools.cached_property
+    def own_colour_map(self) -> FlatMap:
+        """Position ``v`` -> row ``(colour(v), v)`` of the colours' stacked responses."""
+        colours = np.zeros(self.size, np.int64) if self.colours is None else self.colours
+        return FlatMap.of(colours.reshape(-1) * self.size + np.arange(self.size),
+                          self.num_colours * self.size)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -112,15 +121,25 @@ class InputRelation:
         """Every Param the operands are computed from, sorted."""
         return tuple(sorted({p for ps in self.param_paths.values() for p in ps}))
 
+    @functools.cached_property
+    def hidden_map(self) -> FlatMap:
+        """Flat ``y`` position -> the flat group position it feeds."""
+        return FlatMap.of(self.y_to_hidden, int(np.prod(self.group_shape, dtype=np.int64)))
+
+    @functools.cached_property
+    def response_map(self) -> FlatMap:
+        """Flat ``y`` position -> row ``(colour, unit fed)`` of the colours' stacked responses."""
+        size = int(np.prod(self.group_shape, dtype=np.int64))
+        index = np.where(self.y_to_hidden >= 0, self.colours * size + self.y_to_hidden, -1)
+        return FlatMap.of(index, self.num_colours * size)
+
     def gather_hidden(self, value: jax.Array) -> jax.Array:
         """Maps a group-shaped ``(*V, ...)`` array to ``y`` positions ``(*y, ...)``.
 
         Units that feed no hidden unit get zeros.
         """
         tail = value.shape[len(self.group_shape):]
-        flat = value.reshape(-1, *tail)
-        mask = (self.y_to_hidden >= 0).reshape(-1, *([1] * len(tail)))
-        out = jnp.where(mask, flat[np.maximum(self.y_to_hidden, 0)], 0)
+        out = self.hidden_map.take(value.reshape(-1, *tail))
         return out.reshape(*self.y_shape, *tail)
 
 
@@ -162,12 +181,14 @@ class ElementwiseRelation:
         """Every Param the operands are computed from, sorted."""
         return tuple(sorted({p for ps in self.param_paths.values() for p in ps}))
 
+    @functools.cached_property
+    def y_map(self) -> FlatMap:
+        """Flat group position -> the flat ``y`` position it reads."""
+        return FlatMap.of(self.hidden_to_y, int(np.prod(self.y_shape, dtype=np.int64)))
+
     def scatter_to_y(self, value: jax.Array) -> jax.Array:
         """Sums a group-shaped ``(*V,)`` array into the ``y`` positions each unit reads."""
-        size = int(np.prod(self.y_shape, dtype=np.int64))
-        index = np.where(self.hidden_to_y >= 0, self.hidden_to_y, size)
-        out = jax.ops.segment_sum(value.reshape(-1), index, num_segments=size + 1)[:size]
-        return out.reshape(self.y_shape)
+        return self.y_map.sum_into(value.reshape(-1)).reshape(self.y_shape)
 
 
 Relation = Union[InputRelation, ElementwiseRelation]

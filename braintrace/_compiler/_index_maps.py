@@ -1,0 +1,153 @@
+"""Constant index maps between flat positions, run as reshapes where they can be.
+
+The compiler records where each relation's output ``y`` lands in its hidden
+group (and which colour of the Jacobian tangents reads it) as NumPy index
+arrays. Applied with a gather (or a segment sum), XLA:CPU runs them element
+by element inside the step's loop fusions; measured on a GRU (hidden 256,
+batch 16) the three gathers of ``Df`` cost more than the step's matrix
+products. Almost every layer's map is *affine* in a multi-index of the
+output: ``index[p] = Σ_a stride_a · i_a(p)`` for a factorisation of the
+output positions into axes ``i_a`` (a GRU's ``y[b, g·H + j]`` reads hidden
+``[b, j]`` of colour ``g``: axes ``(b, g, j)`` with strides ``(H, 0, 1)``
+into the hidden units, ``(H, B·H, 1)`` into the colours' stacked responses).
+Such a map is a reshape of the source into the non-zero-stride axes, a
+transpose into the output's order and a broadcast along the zero-stride axes
+(for a sum into the targets: a sum over them). Every other map (a partial or
+masked one, or one not affine) keeps the gather.
+
+:class:`FlatMap` finds the axes once, from the NumPy array, and checks them
+by rebuilding the whole index, so both paths give the same values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["FlatMap"]
+
+
+def _affine_axes(index: np.ndarray) -> list[tuple[int, int]] | None:
+    """``(size, stride)`` per axis, innermost first, with ``index[p] = index[0] + Σ stride·i``.
+
+    Each axis is the longest run of the next-outer step that keeps one
+    stride; ``None`` when the runs do not tile the positions or the rebuilt
+    index differs.
+    """
+    total = index.size
+    axes: list[tuple[int, int]] = []
+    block = 1
+    while block < total:
+        starts = index[::block] - index[0]
+        stride = int(starts[1])
+        run = starts == stride * np.arange(starts.size)
+        size = int(run.size if run.all() else np.argmin(run))
+        while (total // block) % size:  # a run that overshoots an axis: shorten to a divisor
+            size -= 1
+        if size == 1:
+            return None
+        axes.append((size, stride))
+        block *= size
+    rebuilt = np.full(1, index[0], np.int64) if total else np.zeros(0, np.int64)
+    for size, stride in axes:  # each axis found is outside the ones before it
+        rebuilt = (stride * np.arange(size)[:, None] + rebuilt[None, :]).reshape(-1)
+    if rebuilt.size != total or not np.array_equal(rebuilt, index):
+        return None
+    return axes
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FlatMap:
+    """A constant map from ``size`` flat positions into ``source_size`` ones.
+
+    ``index[p]`` is the source position of output position ``p``, ``-1`` for none.
+
+    Example:
+        >>> import numpy as np, jax.numpy as jnp
+        >>> from braintrace._compiler._index_maps import FlatMap
+        >>> index = np.tile(np.arange(3), 2)          # outputs (2, 3) read sources (3,)
+        >>> m = FlatMap.of(index, source_size=3)
+        >>> m.is_reshape
+        True
+        >>> m.take(jnp.array([1.0, 2.0, 3.0])).tolist()
+        [1.0, 2.0, 3.0, 1.0, 2.0, 3.0]
+        >>> m.sum_into(jnp.arange(6.0)).tolist()     # the transpose: sums over the copies
+        [3.0, 5.0, 7.0]
+    """
+
+    index: np.ndarray
+    source_size: int
+    axes: tuple[tuple[int, int], ...] | None
+    """Output axes outermost first as ``(size, stride)``; ``None``: use the gather."""
+
+    @classmethod
+    def of(cls, index: np.ndarray, source_size: int) -> FlatMap:
+        """Plans the map: the reshape form when ``index`` is a full affine map, else a gather."""
+        index = np.asarray(index, np.int64).reshape(-1)
+        axes = _affine_axes(index) if index.size and index.min() >= 0 else None
+        import os; axes = None if os.environ.get("BT_GATHER") else axes  # TEMP
+        if axes is not None:
+            axes = [(size, stride) for size, stride in axes if size > 1]
+            sizes = {abs(stride): size for size, stride in axes if stride}
+            expected = 1
+            for stride in sorted(sizes):  # the moving axes must tile the source, row-major
+                if stride != expected:
+                    axes = None
+                    break
+                expected *= sizes[stride]
+            # a reversed axis (negative stride) starts at its far end
+            start = sum((size - 1) * -stride for size, stride in axes or () if stride < 0)
+            if axes is not None and (index[0] != start or expected != source_size):
+                axes = None
+        return cls(index, int(source_size), None if axes is None else tuple(reversed(axes)))
+
+    @property
+    def is_reshape(self) -> bool:
+        """Whether the map runs as reshape, transpose and broadcast (no gather)."""
+        return self.axes is not None
+
+    def _source_axes(self) -> tuple[list[int], list[int], list[int]]:
+        """Source dims (row-major); per moving output axis its source axis; the reversed ones.
+
+        The last list holds the positions, among the moving output axes, that run backwards.
+        """
+        assert self.axes is not None
+        moving = [stride for _, stride in self.axes if stride]
+        order = sorted((abs(s) for s in moving), reverse=True)
+        sizes = {abs(stride): size for size, stride in self.axes if stride}
+        return ([sizes[s] for s in order], [order.index(abs(s)) for s in moving],
+                [k for k, s in enumerate(moving) if s < 0])
+
+    def take(self, values: jax.Array) -> jax.Array:
+        """``out[p] = values[index[p]]`` (zeros where ``index`` is ``-1``), leading axis flat."""
+        tail = values.shape[1:]
+        if self.axes is None:
+            mask = (self.index >= 0).reshape(-1, *([1] * len(tail)))
+            return jnp.where(mask, values[np.maximum(self.index, 0)], 0)
+        dims, perm, reversed_axes = self._source_axes()
+        moved = jnp.flip(jnp.transpose(values.reshape(*dims, *tail),
+                                       (*perm, *range(len(dims), len(dims) + len(tail)))),
+                         reversed_axes)
+        ones = [size if stride else 1 for size, stride in self.axes]
+        spread = jnp.broadcast_to(moved.reshape(*ones, *tail),
+                                  (*[size for size, _ in self.axes], *tail))
+        return spread.reshape(self.index.size, *tail)
+
+    def sum_into(self, values: jax.Array) -> jax.Array:
+        """The transpose of :meth:`take`: ``out[s] = Σ_{p: index[p] = s} values[p]``."""
+        tail = values.shape[1:]
+        if self.axes is None:
+            target = np.where(self.index >= 0, self.index, self.source_size)
+            return jax.ops.segment_sum(values, target,
+                                       num_segments=self.source_size + 1)[:self.source_size]
+        spread = values.reshape(*[size for size, _ in self.axes], *tail)
+        summed = jnp.sum(spread, axis=tuple(a for a, (_, stride) in enumerate(self.axes)
+                                             if not stride))
+        dims, perm, reversed_axes = self._source_axes()
+        inverse = np.argsort(perm)
+        moved = jnp.transpose(jnp.flip(summed, reversed_axes),
+                              (*inverse, *range(len(dims), len(dims) + len(tail))))
+        return moved.reshape(self.source_size, *tail)
