@@ -88,7 +88,6 @@ class FlatMap:
         """Plans the map: the reshape form when ``index`` is a full affine map, else a gather."""
         index = np.asarray(index, np.int64).reshape(-1)
         axes = _affine_axes(index) if index.size and index.min() >= 0 else None
-        import os; axes = None if os.environ.get("BT_GATHER") else axes  # TEMP
         if axes is not None:
             axes = [(size, stride) for size, stride in axes if size > 1]
             sizes = {abs(stride): size for size, stride in axes if stride}

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from braintrace._compiler._graph import ETraceGraph
 
 __all__ = [
+    "arranges_colours",
     "assemble_jacobians",
     "coupled_jacobians",
     "forward",
@@ -183,6 +184,15 @@ def assemble_jacobians(graph: ETraceGraph, outs: Sequence[jax.Array]
     row = {slot: i for i, slot in enumerate(_slots(graph))}
     return ([_assemble_d(g, outs, row) for g in graph.groups],
             [_assemble_df(r, graph.groups[r.group], outs, row) for r in graph.relations])
+
+
+def arranges_colours(graph: ETraceGraph) -> bool:
+    """Whether :func:`assemble_jacobians` picks among several colours' responses (a GRU's
+    gates), rather than only stacking states. Measured on XLA:CPU: arranging several
+    colours per block instead of per step saves ~50 µs/step on a GRU (hidden 256, batch
+    16); with one colour, deferring the stacking costs 3-7% (LIF, ALIF)."""
+    return any(g.num_colours > 1 for g in graph.groups) or any(
+        r.num_colours > 1 for r in graph.relations)
 
 
 def _slots(graph: ETraceGraph) -> list[tuple[str, int, int, int]]:
