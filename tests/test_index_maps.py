@@ -20,6 +20,7 @@ def check_against_gather(index, source_size):
     m = FlatMap.of(index, source_size)
     values = jnp.asarray(rng.standard_normal((source_size, 2)))
     np.testing.assert_array_equal(m.take(values), gather(values, index))
+    np.testing.assert_array_equal(m.take(values, feeds_large=True), gather(values, index))
     cotangent = jnp.asarray(rng.standard_normal((index.size, 2)))
     (expected,) = jax.vjp(lambda v: gather(v, index), values)[1](cotangent)
     np.testing.assert_allclose(m.sum_into(cotangent), expected, rtol=1e-6, atol=1e-6)
@@ -68,3 +69,10 @@ def test_a_gru_gates_map_is_a_reshape():
     b, g, j = np.meshgrid(np.arange(batch), np.arange(gates), np.arange(hidden), indexing="ij")
     index = ((gates - 1 - g) * batch * hidden + b * hidden + j).reshape(-1)
     assert check_against_gather(index, gates * batch * hidden).is_reshape
+
+
+def test_only_the_in_order_map_is_the_identity():
+    assert FlatMap.of(np.arange(6), 6).is_identity
+    assert not FlatMap.of(np.arange(6)[::-1].copy(), 6).is_identity
+    assert not FlatMap.of(np.arange(6).reshape(2, 3).T.reshape(-1), 6).is_identity
+    assert not FlatMap.of(np.arange(6), 7).is_identity

@@ -95,7 +95,7 @@ def _input_update(r: InputRelation, eps: tuple, d_g: jax.Array, df: jax.Array, x
         "xy_to_dw")
     scale = per_sample(lambda d, e: dt_to_t(d, e, **r.params), r)
     outer = per_sample(lambda x, d: xy_to_trace(x, d, theta, **r.params), r)
-    d_y = r.gather_hidden(d_g)
+    d_y = r.gather_hidden(d_g, feeds_large=True)
     new = []
     for s, old in enumerate(eps):
         mixed = tree_sum([scale(d_y[..., s, s2], source) for s2, source in enumerate(eps)])
@@ -109,7 +109,7 @@ def _input_contribution(r: InputRelation, eps: tuple, signal: jax.Array,
     """``Σ_b Σ_s contract(δ̄_s, ε_s)`` (the closed-form ``contract`` rule, or ``dt_to_t``,
     which it equals on one sample), summed over the batch by :func:`sum_over_samples`."""
     del theta
-    return _contract_y(r, eps, r.gather_hidden(signal))
+    return _contract_y(r, eps, r.gather_hidden(signal, feeds_large=True))
 
 
 def _contract_y(r: InputRelation, eps: tuple, signal: jax.Array) -> Any:

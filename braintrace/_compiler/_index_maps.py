@@ -22,6 +22,7 @@ by rebuilding the whole index, so both paths give the same values.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -120,10 +121,23 @@ class FlatMap:
         return ([sizes[s] for s in order], [order.index(abs(s)) for s in moving],
                 [k for k, s in enumerate(moving) if s < 0])
 
-    def take(self, values: jax.Array) -> jax.Array:
-        """``out[p] = values[index[p]]`` (zeros where ``index`` is ``-1``), leading axis flat."""
+    @functools.cached_property
+    def is_identity(self) -> bool:
+        """Whether the map reads every source position in order (a reshape)."""
+        return self.index.size == self.source_size and np.array_equal(
+            self.index, np.arange(self.source_size))
+
+    def take(self, values: jax.Array, *, feeds_large: bool = False) -> jax.Array:
+        """``out[p] = values[index[p]]`` (zeros where ``index`` is ``-1``), leading axis flat.
+
+        ``feeds_large``: the result feeds a much larger elementwise computation (a trace
+        update broadcasting it over the inputs). XLA:CPU fuses a reshape, transpose or
+        broadcast into that consumer and redoes its index arithmetic for every element
+        there (measured on a GRU's per-step D-RTRL update: 3x slower), while it keeps a
+        gather apart; so then every map but the identity runs as a gather.
+        """
         tail = values.shape[1:]
-        if self.axes is None:
+        if self.axes is None or (feeds_large and not self.is_identity):
             mask = (self.index >= 0).reshape(-1, *([1] * len(tail)))
             return jnp.where(mask, values[np.maximum(self.index, 0)], 0)
         dims, perm, reversed_axes = self._source_axes()

@@ -133,13 +133,14 @@ class InputRelation:
         index = np.where(self.y_to_hidden >= 0, self.colours * size + self.y_to_hidden, -1)
         return FlatMap.of(index, self.num_colours * size)
 
-    def gather_hidden(self, value: jax.Array) -> jax.Array:
+    def gather_hidden(self, value: jax.Array, *, feeds_large: bool = False) -> jax.Array:
         """Maps a group-shaped ``(*V, ...)`` array to ``y`` positions ``(*y, ...)``.
 
-        Units that feed no hidden unit get zeros.
+        Units that feed no hidden unit get zeros. ``feeds_large``: see
+        :meth:`FlatMap.take`.
         """
         tail = value.shape[len(self.group_shape):]
-        out = self.hidden_map.take(value.reshape(-1, *tail))
+        out = self.hidden_map.take(value.reshape(-1, *tail), feeds_large=feeds_large)
         return out.reshape(*self.y_shape, *tail)
 
 
