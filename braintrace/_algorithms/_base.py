@@ -19,6 +19,12 @@ an optax transformation's ``init``/``update``:
   same-step gradient, ``Σ_k xy_to_dw(x_k, dy_k)`` with ``dy = ∂L_t/∂y`` (``None``
   when another relation of the same equation counts it): written with
   matrix products (see ``_blocked.py``);
+* or, for a block whose step-by-step part is a short recursion,
+  ``block_step(r, state, δ̄_k, D_k, Df_k)`` -> ``(state, out_k)``, run inside the
+  model's own loop over the block's steps (no loop of its own, nothing
+  stacked but ``out_k``), and ``block_finish(r, entering, stepped, outs, x, dy,
+  θ)`` -> ``(state, term)``, the rest of ``block`` from the state entering the
+  block, the state after ``block_step`` and the stacked ``out_k``;
 
 and ``rules(r)``, the ETP rules it calls (checked once, when the traces are
 created, so a missing rule fails at ``braintrace.compile`` with a
@@ -77,6 +83,8 @@ class RelationRule(NamedTuple):
     finalize: Callable[[Relation, Any, dict[str, jax.Array]], dict[str, jax.Array]]
     rules: Callable[[Relation], tuple[str, ...]]
     block: Callable[..., tuple[Any, Any]] | None = None
+    block_step: Callable[..., tuple[Any, Any]] | None = None
+    block_finish: Callable[..., tuple[Any, Any]] | None = None
 
 
 class AbstractAlgorithm(abc.ABC):
@@ -139,16 +147,46 @@ class AbstractAlgorithm(abc.ABC):
 
     def supports_blocks(self, graph: ETraceGraph) -> bool:
         """Whether every relation's rule has a time-blocked form (``etrace_grad(block_size=)``)."""
-        return all(self.relation_rule(r).block is not None for r in graph.relations)
+        return all(rule.block is not None or rule.block_step is not None
+                   for rule in map(self.relation_rule, graph.relations))
+
+    def has_block_steps(self, graph: ETraceGraph) -> bool:
+        """Whether some relation's block runs a part inside the model's loop (``block_step``)."""
+        return any(self.relation_rule(r).block_step is not None for r in graph.relations)
+
+    def block_step(self, graph: ETraceGraph, state: Sequence[Any], delta: Sequence[jax.Array],
+                   jac: Jacobians) -> tuple[list[Any], list[Any]]:
+        """One step of every ``block_step`` (the others' states pass through, outputs ``None``)."""
+        out = []
+        for r, s in zip(graph.relations, state):
+            step = self.relation_rule(r).block_step
+            out.append((s, None) if step is None else step(
+                r, s, self.relation_signal(graph, delta, r), jac.d[r.group], jac.df[r.index]))
+        return [new for new, _ in out], [o for _, o in out]
 
     def block(self, graph: ETraceGraph, state: Sequence[Any], steps: BlockSteps,
-              operands: Sequence[dict[str, jax.Array]]) -> tuple[list[Any], list[Any]]:
-        """``K`` steps of every relation at once: the traces after them and their summed terms."""
-        out = [self.relation_rule(r).block(
-            r, s, jax.vmap(lambda delta, r=r: self.relation_signal(graph, delta, r))(steps.signal),
-            steps.d[r.group], steps.df[r.index], x, dy, theta)
-            for r, s, x, dy, theta in zip(graph.relations, state, steps.rel_x, steps.dy,
-                                          operands)]
+              operands: Sequence[dict[str, jax.Array]],
+              stepped: tuple[Sequence[Any], Sequence[Any]] | None = None
+              ) -> tuple[list[Any], list[Any]]:
+        """``K`` steps of every relation at once: the traces after them and their summed terms.
+
+        ``stepped``: the states and stacked outputs of :meth:`block_step` run over the
+        block's steps (needed when :meth:`has_block_steps`).
+        """
+        out = []
+        for i, (r, s, x, dy, theta) in enumerate(zip(graph.relations, state, steps.rel_x,
+                                                     steps.dy, operands)):
+            rule = self.relation_rule(r)
+            if rule.block_step is None:
+                signal = jax.vmap(lambda delta, r=r: self.relation_signal(graph, delta, r))(
+                    steps.signal)
+                out.append(rule.block(r, s, signal, steps.d[r.group], steps.df[r.index], x, dy,
+                                      theta))
+                continue
+            if stepped is None:
+                raise ValueError(f"Relation {r.index}'s block runs per step (block_step): "
+                                 "pass the stepped states and outputs.")
+            out.append(rule.block_finish(r, s, stepped[0][i], stepped[1][i], x, dy, theta))
         return [new for new, _ in out], [term for _, term in out]
 
     def finalize(self, graph: ETraceGraph, summed: Sequence[Any],

@@ -113,26 +113,45 @@ def resolve_block_size(algorithm: AbstractAlgorithm, graph: ETraceGraph,
 def _run_block(graph: ETraceGraph, algorithm: AbstractAlgorithm, loss_fn: Callable,
                params: Sequence[jax.Array], operands: Sequence[dict[str, jax.Array]],
                carry: ScanCarry, inputs: Any) -> tuple[ScanCarry, jax.Array]:
-    """The steps of one block (model, same-step gradient, signal, Jacobians), then its rule."""
+    """The steps of one block (model, same-step gradient, signal, Jacobians, and the
+    algorithm's ``block_step``), then its rule.
+
+    Where the Jacobians pick among colours (fused gates) and no ``block_step`` needs them
+    each step, the steps stack the raw Jacobian responses and ``D``, ``Df`` are arranged
+    once for the block (``programs.arranges_colours``).
+    """
+    hooked = algorithm.has_block_steps(graph)
+    per_step = [algorithm.relation_rule(r).block_step is None for r in graph.relations]
+    stack_steps = any(per_step)  # some rule reads the stacked signals and Jacobians
 
     def step(state, step_inputs):
-        hidden, other, same = state
+        hidden, other, same, stepped = state
         x_t, y_t, w_t = step_inputs
         leaves = StepLeaves(list(params), list(hidden), list(other), jax.tree.leaves(x_t))
         terms = step_terms(graph, algorithm, loss_fn, leaves, y_t, w_t, probe_outputs=True,
-                           defer_jacobians=True)
-        jac = (terms.responses if terms.jac is None
-               else (list(terms.jac.d), list(terms.jac.df)))
-        stacked = (terms.signal, jac, terms.rel_x, terms.dy)
-        return (terms.hidden, terms.other, add_same_step(same, terms.same_step)), (stacked,
-                                                                                 terms.loss)
+                           defer_jacobians=not hooked)
+        outs = None
+        if hooked:
+            stepped, outs = algorithm.block_step(graph, stepped, terms.signal, terms.jac)
+        if not stack_steps:
+            signal, jac = [], ([], [])
+        else:
+            signal = terms.signal
+            jac = (terms.responses if terms.jac is None
+                   else (list(terms.jac.d), list(terms.jac.df)))
+        stacked = (signal, jac, terms.rel_x, terms.dy, outs)
+        return (terms.hidden, terms.other, add_same_step(same, terms.same_step),
+                stepped), (stacked, terms.loss)
 
-    (hidden, other, same), ((signal, jac, rel_x, dy), losses) = jax.lax.scan(
-        step, (list(carry.hidden), list(carry.other), list(carry.same_step)), inputs)
+    start = (list(carry.hidden), list(carry.other), list(carry.same_step),
+             list(carry.traces) if hooked else None)
+    (hidden, other, same, stepped), ((signal, jac, rel_x, dy, outs), losses) = jax.lax.scan(
+        step, start, inputs)
     if isinstance(jac, list):  # the block's responses, arranged for all its steps at once
         jac = jax.vmap(lambda responses: programs.assemble_jacobians(graph, responses))(jac)
     steps = BlockSteps(signal, list(jac[0]), list(jac[1]), rel_x, dy)
-    traces, term = algorithm.block(graph, carry.traces, steps, operands)
+    traces, term = algorithm.block(graph, carry.traces, steps, operands,
+                                   stepped=(stepped, outs) if hooked else None)
     summed = jax.tree.map(jnp.add, carry.summed, term)
     return carry._replace(hidden=hidden, other=other, traces=traces, summed=summed,
                           same_step=same), losses

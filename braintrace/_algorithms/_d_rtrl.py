@@ -157,8 +157,11 @@ def _input_block(r: InputRelation, eps: tuple, signal: jax.Array, d_g: jax.Array
     the same-step share, in the same product) and
     ``ε_s ← Σ_{s'} dt_to_t(Λ_{-1,ss'}, ε_{s'}) + Σ_k x_k ⊗ (Λ_k f_k)_s`` per sample.
     """
-    beta, lam, beta0, lam0 = block_coefficients(jax.vmap(r.gather_hidden)(signal),
-                                                jax.vmap(r.gather_hidden)(d_g))
+    # Per hidden unit, then to y's units: the same recursion for every relation of the
+    # group (XLA computes it once) and over fewer units than y has with fused gates.
+    beta, lam, beta0, lam0 = block_coefficients(signal, d_g)
+    beta, lam = jax.vmap(r.gather_hidden)(beta), jax.vmap(r.gather_hidden)(lam)
+    beta0, lam0 = r.gather_hidden(beta0), r.gather_hidden(lam0)
     df = df.astype(beta.dtype)
     outer = _instantaneous(r, theta)
     a = jnp.sum(beta * df, axis=-1)

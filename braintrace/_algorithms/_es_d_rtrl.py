@@ -110,26 +110,27 @@ def decay_weights(decay: float, steps: int, dtype) -> tuple[jax.Array, jax.Array
     return jnp.asarray(filt, dtype), jnp.asarray(float(decay) ** np.arange(steps), dtype)
 
 
-def es_block_rule(f_update, x_decay: float):
-    """The ``block`` of :func:`es_input_rule`: ``K`` steps of ``update``/``contribution``."""
+def es_block_rules(f_update, x_decay: float):
+    """``block_step`` and ``block_finish`` of :func:`es_input_rule`: ``K`` steps of
+    ``update``/``contribution``."""
 
-    def block(r: InputRelation, s: IOTrace, signal, d_g, df, x, dy, theta
-              ) -> tuple[IOTrace, IOTerm]:
-        """``K`` steps in one product (module docstring of ``_blocked.py`` for the idea).
+    def block_step(r: InputRelation, s: IOTrace, signal_k, d_k, df_k) -> tuple[IOTrace, jax.Array]:
+        """``ε_f`` one step on, and the step's output factor (from the ``ε_f`` it entered with)."""
+        return f_update(r, s, d_k, df_k), output_factor(r, s, signal_k)
 
-        One forward loop gives ``ε_f`` and each step's output factor ``d_k``. With ``ε_x``
-        entering at ``ε_x^{-1}``, ``Σ_k xy_to_dw(ε_x^{k-1}, d_k) = xy_to_dw(ε_x^{-1}, c) +
-        Σ_j xy_to_dw(x_j, e_j)`` with ``c = Σ_k α_x^k d_k`` and ``e_j = Σ_{k>j} α_x^{k-1-j}
-        d_k`` (:func:`decay_weights`, no loop); the same-step shares ``dy_j`` join ``e_j``.
-        That product counts a bias's input as ``α_x^k + Σ_{j<k} α_x^{k-1-j}``, which falls
-        ``α_x^k (ε_1^{-1} - 1)`` short of ``ε_1^{k-1}``: the bias term adds
-        ``(ε_1^{-1} - 1)·c``. At the end ``ε_x = α_x^K ε_x^{-1} + Σ_j α_x^{K-1-j} x_j``.
+    def block_finish(r: InputRelation, s: IOTrace, stepped: IOTrace, ds: jax.Array, x, dy, theta
+                     ) -> tuple[IOTrace, IOTerm]:
+        """The block's products (module docstring of ``_blocked.py`` for the idea).
+
+        ``stepped`` carries ``ε_f`` after the block and ``ds`` each step's output factor
+        ``d_k``. With ``ε_x`` entering at ``ε_x^{-1}``, ``Σ_k xy_to_dw(ε_x^{k-1}, d_k) =
+        xy_to_dw(ε_x^{-1}, c) + Σ_j xy_to_dw(x_j, e_j)`` with ``c = Σ_k α_x^k d_k`` and ``e_j =
+        Σ_{k>j} α_x^{k-1-j} d_k`` (:func:`decay_weights`, no loop); the same-step shares
+        ``dy_j`` join ``e_j``. That product counts a bias's input as ``α_x^k + Σ_{j<k}
+        α_x^{k-1-j}``, which falls ``α_x^k (ε_1^{-1} - 1)`` short of ``ε_1^{k-1}``: the bias
+        term adds ``(ε_1^{-1} - 1)·c``. At the end ``ε_x = α_x^K ε_x^{-1} + Σ_j α_x^{K-1-j}
+        x_j``.
         """
-        def one(s, step):
-            signal_k, d_k, df_k = step
-            return f_update(r, s, d_k, df_k), output_factor(r, s, signal_k)
-
-        f_state, ds = jax.lax.scan(one, s, (signal, d_g, df))
         steps = ds.shape[0]
         filt, powers = decay_weights(x_decay, steps, ds.dtype)
         e = jnp.tensordot(filt, ds, axes=1)
@@ -138,17 +139,17 @@ def es_block_rule(f_update, x_decay: float):
             e = e + dy.astype(e.dtype)
         xy_to_dw = r.primitive.rule("xy_to_dw")
         grad = jax.tree.map(jnp.add, xy_to_dw(merge_steps(r, x), merge_steps(r, e), theta,
-                                                     **r.params),
+                                              **r.params),
                             xy_to_dw(s.x, c, theta, **r.params))
         to_end = powers[::-1].astype(s.x.dtype)  # α_x^{K-1-j}
         through = x_decay ** steps  # α_x^K: what of the entering ε_x survives the block
         end = through * s.x + jnp.tensordot(to_end, x.astype(s.x.dtype), axes=1)
-        new = f_state._replace(
+        new = stepped._replace(
             x=end.astype(s.x.dtype),
             ones=(through * s.ones + jnp.sum(to_end)).astype(s.ones.dtype))
         return new, IOTerm(grad=grad, bias_signal=(s.ones - 1.0) * c)
 
-    return block
+    return block_step, block_finish
 
 
 def es_input_rule(x_decay: float, f_decay: float) -> RelationRule:
@@ -191,9 +192,10 @@ def es_input_rule(x_decay: float, f_decay: float) -> RelationRule:
         bias = r.primitive.rule("xy_to_dw")(zeros, total.bias_signal, theta, **r.params)
         return jax.tree.map(jnp.add, dict(total.grad), bias)
 
+    block_step, block_finish = es_block_rules(f_update, x_decay)
     return RelationRule(init=init, update=update, contribution=contribution, finalize=finalize,
-                        rules=lambda r: ("init_pp", "xy_to_dw"),
-                        block=es_block_rule(f_update, x_decay))
+                        rules=lambda r: ("init_pp", "xy_to_dw"), block_step=block_step,
+                        block_finish=block_finish)
 
 
 class ES_D_RTRL(AbstractAlgorithm):
