@@ -161,7 +161,8 @@ def _input_block(r: InputRelation, eps: tuple, signal: jax.Array, d_g: jax.Array
     # group (XLA computes it once) and over fewer units than y has with fused gates.
     beta, lam, beta0, lam0 = block_coefficients(signal, d_g)
     beta, lam = jax.vmap(r.gather_hidden)(beta), jax.vmap(r.gather_hidden)(lam)
-    beta0, lam0 = r.gather_hidden(beta0), r.gather_hidden(lam0)
+    beta0 = r.gather_hidden(beta0, feeds_large=True)  # both scale the whole trace
+    lam0 = r.gather_hidden(lam0, feeds_large=True)
     df = df.astype(beta.dtype)
     outer = _instantaneous(r, theta)
     a = jnp.sum(beta * df, axis=-1)
