@@ -29,7 +29,8 @@ primitive contract), so ``dt_to_t(a, dt_to_t(b, ε)) = dt_to_t(a·b, ε)`` and
 
 :func:`blocked_run` runs a sequence block by block (a shorter last block
 when ``K`` does not divide ``T``): per step only the model, its same-step
-gradient, the learning signal and the Jacobians; per block the algorithm's
+gradient, the learning signal, the Jacobians and the algorithm's ``block_step``
+(a short recursion such as ES-D-RTRL's ``ε_f``); per block the algorithm's
 ``block`` rule.
 """
 
@@ -121,8 +122,8 @@ def _run_block(graph: ETraceGraph, algorithm: AbstractAlgorithm, loss_fn: Callab
     once for the block (``programs.arranges_colours``).
     """
     hooked = algorithm.has_block_steps(graph)
-    per_step = [algorithm.relation_rule(r).block_step is None for r in graph.relations]
-    stack_steps = any(per_step)  # some rule reads the stacked signals and Jacobians
+    # whether some rule reads the block's stacked signals and Jacobians
+    stack_steps = any(algorithm.relation_rule(r).block_step is None for r in graph.relations)
 
     def step(state, step_inputs):
         hidden, other, same, stepped = state

@@ -13,7 +13,9 @@ Each is a function of an :class:`~braintrace.ETraceGraph` and one
   operations and mixing operations stopped), each group's
   ``D = ∂h^t/∂h^{t-1}`` ``(*V, S, S)`` and each relation's ``Df = ∂h^t/∂y``,
   one JVP per state and colour of a group and per colour of a relation —
-  exact because units of one colour never meet in one output;
+  exact because units of one colour never meet in one output (in two parts,
+  :func:`jacobian_responses` and :func:`assemble_jacobians`, so that a loop
+  over a block of steps can arrange the colours once for the block);
 * :func:`coupled_jacobians`: per-position blocks of the full hidden Jacobian
   (only ETP operations cut), ``N·S`` JVPs per group.
 """
