@@ -16,7 +16,9 @@ import pytest
 from contract_models import ALGORITHMS, BATCH, IN, MODELS, OUT
 
 import braintrace
+from braintrace._algorithms._base import BlockSteps
 from braintrace._algorithms._blocked import block_coefficients
+from braintrace._compiler import _programs as programs
 
 T = 7
 CASES = ["dense", "lora", "alif-learned-taus", "lif-expsynapse", "gru",
@@ -136,3 +138,20 @@ def test_blocked_losses_have_the_loss_dtype_and_values_of_the_per_step_form():
     assert {v.dtype for v in out.values()} == {jnp.dtype(jnp.float32)}
     np.testing.assert_allclose(out[3, None], out[1, None], rtol=1e-6)
     np.testing.assert_allclose(out[1, 7], out[1, None], rtol=1e-6)
+
+
+def test_which_blocked_paths_a_model_takes():
+    """The GRU's fused gates make the Jacobians pick among colours (arranged once per
+    block); a LIF's do not. ES-D-RTRL runs its ``ε_f`` in the step loop (``block_step``),
+    D-RTRL does not, and a ``block_step`` block refuses to run without its stepped states."""
+    learners = {name: braintrace.compile(MODELS[name].build(), alg, jnp.zeros((BATCH, IN)))
+                for name, alg in (("gru", "d_rtrl"), ("lif-expsynapse", "es_d_rtrl"))}
+    gru, lif = learners["gru"], learners["lif-expsynapse"]
+    assert programs.arranges_colours(gru.graph)
+    assert not programs.arranges_colours(lif.graph)
+    assert not gru.algorithm.has_block_steps(gru.graph)
+    assert lif.algorithm.has_block_steps(lif.graph)
+    n = len(lif.graph.relations)
+    steps = BlockSteps([], [], [], [None] * n, [None] * n)
+    with pytest.raises(ValueError, match="block_step"):
+        lif.algorithm.block(lif.graph, lif.traces, steps, [{}] * n)

@@ -14,7 +14,6 @@ import functools
 from typing import Any, Union
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from braintrace._compiler._index_maps import FlatMap
