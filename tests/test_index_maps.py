@@ -57,6 +57,7 @@ def test_an_affine_map_is_a_reshape_with_the_gathers_values(case):
     (np.arange(3), 4),                           # a source position nobody reads
     (np.arange(1, 4), 4),                        # an offset
     (np.array([0, 1, 2, 0, 1]), 3),              # runs that do not tile the positions
+    (np.add.outer(np.arange(3), np.arange(3)).reshape(-1), 5),  # two axes of one stride
 ])
 def test_other_maps_keep_the_gather(index, size):
     m = check_against_gather(index, size)

@@ -147,7 +147,8 @@ class AbstractAlgorithm(abc.ABC):
 
     def supports_blocks(self, graph: ETraceGraph) -> bool:
         """Whether every relation's rule has a time-blocked form (``etrace_grad(block_size=)``)."""
-        return all(rule.block is not None or rule.block_step is not None
+        return all(rule.block is not None
+                   or (rule.block_step is not None and rule.block_finish is not None)
                    for rule in map(self.relation_rule, graph.relations))
 
     def has_block_steps(self, graph: ETraceGraph) -> bool:

@@ -60,9 +60,24 @@ def _affine_axes(index: np.ndarray) -> list[tuple[int, int]] | None:
     return axes
 
 
+def _tiles_source(axes: list[tuple[int, int]], first: int, source_size: int) -> bool:
+    """Whether the moving axes (non-zero stride) are the source's axes, row-major, each once.
+
+    A reversed axis (negative stride) starts at its far end, so ``first`` must be
+    ``Σ (size - 1)·|stride|`` over the reversed axes.
+    """
+    expected = 1
+    for stride, size in sorted((abs(stride), size) for size, stride in axes if stride):
+        if stride != expected:
+            return False
+        expected *= size
+    start = sum((size - 1) * -stride for size, stride in axes if stride < 0)
+    return expected == source_size and first == start
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class FlatMap:
-    """A constant map from ``size`` flat positions into ``source_size`` ones.
+    """A constant map from ``index.size`` flat output positions into ``source_size`` ones.
 
     ``index[p]`` is the source position of output position ``p``, ``-1`` for none.
 
@@ -91,16 +106,7 @@ class FlatMap:
         axes = _affine_axes(index) if index.size and index.min() >= 0 else None
         if axes is not None:
             axes = [(size, stride) for size, stride in axes if size > 1]
-            sizes = {abs(stride): size for size, stride in axes if stride}
-            expected = 1
-            for stride in sorted(sizes):  # the moving axes must tile the source, row-major
-                if stride != expected:
-                    axes = None
-                    break
-                expected *= sizes[stride]
-            # a reversed axis (negative stride) starts at its far end
-            start = sum((size - 1) * -stride for size, stride in axes or () if stride < 0)
-            if axes is not None and (index[0] != start or expected != source_size):
+            if not _tiles_source(axes, int(index[0]), source_size):
                 axes = None
         return cls(index, int(source_size), None if axes is None else tuple(reversed(axes)))
 
