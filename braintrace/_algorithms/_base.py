@@ -157,7 +157,8 @@ class AbstractAlgorithm(abc.ABC):
 
     def block_step(self, graph: ETraceGraph, state: Sequence[Any], delta: Sequence[jax.Array],
                    jac: Jacobians) -> tuple[list[Any], list[Any]]:
-        """One step of every ``block_step`` (the others' states pass through, outputs ``None``)."""
+        """One step of every ``block_step`` (the others' states, ``None`` here, pass through,
+        outputs ``None``)."""
         out = []
         for r, s in zip(graph.relations, state):
             step = self.relation_rule(r).block_step

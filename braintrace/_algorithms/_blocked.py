@@ -121,38 +121,39 @@ def _run_block(graph: ETraceGraph, algorithm: AbstractAlgorithm, loss_fn: Callab
     each step, the steps stack the raw Jacobian responses and ``D``, ``Df`` are arranged
     once for the block (``programs.arranges_colours``).
     """
-    hooked = algorithm.has_block_steps(graph)
-    # whether some rule reads the block's stacked signals and Jacobians
-    stack_steps = any(algorithm.relation_rule(r).block_step is None for r in graph.relations)
+    hooked = [algorithm.relation_rule(r).block_step is not None for r in graph.relations]
+    stack_steps = not all(hooked)  # some rule reads the block's stacked signals and Jacobians
+    deferred = (not any(hooked) and algorithm.scope == "diagonal"
+                and programs.arranges_colours(graph))
 
     def step(state, step_inputs):
         hidden, other, same, stepped = state
         x_t, y_t, w_t = step_inputs
         leaves = StepLeaves(list(params), list(hidden), list(other), jax.tree.leaves(x_t))
         terms = step_terms(graph, algorithm, loss_fn, leaves, y_t, w_t, probe_outputs=True,
-                           defer_jacobians=not hooked)
+                           defer_jacobians=deferred)
         outs = None
-        if hooked:
+        if any(hooked):
             stepped, outs = algorithm.block_step(graph, stepped, terms.signal, terms.jac)
         if not stack_steps:
             signal, jac = [], ([], [])
         else:
             signal = terms.signal
-            jac = (terms.responses if terms.jac is None
-                   else (list(terms.jac.d), list(terms.jac.df)))
+            jac = terms.responses if deferred else (list(terms.jac.d), list(terms.jac.df))
         stacked = (signal, jac, terms.rel_x, terms.dy, outs)
         return (terms.hidden, terms.other, add_same_step(same, terms.same_step),
                 stepped), (stacked, terms.loss)
 
+    # only the block_step relations' states go through the steps
     start = (list(carry.hidden), list(carry.other), list(carry.same_step),
-             list(carry.traces) if hooked else None)
+             [s if h else None for s, h in zip(carry.traces, hooked)])
     (hidden, other, same, stepped), ((signal, jac, rel_x, dy, outs), losses) = jax.lax.scan(
         step, start, inputs)
-    if isinstance(jac, list):  # the block's responses, arranged for all its steps at once
+    if deferred:  # the block's responses, arranged for all its steps at once
         jac = jax.vmap(lambda responses: programs.assemble_jacobians(graph, responses))(jac)
     steps = BlockSteps(signal, list(jac[0]), list(jac[1]), rel_x, dy)
     traces, term = algorithm.block(graph, carry.traces, steps, operands,
-                                   stepped=(stepped, outs) if hooked else None)
+                                   stepped=(stepped, outs) if any(hooked) else None)
     summed = jax.tree.map(jnp.add, carry.summed, term)
     return carry._replace(hidden=hidden, other=other, traces=traces, summed=summed,
                           same_step=same), losses

@@ -117,9 +117,9 @@ class StepTerms(NamedTuple):
             ``∂(w_t L_t)/∂y^t`` (``None`` for a relation sharing an earlier one's
             equation), and ``same_step`` then lacks every relation's own share
             ``xy_to_dw(x^t, dy)`` (left to the caller); otherwise ``None``.
-        responses: With ``defer_jacobians``, the diagonal scope and colours to
-            arrange: the Jacobian responses that ``assemble_jacobians`` arranges
-            into ``jac``, which is then ``None``; otherwise ``None``.
+        responses: With ``defer_jacobians`` (diagonal scope only): the Jacobian
+            responses that ``assemble_jacobians`` arranges into ``jac``, which is
+            then ``None``; otherwise ``None``.
     """
 
     hidden: list[jax.Array]
@@ -159,7 +159,9 @@ def step_terms(graph: ETraceGraph, algorithm: AbstractAlgorithm,
     weighted, pullback, (loss, outs, rel_x) = jax.vjp(
         weighted_loss, leaves.params, leaves.hidden, probes, has_aux=True)
     same_step, signal, dy = pullback(jnp.ones_like(weighted))  # w_t may be wider than L_t
-    if defer_jacobians and algorithm.scope == "diagonal" and programs.arranges_colours(graph):
+    if defer_jacobians:
+        if algorithm.scope != "diagonal":
+            raise ValueError("defer_jacobians needs the diagonal scope's Jacobians.")
         return StepTerms(outs.hidden, outs.other, same_step, signal, None, list(rel_x), loss,
                          dy, programs.jacobian_responses(graph, leaves))
     jac = step_jacobians(graph, algorithm, leaves)
