@@ -123,17 +123,17 @@ def profile_step(model_name: str, method: str, cfg: dict, xs, ys, repeats: int) 
     each part's marginal cost per step (microseconds). Every stage keeps its
     results alive (summed into the carry) so XLA cannot drop them.
     """
-    from braintrace._algorithms._scan import init_carry, step_jacobians
+    from braintrace._loops import LoopContext, init_carry, step_jacobians
     from braintrace._compiler import StepLeaves
-    from braintrace._compiler import _programs as programs
+    from braintrace._compiler import programs
 
     H, I, O, B = cfg["hidden"], cfg["inputs"], cfg["outputs"], cfg["batch"]
     learner = braintrace.compile(build(model_name, I, H, O, B), method_parts(method)[0], xs[0],
                                  batch_size=B)
-    graph, alg = learner.graph, learner.algorithm
+    graph, rules = learner.graph, learner.rules
     params, hidden, other = learner.leaves()
     operands = programs.operands(graph, params)
-    carry0 = init_carry(graph, alg, params, hidden, other, learner.traces)
+    carry0 = init_carry(LoopContext.build(rules, mse, params), hidden, other, learner.traces)
     T = xs.shape[0]
 
     def make(stage: int):
@@ -151,13 +151,13 @@ def profile_step(model_name: str, method: str, cfg: dict, xs, ys, repeats: int) 
             same, delta = pullback(jnp.ones((), jnp.float32))
             keep = keep + sum(jnp.sum(a) for a in jax.tree.leaves((same, delta)))
             if stage >= 2:
-                jac = step_jacobians(graph, alg, StepLeaves(params, h, o, x_leaves))
+                jac = step_jacobians(rules, StepLeaves(params, h, o, x_leaves))
                 if stage == 2:
                     keep = keep + sum(jnp.sum(a) for a in jax.tree.leaves((jac.d, jac.df)))
             if stage >= 3:  # the scan applies the update before the next contribution
-                traces = alg.update(graph, traces, jac, rel_x, operands)
+                traces = rules.update(traces, jac, rel_x, operands)
             if stage >= 4:
-                term = alg.contribution(graph, traces, delta, operands)
+                term = rules.contribution(traces, delta, operands)
                 summed = jax.tree.map(jnp.add, summed, term)
             return (list(h2), list(o2), traces, summed, keep), None
 

@@ -28,7 +28,7 @@ from flax import nnx
 import braintrace
 from braintrace import layers
 from braintrace._algorithms import ALGORITHMS
-from braintrace._compiler._step import split_model
+from braintrace._compiler import split_model
 from braintrace.tasks import Batch, SpikePatterns, accuracy
 
 FULL = {"seq_len": 100, "hidden": 64, "steps": 150, "batch_size": 32}

@@ -10,7 +10,7 @@ import numpy as np
 from flax import nnx
 from jax.typing import ArrayLike
 
-__all__ = ["HiddenState"]
+__all__ = ["HiddenState", "state_batch_size"]
 
 
 class _FrozenArray:
@@ -118,3 +118,12 @@ class HiddenState(nnx.Variable):
         init = self.get_metadata("init")
         fill = init.array if isinstance(init, _FrozenArray) else init
         return jnp.broadcast_to(jnp.asarray(fill, dtype=dtype), shape)
+
+
+def state_batch_size(model: nnx.Module) -> int | None:
+    """The batch size of the model's hidden states (``None`` for per-sample states)."""
+    for _, node in nnx.iter_graph(model):
+        if isinstance(node, HiddenState):
+            sample_shape = tuple(node.get_metadata("sample_shape", node.shape))
+            return node.shape[0] if len(node.shape) > len(sample_shape) else None
+    return None

@@ -16,8 +16,7 @@ from flax.nnx.nn.linear import default_bias_init, default_kernel_init
 from flax.typing import Dtype, Initializer, PrecisionLike
 from jax.typing import ArrayLike
 
-from braintrace._primitives import einsum
-from braintrace._primitives._einsum import split_spec
+from braintrace._primitives import einsum, split_spec
 
 from ._params import bias_param
 

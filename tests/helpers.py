@@ -2,13 +2,48 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import logging
+import re
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import jax.extend.core as jex_core
 
-__all__ = ["primitive_names"]
+__all__ = ["compilations", "primitive_names"]
+
+
+@contextlib.contextmanager
+def compilations() -> Iterator[list[str]]:
+    """Collects the names of the programs XLA compiles inside the block (``jit(name)``).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> def twice(x):
+        ...     return 2 * x
+        >>> with compilations() as names:
+        ...     _ = jax.jit(twice)(jnp.ones(3))
+        ...     _ = jax.jit(twice)(jnp.ones(3))
+        >>> names.count('twice')
+        1
+    """
+    names: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            found = re.match(r"Compiling jit\((\w+)\)", record.getMessage())
+            if found:
+                names.append(found.group(1))
+
+    logger = logging.getLogger("jax")
+    handler = Collect(level=logging.DEBUG)
+    logger.addHandler(handler)
+    try:
+        with jax.log_compiles():
+            yield names
+    finally:
+        logger.removeHandler(handler)
 
 
 def primitive_names(fn: Callable[..., Any], *args: Any) -> set[str]:

@@ -21,7 +21,7 @@ from flax import nnx
 
 import braintrace
 from braintrace import layers
-from braintrace._compiler._step import split_model
+from braintrace._compiler import split_model
 
 F64 = jnp.float64
 I, H, O = 3, 4, 2

@@ -16,9 +16,8 @@ import pytest
 from contract_models import ALGORITHMS, BATCH, IN, MODELS, OUT
 
 import braintrace
-from braintrace._algorithms._base import BlockSteps
-from braintrace._algorithms._blocked import block_coefficients
-from braintrace._compiler import _programs as programs
+from braintrace._algorithms._block_algebra import block_coefficients
+from braintrace._compiler import programs
 
 T = 7
 CASES = ["dense", "lora", "alif-learned-taus", "lif-expsynapse", "gru",
@@ -143,15 +142,11 @@ def test_blocked_losses_have_the_loss_dtype_and_values_of_the_per_step_form():
 def test_which_blocked_paths_a_model_takes():
     """The GRU's fused gates make the Jacobians pick among colours (arranged once per
     block); a LIF's do not. ES-D-RTRL runs its ``ε_f`` in the step loop (``block_step``),
-    D-RTRL does not, and a ``block_step`` block refuses to run without its stepped states."""
+    D-RTRL does not (its block reads the stacked steps)."""
     learners = {name: braintrace.compile(MODELS[name].build(), alg, jnp.zeros((BATCH, IN)))
                 for name, alg in (("gru", "d_rtrl"), ("lif-expsynapse", "es_d_rtrl"))}
     gru, lif = learners["gru"], learners["lif-expsynapse"]
     assert programs.arranges_colours(gru.graph)
     assert not programs.arranges_colours(lif.graph)
-    assert not gru.algorithm.has_block_steps(gru.graph)
-    assert lif.algorithm.has_block_steps(lif.graph)
-    n = len(lif.graph.relations)
-    steps = BlockSteps([], [], [], [None] * n, [None] * n)
-    with pytest.raises(ValueError, match="block_step"):
-        lif.algorithm.block(lif.graph, lif.traces, steps, [{}] * n)
+    assert not gru.rules.has_block_steps and gru.rules.reads_stacked_steps
+    assert lif.rules.has_block_steps

@@ -8,8 +8,8 @@ from flax import nnx
 
 import braintrace
 from braintrace._compiler import StepLeaves
-from braintrace._compiler import _programs as programs
-from braintrace._compiler._step import split_model
+from braintrace._compiler import programs
+from braintrace._compiler import split_model
 
 B, I, H = 2, 3, 4
 W = jax.random.normal(jax.random.key(0), (I, H))

@@ -17,7 +17,7 @@ from flax import nnx
 
 import braintrace
 from braintrace import layers
-from braintrace._compiler._step import split_model
+from braintrace._compiler import split_model
 
 F64 = jnp.float64
 BATCH, OUT, T_LONG = 2, 2, 5

@@ -18,7 +18,7 @@ from reference_models import F64, DenseLeaky, GRUNet, bptt_grads, data, mse
 from reference_models import leaves as _leaves
 
 import braintrace
-from braintrace._compiler._step import split_model
+from braintrace._compiler import split_model
 
 T, K = 6, 2
 

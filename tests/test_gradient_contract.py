@@ -19,7 +19,7 @@ from contract_models import ALGORITHMS, BATCH, IN, MODELS, OUT
 from flax import nnx
 
 import braintrace
-from braintrace._compiler._step import split_model
+from braintrace._compiler import split_model
 
 T_LONG = 6
 

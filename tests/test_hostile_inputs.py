@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 import braintrace
+from helpers import compilations
 from braintrace import layers
 
 B, I, H, O = 3, 4, 5, 2
@@ -368,25 +369,26 @@ def test_init_states_after_compile_is_caught_on_the_next_call():
 # -- 11. a batch size that comes back reuses its compiled graph and programs --------------------
 
 def test_reset_to_an_earlier_batch_size_does_not_recompile(monkeypatch):
-    import braintrace._learner as learner_module
+    import braintrace._drivers._compiled as compiled_module
 
     calls = []
-    compile_graph = learner_module.compile_graph
+    compile_graph = compiled_module.compile_graph
 
     def counting(*args, **kwargs):
         calls.append(args[1])
         return compile_graph(*args, **kwargs)
 
-    monkeypatch.setattr(learner_module, "compile_graph", counting)
+    monkeypatch.setattr(compiled_module, "compile_graph", counting)
     xs, ys = data(4)
     learner = leaky()
-    learner.etrace_grad(xs, ys, mse)
-    learner.reset(batch_size=2)
-    learner.etrace_grad(xs[:, :2], ys[:, :2], mse)
-    learner.reset(batch_size=B)
-    grads = learner.etrace_grad(xs, ys, mse)
+    with compilations() as compiled:
+        learner.etrace_grad(xs, ys, mse)
+        learner.reset(batch_size=2)
+        learner.etrace_grad(xs[:, :2], ys[:, :2], mse)
+        learner.reset(batch_size=B)
+        grads = learner.etrace_grad(xs, ys, mse)
     assert len(calls) == 2
-    assert learner._grad_fn._cache_size() == 1
+    assert compiled.count("grad_program") == 2  # one per batch size
     fresh = leaky().etrace_grad(xs, ys, mse)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(fresh)):
         np.testing.assert_allclose(a, b, rtol=1e-6)

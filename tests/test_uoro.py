@@ -16,11 +16,11 @@ from flax import nnx
 
 import braintrace
 from braintrace import layers
-from braintrace._algorithms._scan import param_gradients, step_jacobians
 from braintrace._algorithms._uoro import uoro_update
 from braintrace._compiler import StepLeaves
-from braintrace._compiler import _programs as programs
-from braintrace._compiler._step import split_model
+from braintrace._loops import LoopContext, init_carry, param_gradients, step_jacobians
+from braintrace._compiler import programs
+from braintrace._compiler import split_model
 
 F64 = jnp.float64
 T, IN, HID = 3, 1, 2
@@ -61,9 +61,8 @@ def model():
 def uoro_gradient(signs):
     """UORO's gradient with the given signs ``(T, HID)``, one step at a time."""
     xs, ys = data()
-    algorithm = braintrace.UORO()
-    learner = braintrace.compile(model(), algorithm, xs[0])
-    graph = learner.graph
+    learner = braintrace.compile(model(), braintrace.UORO(), xs[0])
+    graph, rules = learner.graph, learner.rules
     _, params, hidden, other = split_model(learner.model)
     params, hidden, other = (jax.tree.leaves(s) for s in (params, hidden, other))
     operands = programs.operands(graph, params)
@@ -78,20 +77,17 @@ def uoro_gradient(signs):
 
         (grads, signal), (outs, rel_x) = jax.grad(loss, argnums=(0, 1), has_aux=True)(
             params, hidden)
-        term = algorithm.contribution(graph, traces, signal, operands)
+        term = rules.contribution(traces, signal, operands)
         summed = term if summed is None else jax.tree.map(jnp.add, summed, term)
         same = [a + b for a, b in zip(same, grads)]
-        jac = step_jacobians(graph, algorithm, leaves)
+        jac = step_jacobians(rules, leaves)
         traces = [uoro_update(r, s, jac.d[r.group], jac.df[r.index], x, theta, signs[t])
                   for r, s, x, theta in zip(graph.relations, traces, rel_x, operands)]
         hidden, other = outs.hidden, outs.other
 
-    class Carry:
-        same_step = same
-
-    Carry.summed = summed
-    return np.concatenate([np.ravel(g) for g in
-                           param_gradients(graph, algorithm, params, operands, Carry)])
+    ctx = LoopContext.build(rules, mse, params)
+    carry = init_carry(ctx, hidden, other, traces)._replace(summed=summed, same_step=same)
+    return np.concatenate([np.ravel(g) for g in param_gradients(ctx, carry)])
 
 
 def rtrl_gradient():

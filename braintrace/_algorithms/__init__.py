@@ -1,60 +1,66 @@
-"""Online learning algorithms on an eligibility-trace graph."""
+"""Online learning algorithms: rules per relation and hooks, bound to a graph once.
+
+Design note. An algorithm (``AbstractAlgorithm``) is a configuration and a
+factory of :class:`~braintrace._algorithms._base.RelationRule` records (pure
+``init``/``update``/``contribution``/``finalize`` and block functions per
+relation), with hooks for what is unusual about it: where its learning signal
+comes from (``_signals``), what a window adds (DNI), what binds to the model,
+fixed feedback, where it approximates BPTT. ``algorithm.rules(graph)`` binds it
+to one graph, once, as a :class:`GraphRules` record; the time loops
+(``braintrace/_loops``) run that record and never ask which algorithm it is.
+Rules never import a loop.
+"""
 
 from __future__ import annotations
 
 from braintrace._algorithms._base import AbstractAlgorithm as AbstractAlgorithm
+from braintrace._algorithms._base import BlockSteps as BlockSteps
+from braintrace._algorithms._base import Jacobians as Jacobians
+from braintrace._algorithms._base import RelationRule as RelationRule
+from braintrace._algorithms._bptt import BPTT as BPTT
 from braintrace._algorithms._d_rtrl import D_RTRL as D_RTRL
+from braintrace._algorithms._d_rtrl import DRTRL as DRTRL
 from braintrace._algorithms._dni import DNI as DNI
 from braintrace._algorithms._dni import LinearSynthesizer as LinearSynthesizer
 from braintrace._algorithms._eprop import EProp as EProp
 from braintrace._algorithms._es_d_rtrl import ES_D_RTRL as ES_D_RTRL
+from braintrace._algorithms._es_d_rtrl import ESDRTRL as ESDRTRL
 from braintrace._algorithms._es_d_rtrl import pp_prop as pp_prop
+from braintrace._algorithms._graph_rules import GraphRules as GraphRules
 from braintrace._algorithms._ostl import OSTLFeedforward as OSTLFeedforward
 from braintrace._algorithms._ostl import OSTLRecurrent as OSTLRecurrent
+from braintrace._algorithms._registry import ALGORITHMS as ALGORITHMS
+from braintrace._algorithms._registry import get_algorithm as get_algorithm
 from braintrace._algorithms._rtrl import RTRL as RTRL
+from braintrace._algorithms._signals import AbstractLearningSignal as AbstractLearningSignal
 from braintrace._algorithms._snap import SnAp as SnAp
 from braintrace._algorithms._three_factor import ThreeFactor as ThreeFactor
+from braintrace._algorithms._trace_algebra import is_batched as is_batched
 from braintrace._algorithms._uoro import UORO as UORO
-
-ALGORITHMS = {
-    "d_rtrl": D_RTRL,
-    "es_d_rtrl": ES_D_RTRL,
-    "pp_prop": ES_D_RTRL,
-    "eprop": EProp,
-    "ostl_recurrent": OSTLRecurrent,
-    "ostl_feedforward": OSTLFeedforward,
-    "rtrl": RTRL,
-    "uoro": UORO,
-    "snap": SnAp,
-    "three_factor": ThreeFactor,
-}
-
-
-def get_algorithm(algorithm: str | AbstractAlgorithm) -> AbstractAlgorithm:
-    """An algorithm instance from an instance or a name (``'d_rtrl'``, ``'pp_prop'``, ...)."""
-    if isinstance(algorithm, AbstractAlgorithm):
-        return algorithm
-    if isinstance(algorithm, str) and algorithm.lower() in ALGORITHMS:
-        return ALGORITHMS[algorithm.lower()]()
-    raise ValueError(
-        f"Unknown algorithm {algorithm!r}. Pass an instance such as braintrace.D_RTRL() or "
-        f"one of the names {sorted(ALGORITHMS)}.")
-
 
 __all__ = [
     "ALGORITHMS",
+    "BPTT",
     "DNI",
+    "DRTRL",
     "D_RTRL",
+    "ESDRTRL",
     "ES_D_RTRL",
     "RTRL",
     "UORO",
     "AbstractAlgorithm",
+    "AbstractLearningSignal",
+    "BlockSteps",
     "EProp",
+    "GraphRules",
+    "Jacobians",
     "LinearSynthesizer",
     "OSTLFeedforward",
     "OSTLRecurrent",
+    "RelationRule",
     "SnAp",
     "ThreeFactor",
     "get_algorithm",
+    "is_batched",
     "pp_prop",
 ]

@@ -33,8 +33,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
-from braintrace._algorithms._blocked import block_coefficients
+from braintrace._algorithms._base import AbstractAlgorithm, BlockSteps, RelationRule
+from braintrace._algorithms._block_algebra import block_coefficients
 from braintrace._algorithms._trace_algebra import (
     merge_steps,
     mix_states,
@@ -45,7 +45,7 @@ from braintrace._algorithms._trace_algebra import (
 )
 from braintrace._compiler import ElementwiseRelation, ETraceGraph, InputRelation, Relation
 
-__all__ = ["DRTRL_ELEMENTWISE", "DRTRL_INPUT", "D_RTRL", "drtrl_rule"]
+__all__ = ["DRTRL", "DRTRL_ELEMENTWISE", "DRTRL_INPUT", "D_RTRL", "drtrl_rule"]
 
 
 def _cast_to_params(graph: ETraceGraph, r: Relation, trace: Any) -> Any:
@@ -60,10 +60,8 @@ def _cast_to_params(graph: ETraceGraph, r: Relation, trace: Any) -> Any:
 
 
 def _input_rules(r: InputRelation) -> tuple[str, ...]:
-    """``xy_to_trace`` may stand in for ``xy_to_dw`` in the update."""
-    if r.primitive.has_rule("xy_to_trace"):
-        return ("init_drtrl", "dt_to_t")
-    return ("init_drtrl", "dt_to_t", "xy_to_dw")
+    """The rules the update reads (``xy_to_trace``, by default ``xy_to_dw``)."""
+    return ("init_drtrl", "dt_to_t", r.primitive.rules.source("xy_to_trace") or "xy_to_dw")
 
 
 def _input_init(graph: ETraceGraph, r: InputRelation, theta: dict[str, jax.Array]) -> tuple:
@@ -91,8 +89,7 @@ def _input_update(r: InputRelation, eps: tuple, d_g: jax.Array, df: jax.Array, x
     """``ε_s ← Σ_{s'} dt_to_t(D_{s s'}, ε_{s'}) + xy_to_trace(x, Df_s)``, per sample."""
     prim = r.primitive
     dt_to_t = prim.rule("dt_to_t")
-    xy_to_trace = prim.rule("xy_to_trace") if prim.has_rule("xy_to_trace") else prim.rule(
-        "xy_to_dw")
+    xy_to_trace = prim.rules.resolved("xy_to_trace")
     scale = per_sample(lambda d, e: dt_to_t(d, e, **r.params), r)
     outer = per_sample(lambda x, d: xy_to_trace(x, d, theta, **r.params), r)
     d_y = r.gather_hidden(d_g, feeds_large=True)
@@ -115,7 +112,7 @@ def _input_contribution(r: InputRelation, eps: tuple, signal: jax.Array,
 def _contract_y(r: InputRelation, eps: tuple, signal: jax.Array) -> Any:
     """``Σ_b Σ_s contract(signal_s, ε_s)`` for a signal already at ``y``'s units ``(*y, S)``."""
     prim = r.primitive
-    contract = prim.rule("contract") if prim.has_rule("contract") else prim.rule("dt_to_t")
+    contract = prim.rules.resolved("contract")  # one sample: dt_to_t by default
 
     def one(states, signal):  # one sample: states[s] is ε_s (*θ), signal (*y, S)
         return tree_sum([contract(signal[..., s], e, **r.params) for s, e in enumerate(states)])
@@ -144,19 +141,19 @@ def _instantaneous(r: InputRelation, theta: dict[str, jax.Array]):
     """The instantaneous trace term ``x ⊗ f`` (``xy_to_trace``, else ``xy_to_dw``), leading
     axes summed."""
     prim = r.primitive
-    rule = prim.rule("xy_to_trace") if prim.has_rule("xy_to_trace") else prim.rule("xy_to_dw")
+    rule = prim.rules.resolved("xy_to_trace")
     return lambda x, f: rule(x, f, theta, **r.params)
 
 
-def _input_block(r: InputRelation, eps: tuple, signal: jax.Array, d_g: jax.Array,
-                 df: jax.Array, x: jax.Array, dy: jax.Array | None,
+def _input_block(r: InputRelation, eps: tuple, steps: BlockSteps,
                  theta: dict[str, jax.Array]) -> tuple[tuple, Any]:
-    """``K`` steps of :func:`_input_contribution` then :func:`_input_update` (``_blocked.py``):
+    """``K`` steps of :func:`_input_contribution` then :func:`_input_update` (``_block_algebra``):
 
     ``term = Σ_s contract(β_{-1,s}, ε_s) + Σ_{k,b} x_k ⊗ (β_k·f_k + dy_k)`` (``dy``:
     the same-step share, in the same product) and
     ``ε_s ← Σ_{s'} dt_to_t(Λ_{-1,ss'}, ε_{s'}) + Σ_k x_k ⊗ (Λ_k f_k)_s`` per sample.
     """
+    signal, d_g, df, x, dy = steps.signal, steps.d, steps.df, steps.x, steps.dy
     # Per hidden unit, then to y's units: the same recursion for every relation of the
     # group (XLA computes it once) and over fewer units than y has with fused gates.
     beta, lam, beta0, lam0 = block_coefficients(signal, d_g)
@@ -182,14 +179,12 @@ def _input_block(r: InputRelation, eps: tuple, signal: jax.Array, d_g: jax.Array
 
 
 def _input_finalize(r: InputRelation, total: Any, theta: dict[str, jax.Array]) -> dict:
-    if r.primitive.has_rule("trace_to_dw"):
-        return r.primitive.rule("trace_to_dw")(total, theta, **r.params)
-    return dict(total)
+    return r.primitive.rules.resolved("trace_to_dw")(total, theta, **r.params)
 
 
 DRTRL_INPUT = RelationRule(init=_input_init, update=_input_update,
                            contribution=_input_contribution, finalize=_input_finalize,
-                           rules=_input_rules, block=_input_block)
+                           rules=_input_rules, block_finish=_input_block)
 """D-RTRL for an operation with an input: ``ε = D ε + Df ⊗ x``."""
 
 
@@ -223,12 +218,12 @@ def _elementwise_finalize(r: ElementwiseRelation, total: jax.Array,
     return r.primitive.rule("xy_to_dw")(None, total, theta, **r.params)
 
 
-def _elementwise_block(r: ElementwiseRelation, eps: dict, signal: jax.Array, d_g: jax.Array,
-                       df: jax.Array, x: None, dy: jax.Array | None,
+def _elementwise_block(r: ElementwiseRelation, eps: dict, steps: BlockSteps,
                        theta: dict[str, jax.Array]) -> tuple[dict, Any]:
-    """``K`` steps of the elementwise rule at once (``_blocked.py`` with ``x = 1``), plus the
+    """``K`` steps of the elementwise rule at once (``_block_algebra`` with ``x = 1``), plus the
     same-step share ``Σ_k dy_k`` (the term lives at ``y``)."""
-    del x, theta
+    del theta
+    signal, d_g, df, dy = steps.signal, steps.d, steps.df, steps.dy
     beta, lam, beta0, lam0 = block_coefficients(signal, d_g)
     df = df.astype(beta.dtype)
     trace = eps["weight"]
@@ -243,7 +238,7 @@ def _elementwise_block(r: ElementwiseRelation, eps: dict, signal: jax.Array, d_g
 DRTRL_ELEMENTWISE = RelationRule(
     init=_elementwise_init, update=_elementwise_update, contribution=_elementwise_contribution,
     finalize=_elementwise_finalize, rules=lambda r: ("init_drtrl", "dt_to_t", "xy_to_dw"),
-    block=_elementwise_block)
+    block_finish=_elementwise_block)
 """D-RTRL for the elementwise primitive: the trace of its output, ``ε = D ε + Df``."""
 
 
@@ -252,7 +247,7 @@ def drtrl_rule(relation: Relation) -> RelationRule:
     return DRTRL_INPUT if isinstance(relation, InputRelation) else DRTRL_ELEMENTWISE
 
 
-class D_RTRL(AbstractAlgorithm):
+class DRTRL(AbstractAlgorithm):
     """Diagonal RTRL: exact parameter-dimension eligibility traces.
 
     .. math::
@@ -271,7 +266,7 @@ class D_RTRL(AbstractAlgorithm):
 
     Example:
         >>> import braintrace
-        >>> braintrace.D_RTRL().name, braintrace.D_RTRL(coupled=True).scope
+        >>> braintrace.DRTRL().name, braintrace.DRTRL(coupled=True).scope
         ('d_rtrl', 'coupled')
     """
 
@@ -279,5 +274,9 @@ class D_RTRL(AbstractAlgorithm):
         self.scope = "coupled" if coupled else "diagonal"
         self.name = "ostl_recurrent" if coupled else "d_rtrl"
 
-    def relation_rule(self, relation: Relation) -> RelationRule:
-        return drtrl_rule(relation)
+    def relation_rules(self, graph: ETraceGraph) -> tuple[RelationRule, ...]:
+        return tuple(map(drtrl_rule, graph.relations))
+
+
+D_RTRL = DRTRL
+"""The earlier spelling of :class:`DRTRL`."""

@@ -58,21 +58,22 @@ by ``T``).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
-from braintrace._algorithms._d_rtrl import D_RTRL
-from braintrace._compiler import ETraceGraph, Relation
-from braintrace._compiler._step import leaf_paths, split_model
+from braintrace._algorithms._d_rtrl import DRTRL
+from braintrace._hidden import state_batch_size
+from braintrace._compiler import ETraceGraph, leaf_paths, split_model
 
-__all__ = ["DNI", "LinearSynthesizer"]
+__all__ = ["DNI", "LinearSynthesizer", "SyntheticGradients"]
 
 
 class DNI(AbstractAlgorithm):
@@ -80,13 +81,14 @@ class DNI(AbstractAlgorithm):
 
     See the module docstring for the equations. DNI is an algorithm (it picks
     the base's traces, and ``compile`` binds the synthesiser to the model) whose
-    windows are run by windowed mode, which reads ``injected`` and ``correct``.
+    windows are run by windowed mode, which calls its window hook
+    (:class:`SyntheticGradients`: ``injected`` and ``correct``).
 
     Args:
         synthesizer: An NNX module inside the model, called as
             ``synthesizer(hidden, t)`` (module docstring).
         base: The algorithm whose traces carry the residual credit across
-            windows (default :class:`~braintrace.D_RTRL`).
+            windows: an instance or a name (default :class:`~braintrace.DRTRL`).
 
     Example:
         >>> import jax.numpy as jnp
@@ -106,54 +108,42 @@ class DNI(AbstractAlgorithm):
     """
 
     name = "dni"
+    needs_window = True
 
-    def __init__(self, synthesizer: nnx.Module, base: AbstractAlgorithm | None = None):
+    def __init__(self, synthesizer: nnx.Module, base: AbstractAlgorithm | str | None = None):
+        from braintrace._algorithms._registry import get_algorithm
+
         if not isinstance(synthesizer, nnx.Module):
             raise TypeError(
                 f"DNI: synthesizer must be an nnx.Module inside the model, got "
                 f"{type(synthesizer).__name__}.")
         self.synthesizer = synthesizer
-        self.base = D_RTRL() if base is None else base
-        if not self.base.supports_windowed:
-            raise ValueError(f"DNI: the base algorithm {type(self.base).__name__} does not run "
-                             "in windowed mode; choose one that does (e.g. D_RTRL).")
+        self.base = DRTRL() if base is None else get_algorithm(base)
+        if not self.base.supports_windowed or self.base.needs_window:
+            raise ValueError(f"DNI: the base algorithm {type(self.base).__name__} does not keep "
+                             "traces across windows of windowed mode; choose one that does "
+                             "(e.g. DRTRL).")
         self.scope = self.base.scope
-        self._bound: tuple[str, Any, Any, Any] | None = None
+        self._binding: SynthesizerBinding | None = None
 
     # -- the base algorithm's traces ---------------------------------------------
 
-    def relation_rule(self, relation: Relation) -> RelationRule:
-        return self.base.relation_rule(relation)
-
-    def feedback_operands(self, graph):
-        return self.base.feedback_operands(graph)
+    def relation_rules(self, graph: ETraceGraph) -> tuple[RelationRule, ...]:
+        return self.base.relation_rules(graph)
 
     def relation_signal(self, graph, delta, relation):
         return self.base.relation_signal(graph, delta, relation)
 
-    def required_rules(self, relation):
-        return self.base.required_rules(relation)
+    def feedback_operands(self, graph):
+        return self.base.feedback_operands(graph)
 
-    def init(self, graph, operands):
-        return self.base.init(graph, operands)
-
-    def update(self, graph, state, jac, rel_x, operands):
-        return self.base.update(graph, state, jac, rel_x, operands)
-
-    def contribution(self, graph, state, delta, operands):
-        return self.base.contribution(graph, state, delta, operands)
-
-    def finalize(self, graph, summed, operands):
-        return self.base.finalize(graph, summed, operands)
-
-    def supports_blocks(self, graph):
-        del graph
-        return False
+    def approximations(self, graph):
+        return self.base.approximations(graph)
 
     # -- the synthesiser ---------------------------------------------------------
 
-    def bind(self, model: nnx.Module) -> None:
-        """Finds the synthesiser in ``model`` (by identity) and keeps its structure.
+    def bind(self, model: nnx.Module) -> DNI:
+        """A copy of this DNI bound to ``model``'s synthesiser (found by identity).
 
         Raises:
             ValueError: The synthesiser is not a submodule of ``model``.
@@ -167,15 +157,44 @@ class DNI(AbstractAlgorithm):
         prefix = ".".join(str(p) for p in found[0])
         graphdef, params, rest = nnx.split(self.synthesizer, nnx.Param, ...)
         paths = tuple(f"{prefix}.{p}" if p else prefix for p in leaf_paths(params))
-        self._bound = (paths, graphdef, jax.tree.structure(params), rest)
+        bound = DNI(self.synthesizer, self.base)
+        bound._binding = SynthesizerBinding(paths, graphdef, jax.tree.structure(params), rest)
+        return bound
 
-    def predict(self, graph: ETraceGraph, params: Sequence[jax.Array],
-                hidden: Sequence[jax.Array], t: jax.Array) -> list[jax.Array]:
-        """``ŝ(h, t)`` per hidden leaf, with the synthesiser's Params read from ``params``."""
-        if self._bound is None:
+    def window(self, graph: ETraceGraph) -> SyntheticGradients:
+        """The synthetic gradients each window injects and corrects (module docstring).
+
+        Raises:
+            ValueError: This DNI was not bound to a model (:meth:`bind`, which
+                :func:`braintrace.compile` calls).
+        """
+        if self._binding is None:
             raise ValueError("DNI: compile the model with braintrace.compile(model, dni, ...) "
                              "before computing gradients (it binds the synthesizer).")
-        paths, graphdef, treedef, rest = self._bound
+        return SyntheticGradients(self._binding, graph)
+
+
+class SynthesizerBinding(NamedTuple):
+    """Where the synthesiser sits in the model: its Param paths and its structure."""
+
+    paths: tuple[str, ...]
+    graphdef: Any
+    treedef: Any
+    rest: Any
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SyntheticGradients:
+    """DNI's window hooks on one graph: what a window injects at its end and corrects at its
+    start (module docstring)."""
+
+    binding: SynthesizerBinding
+    graph: ETraceGraph
+
+    def predict(self, params: Sequence[jax.Array], hidden: Sequence[jax.Array],
+                t: jax.Array) -> list[jax.Array]:
+        """``ŝ(h, t)`` per hidden leaf, with the synthesiser's Params read from ``params``."""
+        graph, (paths, graphdef, treedef, rest) = self.graph, self.binding
         index = {p: i for i, p in enumerate(graph.param_paths)}
         state = jax.tree.unflatten(treedef, [params[index[p]] for p in paths])
         module = nnx.merge(graphdef, state, rest, copy=True)
@@ -190,22 +209,21 @@ class DNI(AbstractAlgorithm):
                                  f"{jnp.shape(out[p])}; the hidden state has {jnp.shape(h)}.")
         return [jnp.asarray(out[p], h.dtype) for p, h in zip(graph.hidden_paths, hidden)]
 
-    def injected(self, graph: ETraceGraph, params: Sequence[jax.Array],
-                 h_end: Sequence[jax.Array], t: jax.Array) -> jax.Array:
+    def injected(self, params: Sequence[jax.Array], h_end: Sequence[jax.Array],
+                 t: jax.Array) -> jax.Array:
         """``sg[ŝ(h_K)]·h_K``: added to the window's loss, its cotangent at ``h_K`` is ``ŝ``."""
-        pred = jax.lax.stop_gradient(self.predict(graph, params, h_end, t))
+        pred = jax.lax.stop_gradient(self.predict(params, h_end, t))
         return sum(jnp.vdot(s, h) for s, h in zip(pred, h_end))
 
-    def correct(self, graph: ETraceGraph, params: Sequence[jax.Array],
-                h_start: Sequence[jax.Array], g_start: Sequence[jax.Array],
-                g_params: Sequence[jax.Array], t: jax.Array
+    def correct(self, params: Sequence[jax.Array], h_start: Sequence[jax.Array],
+                g_start: Sequence[jax.Array], g_params: Sequence[jax.Array], t: jax.Array
                 ) -> tuple[list[jax.Array], list[jax.Array]]:
         """The traces' signal ``g_0 - sg[ŝ(h_0)]`` and ``g_params + ∇_φ ℓ_φ`` (one window)."""
         target = jax.lax.stop_gradient(list(g_start))
         h_start = jax.lax.stop_gradient(list(h_start))
 
         def synth_loss(p):
-            pred = self.predict(graph, p, h_start, t)
+            pred = self.predict(p, h_start, t)
             return 0.5 * sum(jnp.sum((s - g) ** 2) for s, g in zip(pred, target)), pred
 
         grads, pred = jax.grad(synth_loss, has_aux=True)(list(params))
@@ -238,8 +256,6 @@ class LinearSynthesizer(nnx.Module):
     """
 
     def __init__(self, model: nnx.Module, *, param_dtype: Any = None):
-        from braintrace._learner_state import state_batch_size
-
         _, _, hidden, _ = split_model(model)
         values = jax.tree.leaves(hidden)
         lead = 0 if state_batch_size(model) is None else 1

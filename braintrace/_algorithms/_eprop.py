@@ -44,8 +44,8 @@ import jax
 
 from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
 from braintrace._algorithms._d_rtrl import DRTRL_ELEMENTWISE, DRTRL_INPUT
-from braintrace._compiler import ElementwiseRelation, ETraceGraph, InputRelation, Relation
-from braintrace._compiler._walk import is_var
+from braintrace._compiler import ElementwiseRelation, ETraceGraph, InputRelation, is_var
+
 
 __all__ = ["EProp", "FilteredTrace", "feedback_equations", "filtered",
            "random_feedback_operands"]
@@ -157,17 +157,11 @@ class EProp(AbstractAlgorithm):
         self._rules = {kind: filtered(rule, self.kappa)
                        for kind, rule in ((InputRelation, DRTRL_INPUT),
                                           (ElementwiseRelation, DRTRL_ELEMENTWISE))}
-        self._feedback_cache: dict[int, tuple[ETraceGraph, dict]] = {}
 
-    def relation_rule(self, relation: Relation) -> RelationRule:
-        return self._rules[type(relation)]
+    def relation_rules(self, graph: ETraceGraph) -> tuple[RelationRule, ...]:
+        return tuple(self._rules[type(r)] for r in graph.relations)
 
-    def feedback_operands(self, graph):
+    def feedback_operands(self, graph: ETraceGraph) -> dict[int, dict[int, jax.Array]] | None:
         if self.feedback == "symmetric":
             return None
-        key = id(graph)
-        if key not in self._feedback_cache:
-            with jax.ensure_compile_time_eval():
-                self._feedback_cache[key] = (graph, random_feedback_operands(
-                    graph, self.seed, self.feedback_scale))
-        return self._feedback_cache[key][1]
+        return random_feedback_operands(graph, self.seed, self.feedback_scale)

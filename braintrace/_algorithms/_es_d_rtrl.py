@@ -33,12 +33,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
+from braintrace._algorithms._base import AbstractAlgorithm, BlockSteps, RelationRule
 from braintrace._algorithms._d_rtrl import DRTRL_ELEMENTWISE
 from braintrace._algorithms._trace_algebra import merge_steps, mix_states, param_dtypes
-from braintrace._compiler import ETraceGraph, InputRelation, Relation
+from braintrace._compiler import ETraceGraph, InputRelation
 
-__all__ = ["ES_D_RTRL", "IOTerm", "IOTrace", "decay_from", "es_input_rule", "pp_prop"]
+__all__ = ["ESDRTRL", "ES_D_RTRL", "IOTerm", "IOTrace", "decay_from", "es_input_rule", "pp_prop"]
 
 
 def decay_from(decay_or_rank: float) -> float:
@@ -118,12 +118,12 @@ def es_block_rules(f_update, x_decay: float):
         """``ε_f`` one step on, and the step's output factor (from the ``ε_f`` it entered with)."""
         return f_update(r, s, d_k, df_k), output_factor(r, s, signal_k)
 
-    def block_finish(r: InputRelation, s: IOTrace, stepped: IOTrace, ds: jax.Array, x, dy, theta
+    def block_finish(r: InputRelation, s: IOTrace, steps: BlockSteps, theta
                      ) -> tuple[IOTrace, IOTerm]:
-        """The block's products (module docstring of ``_blocked.py`` for the idea).
+        """The block's products (module docstring of ``_block_algebra.py`` for the idea).
 
-        ``stepped`` carries ``ε_f`` after the block and ``ds`` each step's output factor
-        ``d_k``. With ``ε_x`` entering at ``ε_x^{-1}``, ``Σ_k xy_to_dw(ε_x^{k-1}, d_k) =
+        ``steps.stepped`` carries ``ε_f`` after the block and ``steps.outs`` each step's output
+        factor ``d_k``. With ``ε_x`` entering at ``ε_x^{-1}``, ``Σ_k xy_to_dw(ε_x^{k-1}, d_k) =
         xy_to_dw(ε_x^{-1}, c) + Σ_j xy_to_dw(x_j, e_j)`` with ``c = Σ_k α_x^k d_k`` and ``e_j =
         Σ_{k>j} α_x^{k-1-j} d_k`` (:func:`decay_weights`, no loop); the same-step shares
         ``dy_j`` join ``e_j``. That product counts a bias's input as ``α_x^k + Σ_{j<k}
@@ -131,8 +131,9 @@ def es_block_rules(f_update, x_decay: float):
         term adds ``(ε_1^{-1} - 1)·c``. At the end ``ε_x = α_x^K ε_x^{-1} + Σ_j α_x^{K-1-j}
         x_j``.
         """
-        steps = ds.shape[0]
-        filt, powers = decay_weights(x_decay, steps, ds.dtype)
+        stepped, ds, x, dy = steps.stepped, steps.outs, steps.x, steps.dy
+        length = ds.shape[0]
+        filt, powers = decay_weights(x_decay, length, ds.dtype)
         e = jnp.tensordot(filt, ds, axes=1)
         c = jnp.tensordot(powers, ds, axes=1)
         if dy is not None:
@@ -142,7 +143,7 @@ def es_block_rules(f_update, x_decay: float):
                                               **r.params),
                             xy_to_dw(s.x, c, theta, **r.params))
         to_end = powers[::-1].astype(s.x.dtype)  # α_x^{K-1-j}
-        through = x_decay ** steps  # α_x^K: what of the entering ε_x survives the block
+        through = x_decay ** length  # α_x^K: what of the entering ε_x survives the block
         end = through * s.x + jnp.tensordot(to_end, x.astype(s.x.dtype), axes=1)
         new = stepped._replace(
             x=end.astype(s.x.dtype),
@@ -198,7 +199,7 @@ def es_input_rule(x_decay: float, f_decay: float) -> RelationRule:
                         block_finish=block_finish)
 
 
-class ES_D_RTRL(AbstractAlgorithm):
+class ESDRTRL(AbstractAlgorithm):
     """Exponentially smoothed D-RTRL (pp_prop): traces linear in the number of neurons.
 
     .. math::
@@ -217,7 +218,7 @@ class ES_D_RTRL(AbstractAlgorithm):
 
     Example:
         >>> import braintrace
-        >>> alg = braintrace.ES_D_RTRL(3)
+        >>> alg = braintrace.ESDRTRL(3)
         >>> alg.f_decay, alg.x_decay
         (0.5, 0.5)
     """
@@ -229,19 +230,23 @@ class ES_D_RTRL(AbstractAlgorithm):
         self.x_decay = decay_from(decay_or_rank if x_decay_or_rank is None else x_decay_or_rank)
         self._input_rule = es_input_rule(self.x_decay, self.f_decay)
 
-    def relation_rule(self, relation: Relation) -> RelationRule:
-        if isinstance(relation, InputRelation):
-            return self._input_rule
-        return DRTRL_ELEMENTWISE  # already shaped like the hidden state: exact
+    def relation_rules(self, graph: ETraceGraph) -> tuple[RelationRule, ...]:
+        # the elementwise trace is already shaped like the hidden state: D-RTRL's, exact
+        return tuple(self._input_rule if isinstance(r, InputRelation) else DRTRL_ELEMENTWISE
+                     for r in graph.relations)
 
 
 def pp_prop(decay_or_rank: float = 0.9, *,
-            x_decay_or_rank: float | None = None) -> ES_D_RTRL:
-    """Alias of :class:`ES_D_RTRL` (the name used by BrainScale's pp-prop).
+            x_decay_or_rank: float | None = None) -> ESDRTRL:
+    """Alias of :class:`ESDRTRL` (the name used by BrainScale's pp-prop).
 
     Example:
         >>> import braintrace
         >>> braintrace.pp_prop(0.5).f_decay
         0.5
     """
-    return ES_D_RTRL(decay_or_rank, x_decay_or_rank=x_decay_or_rank)
+    return ESDRTRL(decay_or_rank, x_decay_or_rank=x_decay_or_rank)
+
+
+ES_D_RTRL = ESDRTRL
+"""The earlier spelling of :class:`ESDRTRL`."""

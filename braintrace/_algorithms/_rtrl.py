@@ -29,9 +29,9 @@ import jax
 import jax.numpy as jnp
 
 from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
-from braintrace._algorithms._scan import is_batched
-from braintrace._algorithms._trace_algebra import param_dtypes
-from braintrace._compiler import ElementwiseRelation, ETraceGraph, InputRelation, Relation
+from braintrace._algorithms._graph_rules import GraphRules
+from braintrace._algorithms._trace_algebra import is_batched, operand_structs, param_dtypes
+from braintrace._compiler import ElementwiseRelation, ETraceGraph, InputRelation
 
 __all__ = ["RTRL", "RTRL_ELEMENTWISE", "RTRL_INPUT", "flat_signal", "hidden_size",
            "rtrl_trace_bytes"]
@@ -53,8 +53,7 @@ def flat_signal(graph: ETraceGraph, delta: Sequence[jax.Array]) -> jax.Array:
 
 
 def _immediate(r: InputRelation):
-    prim = r.primitive
-    return prim.rule("xy_to_trace") if prim.has_rule("xy_to_trace") else prim.rule("xy_to_dw")
+    return r.primitive.rules.resolved("xy_to_trace")
 
 
 def _input_init(graph: ETraceGraph, r: InputRelation, theta: dict[str, jax.Array]) -> dict:
@@ -101,15 +100,11 @@ def _input_contribution(r: InputRelation, m: dict, signal: jax.Array, theta) -> 
 
 
 def _input_finalize(r: InputRelation, total: dict, theta: dict[str, jax.Array]) -> dict:
-    if r.primitive.has_rule("trace_to_dw"):
-        return r.primitive.rule("trace_to_dw")(total, theta, **r.params)
-    return dict(total)
+    return r.primitive.rules.resolved("trace_to_dw")(total, theta, **r.params)
 
 
 def _input_rules(r: InputRelation) -> tuple[str, ...]:
-    if r.primitive.has_rule("xy_to_trace"):
-        return ("xy_to_trace",)
-    return ("xy_to_dw",)
+    return (r.primitive.rules.source("xy_to_trace") or "xy_to_dw",)
 
 
 RTRL_INPUT = RelationRule(init=_input_init, update=_input_update,
@@ -182,16 +177,23 @@ class RTRL(AbstractAlgorithm):
     def __init__(self, *, max_trace_bytes: int = DEFAULT_MAX_TRACE_BYTES):
         self.max_trace_bytes = int(max_trace_bytes)
 
-    def relation_rule(self, relation: Relation) -> RelationRule:
-        return RTRL_INPUT if isinstance(relation, InputRelation) else RTRL_ELEMENTWISE
+    def relation_rules(self, graph: ETraceGraph) -> tuple[RelationRule, ...]:
+        return tuple(RTRL_INPUT if isinstance(r, InputRelation) else RTRL_ELEMENTWISE
+                     for r in graph.relations)
 
     def relation_signal(self, graph: ETraceGraph, delta: Sequence[jax.Array],
                         relation: Relation) -> jax.Array:
         """Every hidden unit's signal of one sample, flattened: ``(*B, N)``."""
         return flat_signal(graph, delta)
 
-    def init(self, graph: ETraceGraph, operands: Sequence[dict[str, jax.Array]]) -> list[Any]:
-        shapes = jax.eval_shape(lambda ops: super(RTRL, self).init(graph, ops), list(operands))
+    def rules(self, graph: ETraceGraph) -> GraphRules:
+        """The rules, after checking the influence matrices fit ``max_trace_bytes``.
+
+        Raises:
+            ValueError: They do not (the message gives their size and what to do).
+        """
+        rules = super().rules(graph)
+        shapes = jax.eval_shape(rules.init, operand_structs(graph))
         size = rtrl_trace_bytes(graph, shapes)
         if size > self.max_trace_bytes:
             units = hidden_size(graph, is_batched(graph))
@@ -201,4 +203,4 @@ class RTRL(AbstractAlgorithm):
                 f"more than max_trace_bytes={self.max_trace_bytes:,}. Use a smaller model or "
                 "batch, raise the budget with braintrace.RTRL(max_trace_bytes=...), or use "
                 "D_RTRL / ES_D_RTRL.")
-        return super().init(graph, operands)
+        return rules

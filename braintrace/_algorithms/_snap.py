@@ -21,17 +21,14 @@ recurrence from ``n = 2``).
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
 from braintrace._algorithms._rtrl import RTRL_ELEMENTWISE, RTRL_INPUT, flat_signal
-from braintrace._algorithms._scan import is_batched
-from braintrace._compiler import ETraceGraph, InputRelation, Relation
-from braintrace._compiler._patterns import reach, unit_patterns
+from braintrace._algorithms._trace_algebra import is_batched
+from braintrace._compiler import ETraceGraph, InputRelation, Relation, reach, unit_patterns
 
 __all__ = ["SnAp", "snap_rule"]
 
@@ -83,24 +80,13 @@ class SnAp(AbstractAlgorithm):
         if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
             raise ValueError(f"SnAp: n_steps must be an integer >= 1, got {n_steps!r}.")
         self.n_steps = n_steps
-        self._rules: dict[int, tuple[ETraceGraph, list[RelationRule]]] = {}
 
-    def _graph_rules(self, graph: ETraceGraph) -> list[RelationRule]:
-        if id(graph) not in self._rules:
-            adjacency, immediate = unit_patterns(graph, is_batched(graph))
-            rules = [snap_rule(r, reach(adjacency, imm, self.n_steps - 1))
-                     for r, imm in zip(graph.relations, immediate)]
-            self._rules[id(graph)] = (graph, rules)
-        return self._rules[id(graph)][1]
-
-    def relation_rule(self, relation: Relation) -> RelationRule:
-        graph = next(g for g, _ in self._rules.values() if relation in g.relations)
-        return self._graph_rules(graph)[relation.index]
+    def relation_rules(self, graph: ETraceGraph) -> tuple[RelationRule, ...]:
+        """RTRL's rules, each masked by its relation's ``n_steps``-step reachable pattern."""
+        adjacency, immediate = unit_patterns(graph, is_batched(graph))
+        return tuple(snap_rule(r, reach(adjacency, imm, self.n_steps - 1))
+                     for r, imm in zip(graph.relations, immediate))
 
     def relation_signal(self, graph: ETraceGraph, delta, relation: Relation) -> jax.Array:
         """Every hidden unit's signal of one sample, flattened: ``(*B, N)``."""
         return flat_signal(graph, delta)
-
-    def init(self, graph: ETraceGraph, operands) -> list[Any]:
-        self._graph_rules(graph)
-        return super().init(graph, operands)

@@ -31,7 +31,7 @@ traced Params learn by the three-factor rule. Traced Params receive only
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -40,16 +40,10 @@ import numpy as np
 
 from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
 from braintrace._algorithms._d_rtrl import DRTRL_ELEMENTWISE, DRTRL_INPUT
-from braintrace._algorithms._scan import ScanCarry, step_terms
-from braintrace._compiler import (
-    ElementwiseRelation,
-    ETraceGraph,
-    InputRelation,
-    Relation,
-    StepLeaves,
-)
+from braintrace._algorithms._signals import AbstractLearningSignal
+from braintrace._compiler import ElementwiseRelation, ETraceGraph, InputRelation
 
-__all__ = ["ThreeFactor", "check_modulators", "three_factor_run"]
+__all__ = ["ModulatorSignal", "ThreeFactor", "check_modulators"]
 
 
 class ThreeFactor(AbstractAlgorithm):
@@ -84,11 +78,47 @@ class ThreeFactor(AbstractAlgorithm):
     supports_windowed = False
 
     def __init__(self):
-        self._rules = {InputRelation: DRTRL_INPUT._replace(block=None),
-                       ElementwiseRelation: DRTRL_ELEMENTWISE._replace(block=None)}
+        self._rules = {InputRelation: DRTRL_INPUT._replace(block_finish=None),
+                       ElementwiseRelation: DRTRL_ELEMENTWISE._replace(block_finish=None)}
 
-    def relation_rule(self, relation: Relation) -> RelationRule:
-        return self._rules[type(relation)]
+    def relation_rules(self, graph: ETraceGraph) -> tuple[RelationRule, ...]:
+        return tuple(self._rules[type(r)] for r in graph.relations)
+
+    def learning_signal(self) -> ModulatorSignal:
+        return MODULATOR_SIGNAL
+
+
+class ModulatorSignal(AbstractLearningSignal):
+    """The third factor ``w_t M^t``, contracted with ``ε^t``; only untraced Params keep their
+    same-step gradient of the loss (module docstring)."""
+
+    input_name = "modulators"
+    after_update = True
+
+    def check_inputs(self, graph: ETraceGraph, hidden: Sequence[jax.Array], inputs: Any,
+                     length: int) -> list[jax.Array]:
+        """The modulators as a list in ``graph.hidden_paths`` order (:func:`check_modulators`).
+
+        Raises:
+            ValueError: No modulators were given, or they are invalid.
+        """
+        if inputs is None:
+            raise ValueError(
+                "ThreeFactor needs modulators=: a dict {hidden path: array of shape (T, "
+                f"*state_shape)}} with the keys {list(graph.hidden_paths)}.")
+        return check_modulators(graph, hidden, inputs, length)
+
+    def signal(self, loss_signal: Sequence[jax.Array], inputs_t: Any,
+               weight_t: jax.Array) -> list[jax.Array]:
+        del loss_signal
+        return [(weight_t * m).astype(m.dtype) for m in inputs_t]
+
+    def keeps_same_step(self, graph: ETraceGraph) -> tuple[bool, ...]:
+        traced = set(graph.traced_param_paths)
+        return tuple(path not in traced for path in graph.param_paths)
+
+
+MODULATOR_SIGNAL = ModulatorSignal()
 
 
 def check_modulators(graph: ETraceGraph, hidden: Sequence[jax.Array], modulators: Any,
@@ -147,35 +177,3 @@ def check_modulators(graph: ETraceGraph, hidden: Sequence[jax.Array], modulators
             raise ValueError(f"modulators['{path}'] has a value that is not finite.")
         out.append(jnp.asarray(m, jnp.result_type(h)))
     return out
-
-
-def three_factor_run(graph: ETraceGraph, algorithm: AbstractAlgorithm,
-                     loss_fn: Callable[[Any, Any], jax.Array], params: Sequence[jax.Array],
-                     operands: Sequence[dict[str, jax.Array]], carry: ScanCarry, xs: Any,
-                     ys: Any, weights: jax.Array,
-                     modulators: Sequence[jax.Array]) -> tuple[ScanCarry, jax.Array]:
-    """The three-factor gradient sums over a sequence: ``(carry, losses)``.
-
-    Per step: the traces advance to ``ε^t``, ``w_t M^t`` is contracted with
-    them, and the untraced Params add their same-step gradient (traced ones
-    add nothing). ``carry`` must have nothing pending (``init_carry``'s); the
-    returned one has ``ε^T`` and nothing pending, ready for ``param_gradients``.
-    """
-    traced = set(graph.traced_param_paths)
-    keep = [path not in traced for path in graph.param_paths]
-
-    def body(carry, inputs):
-        x_t, y_t, w_t, m_t = inputs
-        leaves = StepLeaves(list(params), list(carry.hidden), list(carry.other),
-                            jax.tree.leaves(x_t))
-        terms = step_terms(graph, algorithm, loss_fn, leaves, y_t, w_t)
-        traces = algorithm.update(graph, carry.traces, terms.jac, terms.rel_x, operands)
-        signal = [(w_t * m).astype(m.dtype) for m in m_t]
-        term = algorithm.contribution(graph, traces, signal, operands)
-        same = [total + g.astype(total.dtype) if k else total
-                for total, g, k in zip(carry.same_step, terms.same_step, keep)]
-        return carry._replace(hidden=terms.hidden, other=terms.other, traces=traces,
-                              summed=jax.tree.map(jnp.add, carry.summed, term),
-                              same_step=same), terms.loss
-
-    return jax.lax.scan(body, carry, (xs, ys, weights, list(modulators)))

@@ -10,8 +10,21 @@ import jax.numpy as jnp
 
 from braintrace._compiler import ETraceGraph, Relation
 
-__all__ = ["SAMPLE_BLOCK", "group_signal", "merge_steps", "mix_states", "param_dtypes",
-           "per_sample", "sum_over_samples", "tree_sum"]
+__all__ = ["SAMPLE_BLOCK", "group_signal", "is_batched", "merge_steps", "mix_states",
+           "operand_structs", "param_dtypes", "per_sample", "sum_over_samples", "tree_sum"]
+
+
+def is_batched(graph: ETraceGraph) -> bool:
+    """Whether the step is batched (its relations' primitives carry a leading batch axis)."""
+    return any(r.batched for r in graph.relations)
+
+
+def operand_structs(graph: ETraceGraph) -> list[dict[str, jax.ShapeDtypeStruct]]:
+    """Each relation's trainable operands ``θ`` as shapes and dtypes (for abstract evaluation)."""
+    eqns = graph.jaxpr.eqns
+    return [{key: jax.ShapeDtypeStruct(eqns[r.eqn_index].invars[i].aval.shape,
+                                       eqns[r.eqn_index].invars[i].aval.dtype)
+             for key, i in r.operands.items()} for r in graph.relations]
 
 
 def param_dtypes(graph: ETraceGraph, relation: Relation) -> dict[str, Any]:

@@ -61,8 +61,7 @@ def uoro_update(r: InputRelation, s: UOROTrace, jac: jax.Array, df: jax.Array, x
                 theta: dict[str, jax.Array], nu: jax.Array) -> UOROTrace:
     """One UORO step with the signs ``nu`` ``(*B, N)`` (module docstring)."""
     prim = r.primitive
-    immediate = prim.rule("xy_to_trace") if prim.has_rule("xy_to_trace") else prim.rule(
-        "xy_to_dw")
+    immediate = prim.rules.resolved("xy_to_trace")
     batched = r.batched
     d = _sign_sum(nu, df, batched)
     nu_i = (jax.vmap(lambda x, d: immediate(x, d, theta, **r.params))(x, d) if batched
@@ -140,9 +139,10 @@ class UORO(AbstractAlgorithm):
         self.seed = int(seed)
         self._rule = uoro_rule(self.seed)
 
-    def relation_rule(self, relation: Relation) -> RelationRule:
+    def relation_rules(self, graph: ETraceGraph) -> tuple[RelationRule, ...]:
         # a time constant's influence is shaped like its output: exact RTRL is as cheap
-        return self._rule if isinstance(relation, InputRelation) else RTRL_ELEMENTWISE
+        return tuple(self._rule if isinstance(r, InputRelation) else RTRL_ELEMENTWISE
+                     for r in graph.relations)
 
     def relation_signal(self, graph: ETraceGraph, delta, relation: Relation) -> jax.Array:
         """Every hidden unit's signal of one sample, flattened: ``(*B, N)``."""

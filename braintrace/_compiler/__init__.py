@@ -1,14 +1,27 @@
-"""Compiler: one model step's jaxpr to an eligibility-trace graph."""
+"""Compiler: one model step's jaxpr to an eligibility-trace graph.
 
+The face other packages use: the graph and its records, :func:`compile_graph`,
+the run-time programs over a graph (``programs``: the step's forward pass, its
+Jacobians, the operands of the traced operations), the structural unit
+patterns (``reach``, ``unit_patterns``) and the model split helpers.
+"""
+
+from braintrace._compiler import _programs as programs
 from braintrace._compiler._compile import compile_graph as compile_graph
 from braintrace._compiler._graph import ETraceGraph as ETraceGraph
 from braintrace._compiler._layout import StepLeaves as StepLeaves
+from braintrace._compiler._patterns import reach as reach
+from braintrace._compiler._patterns import unit_patterns as unit_patterns
 from braintrace._compiler._records import Approximation as Approximation
 from braintrace._compiler._records import ElementwiseRelation as ElementwiseRelation
 from braintrace._compiler._records import Exclusion as Exclusion
 from braintrace._compiler._records import HiddenGroup as HiddenGroup
 from braintrace._compiler._records import InputRelation as InputRelation
 from braintrace._compiler._records import Relation as Relation
+from braintrace._compiler._step import leaf_paths as leaf_paths
+from braintrace._compiler._step import split_model as split_model
+from braintrace._compiler._walk import is_var as is_var
 
 __all__ = ["Approximation", "ETraceGraph", "ElementwiseRelation", "Exclusion", "HiddenGroup",
-           "InputRelation", "Relation", "StepLeaves", "compile_graph"]
+           "InputRelation", "Relation", "StepLeaves", "compile_graph", "is_var", "leaf_paths",
+           "programs", "reach", "split_model", "unit_patterns"]

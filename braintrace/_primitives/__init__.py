@@ -40,6 +40,7 @@ from ._einsum import EINSUM_RULES as EINSUM_RULES
 from ._einsum import einsum as einsum
 from ._einsum import etp_einsum_batched_p as etp_einsum_batched_p
 from ._einsum import etp_einsum_p as etp_einsum_p
+from ._einsum import split_spec as split_spec
 from ._elemwise import ELEMWISE_RULES as ELEMWISE_RULES
 from ._elemwise import element_wise as element_wise
 from ._elemwise import etp_elemwise_p as etp_elemwise_p
@@ -117,6 +118,7 @@ __all__ = [
     "register_primitive",
     "scale_output_axis",
     "sparse_matmul",
+    "split_spec",
     "sum_leading",
     "zeros_like_output",
     "zeros_like_params",

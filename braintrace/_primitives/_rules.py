@@ -90,6 +90,44 @@ class ETPRules:
         """Names of the rules this record sets, in field order."""
         return tuple(name for name in RULE_NAMES if getattr(self, name) is not None)
 
+    def source(self, name: str) -> str | None:
+        """The registered rule that serves ``name``: ``name`` itself, or its default.
+
+        The optional rules default to others: ``xy_to_trace`` to ``xy_to_dw``,
+        ``contract`` (on one sample) to ``dt_to_t``; ``trace_to_dw`` to the
+        identity (``None`` here). A required rule that is not set has no source
+        (``None``).
+
+        Example:
+            >>> from braintrace import ETPRules
+            >>> rules = ETPRules(xy_to_dw=lambda x, d, theta: {})
+            >>> rules.source('xy_to_trace'), rules.source('xy_to_dw'), rules.source('dt_to_t')
+            ('xy_to_dw', 'xy_to_dw', None)
+        """
+        if getattr(self, name) is not None:
+            return name
+        default = _DEFAULTS.get(name)
+        return None if default is None else self.source(default)
+
+    def resolved(self, name: str) -> Rule:
+        """The rule ``name``, or the rule its default stands for (module docstring of
+        :meth:`source`); ``trace_to_dw`` defaults to the identity.
+
+        Raises:
+            LookupError: Neither ``name`` nor its default is registered.
+
+        Example:
+            >>> from braintrace import ETPRules
+            >>> ETPRules().resolved('trace_to_dw')({'kernel': 1.0}, {})
+            {'kernel': 1.0}
+        """
+        if name == "trace_to_dw" and self.trace_to_dw is None:
+            return _identity_to_dw
+        source = self.source(name)
+        if source is None:
+            raise LookupError(f"rule '{name}' is not registered (nor a default for it).")
+        return getattr(self, source)
+
     def merged(self, update: ETPRules) -> ETPRules:
         """This record with every rule that ``update`` sets replaced by ``update``'s."""
         return dataclasses.replace(self, **{name: getattr(update, name)
@@ -98,6 +136,15 @@ class ETPRules:
 
 RULE_NAMES: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(ETPRules))
 """Every rule an ETP primitive can carry, in :class:`ETPRules` field order."""
+
+_DEFAULTS = {"xy_to_trace": "xy_to_dw", "contract": "dt_to_t"}
+"""The rule an optional rule defaults to."""
+
+
+def _identity_to_dw(g: Any, theta: dict[str, jax.Array], **params: Any) -> dict[str, Any]:
+    """``trace_to_dw``'s default: a contracted trace already shaped like ``θ`` is the gradient."""
+    del theta, params
+    return dict(g)
 
 
 # -- rules shared by several primitives ---------------------------------------------------

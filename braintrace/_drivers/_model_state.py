@@ -24,10 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from braintrace._checkpoint import leaf_names
+from braintrace._drivers._checkpoint import leaf_names
 from braintrace._compiler import ETraceGraph
-from braintrace._compiler._step import split_model
-from braintrace._hidden import HiddenState
+from braintrace._compiler import split_model
+from braintrace._hidden import state_batch_size as state_batch_size
 
 __all__ = [
     "LeafAvals",
@@ -38,8 +38,8 @@ __all__ = [
     "named_arrays",
     "param_state",
     "runs_at",
-    "state_batch_size",
     "state_from_arrays",
+    "strong",
     "write_params",
     "write_state",
 ]
@@ -73,7 +73,7 @@ def model_leaves(model: nnx.Module) -> Leaves:
         [3, 1, 0]
     """
     _, params, hidden, other = split_model(model)
-    return Leaves(jax.tree.leaves(params), [_strong(h) for h in jax.tree.leaves(hidden)],
+    return Leaves(jax.tree.leaves(params), [strong(h) for h in jax.tree.leaves(hidden)],
                   jax.tree.leaves(other))
 
 
@@ -178,21 +178,12 @@ def state_from_arrays(graph: ETraceGraph, traces: Any,
             "traces": jax.tree.unflatten(jax.tree.structure(traces), trace_leaves)}
 
 
-def state_batch_size(model: nnx.Module) -> int | None:
-    """The batch size of the model's hidden states (``None`` for per-sample states)."""
-    for _, node in nnx.iter_graph(model):
-        if isinstance(node, HiddenState):
-            sample_shape = tuple(node.get_metadata("sample_shape", node.shape))
-            return node.shape[0] if len(node.shape) > len(sample_shape) else None
-    return None
-
-
 def runs_at(batch_size: int | None) -> str:
     """How a learner at ``batch_size`` runs, in words (for error messages)."""
     return "per sample (no batch axis)" if batch_size is None else f"at batch size {batch_size}"
 
 
-def _strong(a: jax.Array) -> jax.Array:
+def strong(a: jax.Array) -> jax.Array:
     """Drops weak typing so a state that comes back from a program hits the same cache."""
     a = jnp.asarray(a)
     return jax.lax.convert_element_type(a, a.dtype) if getattr(a, "weak_type", False) else a

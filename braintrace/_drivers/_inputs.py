@@ -12,8 +12,9 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["REDUCTIONS", "check_algorithm_inputs", "check_chunk_size", "check_inputs",
-           "loss_weights", "shape_of", "static_chunk_size", "step_weights"]
+__all__ = ["REDUCTIONS", "check_chunk_size", "check_inputs", "check_signal_inputs", "check_targets",
+           "loss_weights",
+           "shape_of", "static_chunk_size", "step_weights"]
 
 REDUCTIONS = ("mean", "sum")
 
@@ -41,11 +42,38 @@ def check_inputs(xs: Any, example: Any) -> int:
         raise ValueError("Every input in xs needs the same leading time axis.")
     for a, e in zip(leaves, examples):
         if shape_of(a)[1:] != tuple(e.shape):
-            raise ValueError(
-                f"Each step's input has shape {shape_of(a)[1:]}, but the model was compiled "
-                f"for {tuple(e.shape)} (batch axis first). Call learner.reset(batch_size) for a "
-                "new batch size.")
+            raise ValueError(_shape_mismatch(shape_of(a), tuple(e.shape)))
     return lengths.pop()
+
+
+def _shape_mismatch(shape: tuple[int, ...], step: tuple[int, ...]) -> str:
+    """Why inputs of ``shape`` do not fit a model compiled for steps of shape ``step``."""
+    got = (f"xs has shape {shape}: {shape[0]} time steps of shape {shape[1:]}, but the model "
+           f"was compiled for steps of shape {step}.")
+    time_major = "Inputs are time-major: (T, batch, *features)."
+    batch_major = (len(shape) == len(step) + 1 and len(step) >= 1 and shape[0] == step[0]
+                   and shape[2:] == step[1:])
+    if batch_major:
+        return (f"{got} {time_major} This looks batch-major ({step[0]} sequences of "
+                f"{shape[1]} steps): pass jnp.swapaxes(xs, 0, 1) (and the same for ys).")
+    if len(shape) == len(step) + 1 and shape[2:] == step[1:]:
+        return (f"{got} {time_major} For another batch size than {step[0]}, call "
+                f"learner.reset(batch_size={shape[1]}) (or evaluate with learner.evaluate(xs), "
+                "which runs at any batch size).")
+    return f"{got} {time_major}"
+
+
+def check_targets(ys: Any, length: int) -> None:
+    """Checks that ``ys`` has one target per step of a sequence of ``length`` steps.
+
+    Raises:
+        ValueError: A leaf of ``ys`` has another leading (time) length.
+    """
+    y_lengths = {shape_of(a)[0] if shape_of(a) else None for a in jax.tree.leaves(ys)}
+    if y_lengths != {length}:
+        raise ValueError(
+            f"xs has {length} time steps but ys has {sorted(y_lengths, key=str)}; give one "
+            "target per step (time axis leading).")
 
 
 def check_chunk_size(chunk_size: Any, length: int) -> None:
@@ -119,11 +147,7 @@ def loss_weights(xs: Any, ys: Any, example: Any, mask: Any, chunk_size: Any,
     if length == 0:
         raise ValueError("xs has no time steps (T = 0): there is no loss to differentiate. "
                          "Give at least one step.")
-    y_lengths = {shape_of(a)[0] if shape_of(a) else None for a in jax.tree.leaves(ys)}
-    if y_lengths != {length}:
-        raise ValueError(
-            f"xs has {length} time steps but ys has {sorted(y_lengths, key=str)}; give one "
-            "target per step (time axis leading).")
+    check_targets(ys, length)
     check_chunk_size(chunk_size, length)
     weights = step_weights(mask, length)
     if reduction == "mean":
@@ -136,40 +160,24 @@ def loss_weights(xs: Any, ys: Any, example: Any, mask: Any, chunk_size: Any,
     return weights
 
 
-def check_algorithm_inputs(algorithm: Any, graph: Any, hidden: Any, modulators: Any,
-                           chunk_size: Any, length: int, *,
-                           trainer: bool = False) -> list[Any] | None:
-    """The checked modulators of a call (``None`` for an algorithm other than ThreeFactor).
-
-    ``trainer``: the call is ``OnlineTrainer.step`` (no ``chunk_size``; DNI
-    then runs one window per update).
+def check_signal_inputs(rules: Any, hidden: list[Any], given: dict[str, Any],
+                        length: int) -> Any:
+    """The algorithm's own per-step inputs, checked (``None`` for the loss's signal).
 
     Raises:
-        ValueError: ThreeFactor without ``modulators`` or with ``chunk_size``;
-            ``modulators`` given to another algorithm; DNI without
-            ``chunk_size``; or bad modulators (``check_modulators``).
-        TypeError: ``modulators`` is not a dict.
+        ValueError: An input the algorithm's learning signal does not read, or
+            one it reads is missing or invalid.
     """
-    from braintrace._algorithms._dni import DNI
-    from braintrace._algorithms._three_factor import ThreeFactor, check_modulators
-
-    if isinstance(algorithm, DNI) and chunk_size is None and not trainer:
-        raise ValueError("DNI injects synthetic gradients at window boundaries: call "
-                         "etrace_grad with chunk_size=K (windowed mode).")
-    if not isinstance(algorithm, ThreeFactor):
-        if modulators is not None:
-            raise ValueError(
-                f"modulators are the third factor of braintrace.ThreeFactor; algorithm "
-                f"'{algorithm.name or type(algorithm).__name__}' does not read them. Compile "
-                "with braintrace.ThreeFactor() or drop modulators=.")
-        return None
-    if modulators is None:
+    signal = rules.learning_signal
+    unknown = [k for k in given if k != signal.input_name]
+    if unknown:
+        reads = (f"reads '{signal.input_name}'" if signal.input_name
+                 else "reads no per-step input")
         raise ValueError(
-            "ThreeFactor needs modulators=: a dict {hidden path: array of shape (T, "
-            f"*state_shape)}} with the keys {list(graph.hidden_paths)}.")
-    if chunk_size is not None:
-        raise ValueError("ThreeFactor is a single-step rule; call it without chunk_size.")
-    return check_modulators(graph, hidden, modulators, length)
+            f"Algorithm '{rules.name}' {reads}; got {unknown}. Compile with the "
+            "algorithm that reads it (e.g. braintrace.ThreeFactor() for modulators=) or drop "
+            "the argument.")
+    return signal.check_inputs(rules.graph, hidden, given.get(signal.input_name), length)
 
 
 def static_chunk_size(chunk_size: Any) -> int | None:

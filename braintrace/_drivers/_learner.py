@@ -1,15 +1,16 @@
-"""``braintrace.compile``: a model and an algorithm, ready to learn online.
+"""``OnlineLearner``: a model compiled for online learning, as a stateful convenience.
 
-:class:`OnlineLearner` is a thin shell over pure functions: it holds the model,
-the traces and the programs compiled for every batch size it has run at. The
-programs (``_driver_programs.grad_program``, ``_algorithms._scan.evolve``) work
-on flat arrays; ``_learner_state`` moves those in and out of the model.
+A thin shell over the pure programs (``_programs.py``, the same ones the pure
+:func:`~braintrace.online_grad` runs): it holds the model (its Params and hidden
+states live in it) and the traces, checks every argument on the host with clear
+errors, runs a program under ``jax.jit`` and writes the results back. A call that
+raises leaves the model and the learner as they were. It reads the model's mode
+(``model.eval()`` / ``model.train()``) at every call: each mode is compiled once,
+then reused.
 """
 
 from __future__ import annotations
 
-import functools
-import numbers
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -18,45 +19,75 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from braintrace._algorithms import DNI, AbstractAlgorithm
-from braintrace._algorithms._blocked import resolve_block_size
-from braintrace._checkpoint import restore_arrays, save_arrays
-from braintrace._compiler import ETraceGraph, compile_graph
-from braintrace._compiler import _programs as programs
-from braintrace._driver_programs import GradArgs, evolve_program, grad_program
-from braintrace._inputs import check_algorithm_inputs, check_inputs, loss_weights, static_chunk_size
-from braintrace._learner_state import (
-    LeafAvals,
+from braintrace._algorithms import AbstractAlgorithm, GraphRules
+from braintrace._compiler import ETraceGraph
+from braintrace._drivers._checkpoint import restore_arrays, save_arrays
+from braintrace._drivers._compiled import CompiledModel, Entry
+from braintrace._drivers._evaluate import evaluate
+from braintrace._drivers._inputs import check_inputs, check_signal_inputs, loss_weights
+from braintrace._drivers._model_state import (
     Leaves,
     check_leaves,
-    leaf_avals,
     model_leaves,
     named_arrays,
     param_state,
     runs_at,
-    state_batch_size,
     state_from_arrays,
     write_params,
     write_state,
 )
-from braintrace._sharding import Layout, check_mesh, host_array, layout, place, place_inputs
-from braintrace._states import init_states
+from braintrace._drivers._programs import EVOLVE_PROGRAM, GRAD_PROGRAM, GradResult
+from braintrace._drivers._sharding import host_array, place, place_inputs
+from braintrace._drivers._states import check_batch_size, init_states
+from braintrace._loops import LoopSpec, check_positive, choose_loop
 
-__all__ = ["OnlineLearner"]
+__all__ = ["KEEP", "GradArgs", "OnlineLearner"]
 
 UNCHANGED = ("the model's Params and hidden state and the learner's traces are as they were "
              "before this call")
 
+KEEP: Any = type("Keep", (), {"__repr__": lambda self: "KEEP"})()
+"""``reset``'s default: keep the current batch size (``None`` means per sample)."""
 
-class _Compiled(NamedTuple):
-    """What the learner compiled for one batch size; reused when that size comes back."""
 
-    graph: ETraceGraph
-    example: Any
-    leaf_avals: LeafAvals
-    grad_fn: Callable[..., Any]
-    evolve_fn: Callable[..., Any]
-    layout: Layout | None
+class GradArgs(NamedTuple):
+    """The array arguments of the compiled ``etrace_grad`` program, in order.
+
+    Attributes:
+        params: The Params, in the order of ``graph.param_paths``.
+        hidden: The hidden states, in the order of ``graph.hidden_paths``.
+        other: The other Variables, in the order of ``graph.other_paths``.
+        traces: The algorithm's trace state.
+        xs: Inputs, time axis leading.
+        ys: Targets, time axis leading.
+        weights: ``(T,)`` weights ``w_t`` of the loss ``Σ_t w_t L_t``.
+        signal_inputs: The algorithm's own per-step inputs (ThreeFactor's
+            modulators, one ``(T, *state_shape)`` array per hidden state), or ``None``.
+    """
+
+    params: list[jax.Array]
+    hidden: list[jax.Array]
+    other: list[jax.Array]
+    traces: Any
+    xs: Any
+    ys: Any
+    weights: jax.Array
+    signal_inputs: Any = None
+
+
+def refuse_traced(method: str, *trees: Any) -> None:
+    """Raises a clear error when an eager method is called inside ``jit`` (a traced input).
+
+    Raises:
+        TypeError: Some leaf is a tracer.
+    """
+    if any(isinstance(a, jax.core.Tracer) for tree in trees for a in jax.tree.leaves(tree)):
+        raise TypeError(
+            f"{method} is the eager convenience: it checks its arguments on the host and "
+            "writes the model, so it cannot run inside jax.jit / nnx.jit. Inside your own "
+            "jit-ed train step use the pure functions: online = braintrace.online_grad("
+            "learner, loss_fn); state = online.init(model); then grads, state, stats = "
+            "online.grad(model, state, xs, ys) (README: 'Inside your own train step').")
 
 
 class OnlineLearner:
@@ -68,11 +99,8 @@ class OnlineLearner:
 
     Attributes:
         model: The model.
-        algorithm: The learning algorithm.
-        graph: The compiled :class:`~braintrace.ETraceGraph`.
+        compiled: The analysis of the model (one compiled graph per mode and batch size).
         traces: The algorithm's current trace state.
-        mesh: The device mesh of data parallel, or ``None``.
-        data_axis: The mesh axis the batch is split over.
 
     Example:
         >>> import jax.numpy as jnp
@@ -93,80 +121,84 @@ class OnlineLearner:
                  strict: bool = False, mesh: jax.sharding.Mesh | None = None,
                  data_axis: str = "data"):
         self.model = model
-        self.algorithm = algorithm
-        self.strict = strict
-        self.mesh = mesh
-        self.data_axis = data_axis
-        self._base_batch_size = state_batch_size(model)
-        if mesh is not None:
-            check_mesh(mesh, data_axis, self._base_batch_size)
-        if isinstance(algorithm, DNI):
-            algorithm.bind(model)
-        compiled = self._compile(model, example_x)
-        self._base_example = compiled.example
-        self._cache = {self._base_batch_size: compiled}
-        self._use(self._base_batch_size, compiled)
+        self.compiled = CompiledModel(model, algorithm, example_x, strict=strict, mesh=mesh,
+                                      data_axis=data_axis)
+        self._batch_size = self.compiled.base_batch_size
+        self._trace_shapes: dict[int, Any] = {}
         self._place_model()
-        self.traces = self._fresh_traces()
+        self.traces = self._fresh_traces(self._entry())
 
-    def _compile(self, model: nnx.Module, example_x: Any) -> _Compiled:
-        graph = compile_graph(model, example_x, scope=self.algorithm.scope, strict=self.strict)
-        example = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)),
-                               example_x)
-        lay = None if self.mesh is None else self._layout_for(model, graph, example)
-        grad_fn = jax.jit(functools.partial(grad_program, graph, self.algorithm, layout=lay),
-                          static_argnames=("loss_fn", "chunk_size", "block_size"))
-        evolve_fn = jax.jit(functools.partial(evolve_program, graph, self.algorithm, layout=lay))
-        return _Compiled(graph, example, leaf_avals(model_leaves(model)), grad_fn, evolve_fn,
-                         lay)
+    # -- what was compiled ---------------------------------------------------------------
 
-    def _layout_for(self, model: nnx.Module, graph: ETraceGraph, example: Any) -> Layout:
-        """Where each array lives on the mesh: what grows with the batch size is split."""
-        batch_size = state_batch_size(model)
-        twice = nnx.clone(model)
-        init_states(twice, 2 * batch_size)
-        example_2b = jax.tree.map(lambda s: jnp.zeros((2 * batch_size, *s.shape[1:]), s.dtype),
-                                  example)
-        graph_2b = compile_graph(twice, example_2b, scope=self.algorithm.scope,
-                                 strict=self.strict)
-        return layout(self.mesh, self.data_axis, batch_size, self._shapes(model, graph),
-                      self._shapes(twice, graph_2b))
+    @property
+    def algorithm(self) -> AbstractAlgorithm:
+        """The learning algorithm (bound to the model)."""
+        return self.compiled.algorithm
 
-    def _shapes(self, model: nnx.Module, graph: ETraceGraph) -> tuple[Any, ...]:
-        leaves = model_leaves(model)
-        traces = jax.eval_shape(
-            lambda p: self.algorithm.init(graph, programs.operands(graph, p)), leaves.params)
-        return (*leaves, traces)
+    @property
+    def strict(self) -> bool:
+        """Whether approximate traces are refused."""
+        return self.compiled.strict
 
-    def _place_model(self) -> None:
-        """Puts the model's Params and states on the mesh (nothing without one)."""
-        lay = self._layout_now
-        if lay is not None:
-            params, hidden, other = model_leaves(self.model)
-            write_params(self.model, place(params, lay.params))
-            write_state(self.model, place(hidden, lay.hidden), place(other, lay.other))
+    @property
+    def mesh(self) -> jax.sharding.Mesh | None:
+        """The device mesh of data parallel, or ``None``."""
+        return self.compiled.mesh
 
-    def _use(self, batch_size: int | None, compiled: _Compiled) -> None:
-        self._batch_size = batch_size
-        self.graph = compiled.graph
-        self._example = compiled.example
-        self._leaf_avals = compiled.leaf_avals
-        self._grad_fn = compiled.grad_fn
-        self._evolve_fn = compiled.evolve_fn
-        self._layout_now = compiled.layout
+    @property
+    def data_axis(self) -> str:
+        """The mesh axis the batch is split over."""
+        return self.compiled.data_axis
 
-    def _fresh_traces(self) -> Any:
-        params = model_leaves(self.model).params
-        traces = self.algorithm.init(self.graph, programs.operands(self.graph, params))
-        lay = self._layout_now
-        return traces if lay is None else place(traces, lay.traces)
+    @property
+    def graph(self) -> ETraceGraph:
+        """The compiled graph of the model's current mode and batch size."""
+        return self._entry().graph
 
-    # -- state ---------------------------------------------------------------
+    @property
+    def rules(self) -> GraphRules:
+        """The algorithm bound to :attr:`graph`."""
+        return self._entry().rules
 
     @property
     def batch_size(self) -> int | None:
         """The batch size this learner runs at (``None``: per sample, no batch axis)."""
         return self._batch_size
+
+    def _entry(self, batch_size: Any = KEEP) -> Entry:
+        """The entry of the model's current mode (at ``batch_size``, default the current)."""
+        return self.compiled.entry_of(self.model,
+                                      self._batch_size if batch_size is KEEP else batch_size)
+
+    def _checked_traces(self, entry: Entry) -> Any:
+        """The traces, after checking they fit ``entry`` (a mode may change what is traced)."""
+        key = id(entry)
+        if key not in self._trace_shapes:
+            self._trace_shapes[key] = self.compiled.trace_shapes(entry)
+        want = self._trace_shapes[key]
+        have = jax.eval_shape(lambda t: t, self.traces)
+        if jax.tree.structure(want) != jax.tree.structure(have) or any(
+                (a.shape, a.dtype) != (b.shape, b.dtype)
+                for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(have))):
+            raise ValueError(
+                "The model's mode (model.eval() / model.train()) or structure changed which "
+                "operations are traced since the traces were made; call learner.reset() to "
+                "start fresh traces in this mode.")
+        return self.traces
+
+    def _place_model(self) -> None:
+        """Puts the model's Params and states on the mesh (nothing without one)."""
+        lay = self._entry().layout
+        if lay is not None:
+            params, hidden, other = model_leaves(self.model)
+            write_params(self.model, place(params, lay.params))
+            write_state(self.model, place(hidden, lay.hidden), place(other, lay.other))
+
+    def _fresh_traces(self, entry: Entry) -> Any:
+        traces = self.compiled.zero_traces(entry, model_leaves(self.model).params)
+        return traces if entry.layout is None else place(traces, entry.layout.traces)
+
+    # -- state ---------------------------------------------------------------
 
     def leaves(self) -> Leaves:
         """The model's Params, hidden states and other Variables, as the programs take them.
@@ -190,9 +222,12 @@ class OnlineLearner:
             >>> learner.graph.hidden_paths, [h.shape for h in hidden]
             (('layers.1.v',), [(2, 4)])
         """
-        leaves = check_leaves(model_leaves(self.model), self.graph, self._leaf_avals,
+        return self._leaves(self._entry())
+
+    def _leaves(self, entry: Entry) -> Leaves:
+        leaves = check_leaves(model_leaves(self.model), entry.graph, entry.leaf_avals,
                               self._batch_size)
-        lay = self._layout_now
+        lay = entry.layout
         if lay is None:
             return leaves
         return Leaves(place(leaves.params, lay.params), place(leaves.hidden, lay.hidden),
@@ -203,7 +238,8 @@ class OnlineLearner:
 
         Raises:
             ValueError: ``xs`` has another structure, leaves of different
-                lengths, or a step shape other than the compiled one.
+                lengths, or a step shape other than the compiled one (the message
+                says so when the shapes look batch-major or of another batch size).
 
         Example:
             >>> import jax.numpy as jnp
@@ -215,22 +251,24 @@ class OnlineLearner:
             >>> learner.check_inputs(jnp.ones((7, 2, 3)))
             7
         """
-        return check_inputs(xs, self._example)
+        return check_inputs(xs, self._entry().example)
 
-    def reset(self, batch_size: int | None = None) -> None:
+    def reset(self, batch_size: int | None = KEEP) -> None:
         """Re-initialises hidden states and traces, for a new ``batch_size`` if given.
 
         The first use of a batch size compiles the graph for its shapes; the
-        compiled graph and programs of every batch size are kept and reused. A
-        learner compiled per sample gains a leading batch axis. If compiling
-        fails, the model and the learner are left exactly as they were.
+        compiled graph and programs of every batch size are kept and reused.
+        ``batch_size=None`` runs per sample (no batch axis). If anything fails
+        (compiling, a trace budget, a mesh that cannot split the batch), the model
+        and the learner are left exactly as they were.
 
         Args:
-            batch_size: The new batch size; ``None`` keeps the current one.
+            batch_size: The new batch size, ``None`` for per sample; by default the
+                current one.
 
         Raises:
-            ValueError: ``batch_size`` is not a positive int, or the model
-                cannot run at that batch size (the model's error is chained).
+            ValueError: ``batch_size`` is not a positive int or ``None``, or the
+                model cannot run at that batch size (the model's error is chained).
 
         Example:
             >>> import jax.numpy as jnp
@@ -243,40 +281,23 @@ class OnlineLearner:
             >>> learner.batch_size, learner.etrace_evolve(jnp.ones((5, 8, 2))).shape
             (8, (5, 8, 3))
         """
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(
-                batch_size, numbers.Integral) or batch_size < 1):
-            raise ValueError(
-                f"reset: batch_size must be a positive int or None, got {batch_size!r}; the "
-                "learner is unchanged.")
-        target = self._batch_size if batch_size is None else int(batch_size)
-        if self.mesh is not None:
-            check_mesh(self.mesh, self.data_axis, target)
-        compiled = self._cache.get(target)
-        if compiled is None:
-            compiled = self._compile_for(target)
-            self._cache[target] = compiled
-        init_states(self.model, target)
-        self._use(target, compiled)
-        self._place_model()
-        self.traces = self._fresh_traces()
-
-    def _compile_for(self, batch_size: int) -> _Compiled:
-        """Compiles a copy of the model at ``batch_size``; the live model is not touched."""
-        drop = 0 if self._base_batch_size is None else 1
-        example = jax.tree.map(lambda s: jnp.zeros((batch_size, *s.shape[drop:]), s.dtype),
-                               self._base_example)
-        copy = nnx.clone(self.model)
-        init_states(copy, batch_size)
+        target = self._batch_size if batch_size is KEEP else batch_size
+        if target is not None:
+            target = check_batch_size("reset: batch_size", target,
+                                      note="; the learner is unchanged")
         try:
-            return self._compile(copy, example)
-        except Exception as err:  # any failure of the model leaves the learner unchanged
-            shapes = [tuple(a.shape) for a in jax.tree.leaves(example)]
+            entry = self._entry(target)
+            fresh = nnx.clone(self.model)
+            init_states(fresh, target)
+            traces = self.compiled.zero_traces(entry, model_leaves(fresh).params)
+        except ValueError as err:
             raise ValueError(
-                f"reset(batch_size={batch_size}): the model cannot be compiled for inputs of "
-                f"shape {', '.join(map(str, shapes))} ({type(err).__name__}: {err}). The learner "
-                f"is unchanged and still runs {runs_at(self._batch_size)} (inputs of shape "
-                f"{', '.join(str(tuple(s.shape)) for s in jax.tree.leaves(self._example))}). "
-                "Make the model accept that batch axis, or keep this batch size.") from err
+                f"reset(batch_size={target}): {err} The learner is unchanged and still runs "
+                f"{runs_at(self._batch_size)}.") from err
+        init_states(self.model, target)
+        self._batch_size = target
+        self._place_model()
+        self.traces = traces if entry.layout is None else place(traces, entry.layout.traces)
 
     def state(self) -> dict[str, Any]:
         """Everything a resumed run needs: Params, hidden and other state, traces."""
@@ -285,7 +306,7 @@ class OnlineLearner:
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Loads a :meth:`state` into the model and the learner (onto the mesh, if any)."""
-        lay = self._layout_now
+        lay = self._entry().layout
         if lay is not None:
             state = {"params": place(state["params"], lay.params),
                      "hidden": place(state["hidden"], lay.hidden),
@@ -342,13 +363,54 @@ class OnlineLearner:
 
     def etrace_evolve(self, xs: Any) -> Any:
         """Advances hidden state and traces over ``xs`` (time axis leading); returns outputs."""
-        xs = self._place_inputs(xs)
-        self.check_inputs(xs)
-        params, hidden, other = self.leaves()
-        ys, hidden, other, traces = self._evolve_fn(params, hidden, other, self.traces, xs)
+        refuse_traced("learner.etrace_evolve", xs)
+        entry = self._entry()
+        xs = self._place_inputs(entry, xs)
+        check_inputs(xs, entry.example)
+        params, hidden, other = self._leaves(entry)
+        ys, hidden, other, traces = EVOLVE_PROGRAM(entry, params, hidden, other,
+                                                   self._checked_traces(entry), xs)
         write_state(self.model, hidden, other)
         self.traces = traces
         return ys
+
+    def evaluate(self, xs: Any) -> Any:
+        """The model's outputs over ``xs`` from fresh hidden states, at any batch size.
+
+        For evaluation: the model runs in its current mode (``model.eval()``) from
+        its hidden states' initial values; neither hidden state, traces nor any
+        Variable of the model or the learner change, and no training program is
+        compiled (see :func:`braintrace.evaluate`).
+
+        Args:
+            xs: Inputs, time axis leading; the batch axis (second) may have any size.
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> from flax import nnx
+            >>> import braintrace
+            >>> from braintrace import layers
+            >>> model = nnx.Sequential(layers.ETPLinear(3, 4, rngs=nnx.Rngs(0)), layers.LIF(4))
+            >>> learner = braintrace.compile(model, 'd_rtrl', jnp.ones((2, 3)), batch_size=2)
+            >>> learner.evaluate(jnp.ones((6, 50, 3))).shape
+            (6, 50, 4)
+        """
+        refuse_traced("learner.evaluate", xs)
+        return evaluate(self.model, xs, batch_size=self._eval_batch_size(xs))
+
+    def _eval_batch_size(self, xs: Any) -> int | None:
+        """The batch size of ``xs`` (``None``: per sample), by the compiled step's rank."""
+        example = jax.tree.leaves(self._entry().example)[0]
+        leaf = jax.tree.leaves(xs)[0]
+        sample_rank = len(example.shape) - (self._batch_size is not None)
+        if np.ndim(leaf) == sample_rank + 1:
+            return None
+        if np.ndim(leaf) == sample_rank + 2:
+            return int(np.shape(leaf)[1])
+        raise ValueError(
+            f"xs has shape {np.shape(leaf)}; evaluate takes (T, batch, *features) or "
+            f"(T, *features) with features of rank {sample_rank} (the compiled step's input "
+            f"{tuple(example.shape)}).")
 
     def etrace_grad(
         self,
@@ -361,7 +423,7 @@ class OnlineLearner:
         block_size: int | None = None,
         reduction: str = "mean",
         return_losses: bool = False,
-        modulators: dict[str, jax.Array] | None = None,
+        **signal_inputs: Any,
     ) -> nnx.State | tuple[nnx.State, jax.Array]:
         """Online gradients of the sequence loss, in one fused scan over time.
 
@@ -382,15 +444,18 @@ class OnlineLearner:
             mask: Optional ``(T,)`` finite weights of the steps (a concrete array).
             chunk_size: Windowed mode: exact reverse mode inside windows of this
                 many steps (a positive int dividing ``T``), traces carrying
-                credit across windows. ``None`` is single-step mode.
+                credit across windows. ``None`` is single-step mode (BPTT:
+                the whole sequence).
             block_size: Single-step mode advances the traces in blocks of this
                 many steps, with matrix products (exactly the per-step result;
-                see ``braintrace/_algorithms/_blocked.py``); ``1`` is the
-                per-step form. Default: 16 where the algorithm has a blocked
-                form (D_RTRL, ES_D_RTRL), else 1. Ignored in windowed mode.
+                see ``braintrace/_loops/_blocked.py``); ``1`` is the per-step
+                form. Default: 32 where the algorithm has a blocked form
+                (D_RTRL, ES_D_RTRL), else 1. Ignored in windowed mode.
             reduction: ``'mean'`` or ``'sum'`` over time.
             return_losses: Also return each step's loss ``(T,)``.
-            modulators: :class:`~braintrace.ThreeFactor`'s ``{hidden path: (T, *state_shape)}``.
+            **signal_inputs: An algorithm's own per-step inputs:
+                :class:`~braintrace.ThreeFactor`'s ``modulators={hidden path: (T,
+                *state_shape)}``.
 
         Returns:
             An ``nnx.State`` of gradients for every Param (the structure of
@@ -398,6 +463,7 @@ class OnlineLearner:
             ``nnx.Optimizer.update(model, grads)``; and the losses if asked.
 
         Raises:
+            TypeError: Called inside ``jit`` (use :func:`braintrace.online_grad` there).
             ValueError: ``xs`` has no steps; ``xs``/``ys``/``mask`` lengths
                 differ; an input has the wrong shape; the model's hidden state
                 no longer has the compiled batch size; ``reduction``,
@@ -406,18 +472,18 @@ class OnlineLearner:
             FloatingPointError: A step's loss is not finite (names the first
                 step), or a Param's gradient is not finite (names the Param).
         """
-        args = self.grad_args(xs, ys, mask=mask, chunk_size=chunk_size, reduction=reduction,
-                              modulators=modulators)
-        grads, hidden, other, traces, losses, finite = self._grad_fn(
-            *args, loss_fn=loss_fn, chunk_size=static_chunk_size(chunk_size),
-            block_size=self._block_size(block_size))
-        self._raise_if_not_finite(host_array(losses), host_array(finite))
-        write_state(self.model, hidden, other)
-        self.traces = traces
-        state = param_state(self.model, grads)
-        return (state, losses) if return_losses else state
+        refuse_traced("learner.etrace_grad", xs, ys, mask)
+        entry, spec, args = self._grad_call(xs, ys, mask=mask, chunk_size=chunk_size,
+                                            block_size=block_size, reduction=reduction,
+                                            signal_inputs=signal_inputs)
+        result: GradResult = GRAD_PROGRAM(entry, loss_fn, spec, *args)
+        self._raise_if_not_finite(entry, host_array(result.losses), host_array(result.finite))
+        write_state(self.model, result.hidden, result.other)
+        self.traces = result.traces
+        state = param_state(self.model, result.grads)
+        return (state, result.losses) if return_losses else state
 
-    def _raise_if_not_finite(self, losses: np.ndarray, finite: np.ndarray) -> None:
+    def _raise_if_not_finite(self, entry: Entry, losses: np.ndarray, finite: np.ndarray) -> None:
         bad = np.flatnonzero(~np.isfinite(losses))
         if bad.size:
             raise FloatingPointError(
@@ -426,7 +492,7 @@ class OnlineLearner:
                 "step (and the Params: lower the learning rate if they grew).")
         bad = np.flatnonzero(~finite)
         if bad.size:
-            names = ", ".join(f"'{self.graph.param_paths[i]}'" for i in bad)
+            names = ", ".join(f"'{entry.graph.param_paths[i]}'" for i in bad)
             raise FloatingPointError(
                 f"The gradient of Param {names} is not finite although every loss is; no "
                 f"gradient is returned and {UNCHANGED}. A hidden state or trace overflowed: "
@@ -435,23 +501,19 @@ class OnlineLearner:
     def lower_etrace_grad(self, xs: Any, ys: Any, loss_fn: Callable[[Any, Any], jax.Array], *,
                           mask: jax.Array | None = None, chunk_size: int | None = None,
                           block_size: int | None = None, reduction: str = "mean",
-                          modulators: dict[str, jax.Array] | None = None) -> jax.stages.Lowered:
+                          **signal_inputs: Any) -> jax.stages.Lowered:
         """The lowered ``etrace_grad`` program (``.compile().memory_analysis()`` measures it).
 
         ``xs``/``ys`` may be ``jax.ShapeDtypeStruct``s, so long sequences need no data.
         """
-        args = self.grad_args(xs, ys, mask=mask, chunk_size=chunk_size, reduction=reduction,
-                              modulators=modulators)
-        return self._grad_fn.lower(*args, loss_fn=loss_fn, chunk_size=static_chunk_size(chunk_size),
-                                   block_size=self._block_size(block_size))
-
-    def _block_size(self, block_size: int | None) -> int:
-        """The checked ``K`` of the time-blocked traces (``etrace_grad``'s ``block_size``)."""
-        return resolve_block_size(self.algorithm, self.graph, block_size)
+        entry, spec, args = self._grad_call(xs, ys, mask=mask, chunk_size=chunk_size,
+                                            block_size=block_size, reduction=reduction,
+                                            signal_inputs=signal_inputs)
+        return GRAD_PROGRAM.lower(entry, loss_fn, spec, *args)
 
     def grad_args(self, xs: Any, ys: Any, *, mask: jax.Array | None = None,
                   chunk_size: int | None = None, reduction: str = "mean",
-                  modulators: dict[str, jax.Array] | None = None) -> GradArgs:
+                  **signal_inputs: Any) -> GradArgs:
         """The checked arguments of the ``etrace_grad`` program for these inputs.
 
         Given to the compiled :meth:`lower_etrace_grad`, they run the very
@@ -477,22 +539,37 @@ class OnlineLearner:
             >>> losses.shape, bool(finite.all())
             ((5,), True)
         """
-        xs, ys = self._place_inputs(xs), self._place_inputs(ys)
-        weights = loss_weights(xs, ys, self._example, mask, chunk_size, reduction)
-        params, hidden, other = self.leaves()
-        mods = self._place_inputs(check_algorithm_inputs(
-            self.algorithm, self.graph, hidden, modulators, chunk_size, len(weights)))
-        weights = jnp.asarray(weights, jnp.result_type(*params))
-        if self._layout_now is not None:
-            weights = place(weights, self._layout_now.replicated)
-        return GradArgs(params, hidden, other, self.traces, xs, ys, weights, mods)
+        return self._grad_call(xs, ys, mask=mask, chunk_size=chunk_size, block_size=None,
+                               reduction=reduction, signal_inputs=signal_inputs)[2]
 
-    def _place_inputs(self, tree: Any) -> Any:
+    def _grad_call(self, xs: Any, ys: Any, *, mask: Any, chunk_size: Any, block_size: Any,
+                   reduction: str, signal_inputs: dict[str, Any]
+                   ) -> tuple[Entry, LoopSpec, GradArgs]:
+        """The entry, the loop and the checked arguments of an ``etrace_grad`` call."""
+        entry = self._entry()
+        xs, ys = self._place_inputs(entry, xs), self._place_inputs(entry, ys)
+        weights = loss_weights(xs, ys, entry.example, mask, chunk_size, reduction)
+        length = len(weights)
+        spec = choose_loop(entry.rules, length=length, chunk_size=chunk_size,
+                           block_size=None if block_size is None
+                           else check_positive("block_size", block_size))
+        params, hidden, other = self._leaves(entry)
+        inputs = check_signal_inputs(entry.rules, hidden, signal_inputs, length)
+        if inputs is not None:
+            inputs = self._place_inputs(entry, inputs)
+        weights = jnp.asarray(weights, jnp.result_type(*params))
+        if entry.layout is not None:
+            weights = place(weights, entry.layout.replicated)
+        return entry, spec, GradArgs(params, hidden, other, self._checked_traces(entry), xs, ys,
+                                     weights, inputs)
+
+    @staticmethod
+    def _place_inputs(entry: Entry, tree: Any) -> Any:
         """Inputs or targets split over the mesh's data axis (as they are without a mesh).
 
         ``jax.ShapeDtypeStruct`` leaves (for :meth:`lower_etrace_grad`) stay as they are.
         """
-        lay = self._layout_now
+        lay = entry.layout
         if lay is None or any(isinstance(a, jax.ShapeDtypeStruct) for a in jax.tree.leaves(tree)):
             return tree
         return place_inputs(lay, tree)

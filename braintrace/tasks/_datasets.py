@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from braintrace._batch import Batch
+from braintrace.tasks._batch import Batch
 
 __all__ = ["MNIST1D", "AbstractDataset", "SequentialDigits", "SpikingDigits"]
 

@@ -8,10 +8,10 @@ import jax
 from flax import nnx
 
 from braintrace._algorithms import AbstractAlgorithm, get_algorithm
-from braintrace._learner import OnlineLearner
-from braintrace._learner_state import state_batch_size
-from braintrace._sharding import check_mesh
-from braintrace._states import init_states
+from braintrace._drivers._learner import OnlineLearner
+from braintrace._drivers._sharding import check_mesh
+from braintrace._drivers._states import check_batch_size, init_states
+from braintrace._hidden import state_batch_size
 
 __all__ = ["compile"]
 
@@ -33,9 +33,10 @@ def compile(
 
     Args:
         model: An NNX module whose call ``model(x)`` is one time step.
-        algorithm: An instance (``braintrace.D_RTRL()``) or a name: ``'d_rtrl'``,
-            ``'es_d_rtrl'``, ``'pp_prop'``, ``'eprop'``, ``'ostl_recurrent'``,
-            ``'ostl_feedforward'``, ``'rtrl'``, ``'snap'``, ``'uoro'``.
+        algorithm: An instance (``braintrace.DRTRL()``) or a name: ``'bptt'``,
+            ``'d_rtrl'``, ``'es_d_rtrl'``, ``'pp_prop'``, ``'eprop'``,
+            ``'ostl_recurrent'``, ``'ostl_feedforward'``, ``'rtrl'``, ``'snap'``,
+            ``'uoro'``, ``'three_factor'``.
         example_x: The input of one step (with its batch axis, if batched).
         batch_size: Batch size to initialise hidden states for; ``None`` keeps
             the states as they are.
@@ -72,6 +73,8 @@ def compile(
         ('w_in.bias', 'w_in.kernel')
     """
     algorithm = get_algorithm(algorithm)
+    if batch_size is not None:
+        batch_size = check_batch_size("compile: batch_size", batch_size)
     if mesh is not None:
         check_mesh(mesh, data_axis, batch_size if batch_size is not None
                    else state_batch_size(model))

@@ -34,11 +34,11 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from braintrace._batch import Batch as Batch
-from braintrace._batch import accuracy as accuracy
-from braintrace._datasets import MNIST1D as MNIST1D
-from braintrace._datasets import SequentialDigits as SequentialDigits
-from braintrace._datasets import SpikingDigits as SpikingDigits
+from braintrace.tasks._batch import Batch as Batch
+from braintrace.tasks._batch import accuracy as accuracy
+from braintrace.tasks._datasets import MNIST1D as MNIST1D
+from braintrace.tasks._datasets import SequentialDigits as SequentialDigits
+from braintrace.tasks._datasets import SpikingDigits as SpikingDigits
 
 __all__ = [
     "MNIST1D",

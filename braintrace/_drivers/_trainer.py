@@ -1,8 +1,9 @@
 """``OnlineTrainer``: truly online learning with optax, updates inside the time loop.
 
-A thin shell over ``_driver_programs.train_program``: it checks its arguments
-through the learner's public methods, runs the program and writes the results
-back with ``learner.load_state``.
+A thin shell over ``_programs.train_program`` (the program the pure
+:func:`~braintrace.online_update` runs): it checks its arguments on the host,
+runs the program under ``jax.jit`` and writes the results back with
+``learner.load_state``; a call that fails changes nothing.
 """
 
 from __future__ import annotations
@@ -14,18 +15,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import nnx
 
-from braintrace._checkpoint import leaf_names, restore_arrays, save_arrays
-from braintrace._driver_programs import TrainResult, train_program
-from braintrace._inputs import check_algorithm_inputs, step_weights
-from braintrace._learner import OnlineLearner
-from braintrace._learner_state import named_arrays, state_from_arrays
-from braintrace._sharding import host_array, place
+from braintrace._drivers._checkpoint import leaf_names, restore_arrays, save_arrays
+from braintrace._drivers._functional import window_loop
+from braintrace._drivers._inputs import check_signal_inputs, step_weights
+from braintrace._drivers._learner import OnlineLearner, refuse_traced
+from braintrace._drivers._model_state import named_arrays, state_from_arrays
+from braintrace._drivers._programs import TRAIN_PROGRAM, TrainResult
+from braintrace._drivers._sharding import host_array, place
+from braintrace._loops import check_positive
 
-__all__ = ["MAX_BLOCK_SIZE", "OnlineTrainer"]
-
-MAX_BLOCK_SIZE = 64
-"""The longest time block the trainer uses between two updates."""
+__all__ = ["OnlineTrainer"]
 
 
 class OnlineTrainer:
@@ -68,40 +69,41 @@ class OnlineTrainer:
     def __init__(self, learner: OnlineLearner, tx: optax.GradientTransformation, *,
                  loss_fn: Callable[[Any, Any], jax.Array], update_every: int = 1,
                  blocked: bool | None = None):
-        if update_every < 1:
-            raise ValueError(f"update_every must be >= 1, got {update_every}.")
-        if blocked and not learner.algorithm.supports_blocks(learner.graph):
+        self.update_every = check_positive("OnlineTrainer: update_every", update_every)
+        if blocked is not None and not isinstance(blocked, bool):
+            raise ValueError(f"OnlineTrainer: blocked must be True, False or None, got "
+                             f"{blocked!r}.")
+        if blocked and not learner.rules.supports_blocks:
             raise ValueError(
                 f"Algorithm '{learner.algorithm.name}' has no time-blocked form for this model; "
                 "use blocked=False (or leave it unset).")
         self.blocked = blocked
         self.learner = learner
-        self.tx = tx
+        self.tx = optax.with_extra_args_support(tx)
         self.loss_fn = loss_fn
-        self.update_every = int(update_every)
-        self.opt_state = self._placed(tx.init(learner.state()["params"]))
-        self._run = jax.jit(self._train_program)
+        self.opt_state = self._placed(self.tx.init(nnx.state(learner.model, nnx.Param)))
 
     def _placed(self, opt_state: Any) -> Any:
         """The optimiser state replicated over the learner's mesh (as it is without one)."""
-        lay = self.learner._layout_now
+        lay = self.learner._entry().layout
         if lay is None:
             return opt_state
         return place(opt_state, jax.tree.map(lambda _: lay.replicated, opt_state))
 
     def step(self, xs: Any, ys: Any, mask: jax.Array | None = None,
-             modulators: dict[str, jax.Array] | None = None) -> jax.Array:
+             **signal_inputs: Any) -> jax.Array:
         """Learns online from one batch of sequences (time axis leading).
 
         Each update applies the mean gradient of the steps since the last one,
         each step weighted by ``mask[t]`` (all ones by default: steps outside
         a scored window can be given weight 0; an all-zero mask gives zero
-        gradients, which optax then applies as usual).
+        gradients, which optax then applies as usual). ``tx`` is given the
+        window's loss as ``value=`` (for ``optax.contrib.reduce_on_plateau``).
 
         Hidden state and traces continue from where they are; Params, the
         optimiser state, hidden state and traces are written back.
-        ``modulators`` are :class:`~braintrace.ThreeFactor`'s third factor
-        (required there, as in ``OnlineLearner.etrace_grad``).
+        ``signal_inputs`` are an algorithm's own per-step inputs
+        (:class:`~braintrace.ThreeFactor`'s ``modulators=``).
 
         Returns:
             Each step's loss ``(T,)``.
@@ -114,42 +116,35 @@ class OnlineTrainer:
                 optimiser state, hidden state and traces stay as they were
                 before it; the message names the first offending step.
         """
+        refuse_traced("OnlineTrainer.step", xs, ys, mask)
         learner = self.learner
-        xs, ys = learner._place_inputs(xs), learner._place_inputs(ys)
+        entry = learner._entry()
+        xs, ys = learner._place_inputs(entry, xs), learner._place_inputs(entry, ys)
         length = learner.check_inputs(xs)
         if length == 0 or length % self.update_every:
             raise ValueError(
                 f"The sequence length {length} must be a positive multiple of update_every="
                 f"{self.update_every}.")
-        params, hidden, other = learner.leaves()
-        mods = check_algorithm_inputs(learner.algorithm, learner.graph, hidden, modulators,
-                                      None, length, trainer=True)
+        params, hidden, other = learner._leaves(entry)
+        inputs = check_signal_inputs(entry.rules, hidden, signal_inputs, length)
         weights = jnp.asarray(step_weights(mask, length) / self.update_every,
                               jnp.result_type(*params))
-        lay = learner._layout_now
-        if lay is not None:
-            weights = place(weights, lay.replicated)
-            mods = None if mods is None else learner._place_inputs(mods)
-        out = self._run(params, self._placed(self.opt_state), hidden, other, learner.traces,
-                        xs, ys, weights, mods)
+        if entry.layout is not None:
+            weights = place(weights, entry.layout.replicated)
+            inputs = None if inputs is None else learner._place_inputs(entry, inputs)
+        block_size = None if self.blocked is None else (None if self.blocked else 1)
+        spec = window_loop(entry, self.update_every, block_size)
+        out: TrainResult = TRAIN_PROGRAM(
+            entry, self.tx, self.loss_fn, self.update_every, spec,
+            jax.tree.structure(nnx.state(learner.model, nnx.Param)), params,
+            self._placed(self.opt_state), hidden, other, learner._checked_traces(entry), xs, ys,
+            weights, inputs)
         self._raise_if_not_finite(host_array(out.losses), int(host_array(out.bad_update_at)),
                                   host_array(out.bad_params))
         learner.load_state({"params": out.params, "hidden": out.hidden, "other": out.other,
                             "traces": out.traces})
         self.opt_state = out.opt_state
         return out.losses
-
-    def _train_program(self, params, opt_state, hidden, other, traces, xs, ys,
-                       weights, modulators=None) -> TrainResult:
-        """:func:`train_program` on the learner's current graph (read when ``jit`` traces)."""
-        graph, algorithm = self.learner.graph, self.learner.algorithm
-        blocked = (algorithm.supports_blocks(graph) if self.blocked is None else self.blocked)
-        blocks = -(-self.update_every // MAX_BLOCK_SIZE)  # equal blocks and a short one
-        block_size = self.update_every // blocks if blocked else 1
-        return train_program(graph, algorithm, self.tx, self.loss_fn, self.update_every, params,
-                             opt_state, hidden, other, traces, xs, ys, weights,
-                             layout=self.learner._layout_now, block_size=block_size,
-                             modulators=modulators)
 
     def _raise_if_not_finite(self, losses: np.ndarray, bad_update_at: int,
                              bad_params: np.ndarray) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import numbers
+from typing import Any
 
 from flax import nnx
 
 from braintrace._hidden import HiddenState
 
-__all__ = ["init_states"]
+__all__ = ["check_batch_size", "init_states"]
 
 
 def init_states(model: nnx.Module, batch_size: int | None = None) -> None:
@@ -39,12 +40,24 @@ def init_states(model: nnx.Module, batch_size: int | None = None) -> None:
         >>> model.v.shape
         (4,)
     """
-    if batch_size is not None and (not isinstance(batch_size, numbers.Integral) or batch_size < 1):
-        raise ValueError(
-            f"init_states: batch_size must be a positive int or None, got {batch_size!r}.")
+    if batch_size is not None:
+        batch_size = check_batch_size("init_states: batch_size", batch_size)
     for path, node in nnx.iter_graph(model):
         if isinstance(node, HiddenState):
             node.set_value(node.initial_value(batch_size))
             name = ".".join(str(part) for part in path)
             if node.get_metadata("path", None) != name:
                 node.set_metadata("path", name)
+
+
+def check_batch_size(name: str, batch_size: Any, *, note: str = "") -> int:
+    """``batch_size`` as an int, after checking it is a positive integer (NumPy ints too).
+
+    Raises:
+        ValueError: It is not (a float or a bool is not one); the message starts
+            with ``name`` and ends with ``note``.
+    """
+    if (isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral)
+            or batch_size < 1):
+        raise ValueError(f"{name} must be a positive int or None, got {batch_size!r}{note}.")
+    return int(batch_size)

@@ -1,0 +1,68 @@
+"""Products of per-unit Jacobians over a block of ``K`` steps (the time-blocked rules).
+
+A trace that follows ``ε_k = d_k ε_{k-1} + f_k ⊗ x_k`` (per unit, ``d_k`` an
+``S×S`` matrix, ``f_k`` an ``S``-vector, ``⊗`` the primitive's instantaneous
+term) and is read as ``Σ_k u_kᵀ ε_{k-1}`` (``u_k = δ̄^k``, the step's learning
+signal) can take ``K`` steps at once. With ``L(a, j) = d_a d_{a-1} ⋯ d_{j+1}``
+(the identity when ``a = j``) and ``ε_{-1}`` the trace entering the block:
+
+.. math::
+
+    \\sum_{k=0}^{K-1} u_k^\\top \\epsilon_{k-1}
+        = \\beta_{-1}^\\top \\epsilon_{-1} + \\sum_j (\\beta_j^\\top f_j) \\otimes x_j,
+    \\qquad \\beta_j^\\top = \\sum_{k>j} u_k^\\top L(k-1, j)
+
+    \\epsilon_{K-1} = \\Lambda_{-1} \\epsilon_{-1} + \\sum_j (\\Lambda_j f_j) \\otimes x_j,
+    \\qquad \\Lambda_j = L(K-1, j)
+
+Both coefficients follow from one backward recursion over the block,
+``β_{j-1} = u_j + β_jᵀ d_j`` and ``Λ_{j-1} = Λ_j d_j`` from ``β_{K-1} = 0``,
+``Λ_{K-1} = I`` (products only, never a division). The sums over ``j`` are
+the primitive's instantaneous term with the leading (step, sample) axes
+summed: for a dense weight one matrix product ``Xᵀ A``. Exact: it is the
+per-step recursion regrouped, for every primitive whose ``dt_to_t`` scales along
+the output units (the primitive contract), so ``dt_to_t(a, dt_to_t(b, ε)) =
+dt_to_t(a·b, ε)`` and ``dt_to_t(a, x ⊗ f) = x ⊗ (a·f)``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["block_coefficients"]
+
+
+def block_coefficients(u: jax.Array, d: jax.Array
+                       ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """``β_j``, ``Λ_j`` for the steps of a block, and ``β_{-1}``, ``Λ_{-1}`` (module docstring).
+
+    Args:
+        u: Learning signals ``(K, *units, S)``.
+        d: Per-unit Jacobians ``(K, *units, S, S)``.
+
+    Returns:
+        ``(beta, lam, beta_start, lam_start)`` of shapes ``(K, *units, S)``,
+        ``(K, *units, S, S)``, ``(*units, S)``, ``(*units, S, S)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from braintrace._algorithms._block_algebra import block_coefficients
+        >>> u = jnp.ones((3, 1, 1))            # three steps, one unit, S = 1
+        >>> d = jnp.full((3, 1, 1, 1), 0.5)
+        >>> beta, lam, beta0, lam0 = block_coefficients(u, d)
+        >>> beta[:, 0, 0].tolist(), float(beta0[0, 0]), float(lam0[0, 0, 0])
+        ([1.5, 1.0, 0.0], 1.75, 0.125)
+    """
+    eye = jnp.broadcast_to(jnp.eye(d.shape[-1], dtype=d.dtype), d.shape[1:])
+
+    def back(carry, step):
+        beta, lam = carry
+        u_j, d_j = step
+        new = (u_j + jnp.einsum("...s,...st->...t", beta, d_j),
+               jnp.einsum("...rs,...st->...rt", lam, d_j))
+        return new, (beta, lam)
+
+    start = (jnp.zeros(u.shape[1:], jnp.result_type(u, d)), eye)
+    (beta0, lam0), (beta, lam) = jax.lax.scan(back, start, (u, d), reverse=True)
+    return beta, lam, beta0, lam0

@@ -1,0 +1,155 @@
+"""An algorithm bound to one compiled graph: the record the time loops run.
+
+:meth:`AbstractAlgorithm.rules(graph) <braintrace.AbstractAlgorithm.rules>`
+returns a :class:`GraphRules` once, at compile time. It holds every relation's
+:class:`~braintrace._algorithms._base.RelationRule` and the algorithm's hooks
+(learning signal, window, feedback operands), and maps the rules over the
+graph's relations. It holds no mutable state and nothing keyed on the graph's
+identity: a new graph (another batch size, another mode) gets its own record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+
+from braintrace._compiler import ETraceGraph, Relation
+from braintrace._primitives import MissingRuleError
+
+if TYPE_CHECKING:
+    from braintrace._algorithms._base import BlockSteps, Jacobians, RelationRule
+    from braintrace._algorithms._signals import AbstractLearningSignal
+
+__all__ = ["GraphRules"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class GraphRules:
+    """An algorithm's rules for every relation of one graph, and its hooks.
+
+    Attributes:
+        graph: The compiled graph.
+        name: The algorithm's name (for messages).
+        scope: ``'diagonal'``, ``'coupled'`` or ``'full'``: the hidden Jacobian it reads.
+        relation_rules: One rule per relation of ``graph`` (empty: nothing traced, BPTT).
+        signal_view: ``(graph, delta, relation) -> signal``: what a relation's rule reads
+            of the per-leaf learning signal ``delta``.
+        feedback: Fixed feedback operands ``{eqn: {operand: B}}``, or ``None`` (exact).
+        learning_signal: Where the per-step learning signal comes from.
+        window: What each window of windowed mode adds (DNI), or ``None``.
+        supports_windowed: Whether windowed mode may be used.
+        needs_window: Whether only windowed mode may be used (BPTT, DNI).
+    """
+
+    graph: ETraceGraph
+    name: str
+    scope: str
+    relation_rules: tuple[RelationRule, ...]
+    signal_view: Callable[[ETraceGraph, Sequence[jax.Array], Relation], jax.Array]
+    feedback: dict[int, dict[int, jax.Array]] | None
+    learning_signal: AbstractLearningSignal
+    window: Any = None
+    supports_windowed: bool = True
+    needs_window: bool = False
+
+    # -- what the rules offer ------------------------------------------------------
+
+    @property
+    def relations(self) -> tuple[Relation, ...]:
+        """The relations that keep traces (none when nothing is traced)."""
+        return self.graph.relations if self.relation_rules else ()
+
+    @property
+    def traced(self) -> bool:
+        """Whether any relation keeps eligibility traces."""
+        return bool(self.relation_rules)
+
+    @property
+    def supports_blocks(self) -> bool:
+        """Whether every relation's rule has a time-blocked form (``block_finish``)."""
+        return self.traced and all(rule.block_finish is not None
+                                   for rule in self.relation_rules)
+
+    @property
+    def has_block_steps(self) -> bool:
+        """Whether some relation's block runs a part inside the model's loop (``block_step``)."""
+        return any(rule.block_step is not None for rule in self.relation_rules)
+
+    @property
+    def reads_stacked_steps(self) -> bool:
+        """Whether some relation's block reads the block's stacked signals and Jacobians."""
+        return any(rule.block_step is None for rule in self.relation_rules)
+
+    def check(self) -> None:
+        """Raises :class:`~braintrace.MissingRuleError` if a relation's primitive lacks a rule.
+
+        The message names the algorithm, the primitive, every missing rule and
+        the Params that the relation trains.
+        """
+        for r, rule in zip(self.relations, self.relation_rules):
+            prim = r.primitive
+            missing = [name for name in rule.rules(r) if not prim.has_rule(name)]
+            if missing:
+                rules = ", ".join(f"'{m}'" for m in missing)
+                raise MissingRuleError(
+                    f"Algorithm '{self.name}' needs the ETP rule(s) {rules} of primitive "
+                    f"'{prim.name}' (which trains {list(r.all_param_paths)}), but "
+                    f"'{prim.name}' never registered them. Register them with "
+                    f"`{prim.name}.register_etp_rules({missing[0]}=...)` (or the single-rule "
+                    "`register_*` methods), or choose an algorithm that does not need them.")
+
+    # -- the rules mapped over the relations ----------------------------------------------
+
+    def signal(self, delta: Sequence[jax.Array], relation: Relation) -> jax.Array:
+        """The learning signal ``relation``'s rule reads, from the per-leaf ``delta``."""
+        return self.signal_view(self.graph, delta, relation)
+
+    def init(self, operands: Sequence[dict[str, jax.Array]]) -> list[Any]:
+        """Each relation's zero trace state."""
+        return [rule.init(self.graph, r, theta)
+                for r, rule, theta in zip(self.relations, self.relation_rules, operands)]
+
+    def update(self, state: Sequence[Any], jac: Jacobians, rel_x: Sequence[jax.Array | None],
+               operands: Sequence[dict[str, jax.Array]]) -> list[Any]:
+        """``ε^{t-1} → ε^t`` for every relation."""
+        return [rule.update(r, s, jac.d[r.group], jac.df[r.index], x, theta)
+                for r, rule, s, x, theta in zip(self.relations, self.relation_rules, state,
+                                                rel_x, operands)]
+
+    def contribution(self, state: Sequence[Any], delta: Sequence[jax.Array],
+                     operands: Sequence[dict[str, jax.Array]]) -> list[Any]:
+        """Every relation's temporal gradient term, from the per-leaf signal ``delta``."""
+        return [rule.contribution(r, s, self.signal(delta, r), theta)
+                for r, rule, s, theta in zip(self.relations, self.relation_rules, state,
+                                             operands)]
+
+    def finalize(self, summed: Sequence[Any],
+                 operands: Sequence[dict[str, jax.Array]]) -> list[dict[str, jax.Array]]:
+        """Maps every relation's summed terms to ``{key: dθ}``."""
+        return [rule.finalize(r, total, theta)
+                for r, rule, total, theta in zip(self.relations, self.relation_rules, summed,
+                                                 operands)]
+
+    def block_step(self, state: Sequence[Any], delta: Sequence[jax.Array],
+                   jac: Jacobians) -> tuple[list[Any], list[Any]]:
+        """One step of every ``block_step`` (the others' states, ``None`` here, pass through,
+        outputs ``None``)."""
+        out = []
+        for r, rule, s in zip(self.relations, self.relation_rules, state):
+            out.append((s, None) if rule.block_step is None else rule.block_step(
+                r, s, self.signal(delta, r), jac.d[r.group], jac.df[r.index]))
+        return [new for new, _ in out], [o for _, o in out]
+
+    def block_finish(self, state: Sequence[Any], steps: Sequence[BlockSteps],
+                     operands: Sequence[dict[str, jax.Array]]) -> tuple[list[Any], list[Any]]:
+        """``K`` steps of every relation at once: the traces after them and their summed terms.
+
+        ``steps`` holds one :class:`BlockSteps` per relation.
+        """
+        out = [rule.block_finish(r, s, view, theta)
+               for r, rule, s, view, theta in zip(self.relations, self.relation_rules, state,
+                                                  steps, operands)]
+        return [new for new, _ in out], [term for _, term in out]

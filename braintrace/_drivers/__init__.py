@@ -1,0 +1,31 @@
+"""Drivers: compile a model, the pure online-learning functions, and their stateful shells.
+
+Design note. ``compile`` analyses a model for an algorithm (``_compiled``: one
+graph per mode and batch size). The programs (``_programs``) are pure functions
+over flat arrays that run the loops (``braintrace/_loops``); the pure public
+functions (``_functional``: :func:`online_grad`, :func:`online_update`,
+``_evaluate``: :func:`evaluate`) and the stateful conveniences
+(:class:`OnlineLearner`, :class:`OnlineTrainer`) are two faces of those same
+programs: the shells add host-side checks, clear errors, and writing results
+back into the model. Helpers: ``_inputs`` (argument checks), ``_model_state``
+(a model's arrays as flat lists and back), ``_states`` (hidden-state
+initialisation), ``_sharding`` (data parallel), ``_checkpoint`` (orbax).
+"""
+
+from braintrace._drivers._compile import compile as compile
+from braintrace._drivers._evaluate import evaluate as evaluate
+from braintrace._drivers._functional import GradStats as GradStats
+from braintrace._drivers._functional import OnlineGradient as OnlineGradient
+from braintrace._drivers._functional import OnlineState as OnlineState
+from braintrace._drivers._functional import OnlineUpdate as OnlineUpdate
+from braintrace._drivers._functional import UpdateStats as UpdateStats
+from braintrace._drivers._functional import online_grad as online_grad
+from braintrace._drivers._functional import online_update as online_update
+from braintrace._drivers._learner import OnlineLearner as OnlineLearner
+from braintrace._drivers._model_state import model_leaves as model_leaves
+from braintrace._drivers._states import init_states as init_states
+from braintrace._drivers._trainer import OnlineTrainer as OnlineTrainer
+
+__all__ = ["GradStats", "OnlineGradient", "OnlineLearner", "OnlineState", "OnlineTrainer",
+           "OnlineUpdate", "UpdateStats", "compile", "evaluate", "init_states", "model_leaves",
+           "online_grad", "online_update"]

@@ -1,0 +1,180 @@
+"""A model analysed for one algorithm: a compiled graph per mode and batch size.
+
+``braintrace.compile`` analyses one model step (``compile_graph``) and binds the
+algorithm to the graph (``algorithm.rules(graph)``). The result depends on the
+model's static structure — its graph definition, which holds Flax's mode
+attributes (``Dropout.deterministic``, ``BatchNorm.use_running_average``, set by
+``model.eval()`` / ``model.train()``) — and on the batch size of its hidden
+states. :class:`CompiledModel` keeps one :class:`Entry` per such pair, made the
+first time it is asked for (on the host, also while an outer ``jax.jit`` traces)
+and reused after: a mode or batch size met before costs nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from braintrace._algorithms import AbstractAlgorithm, GraphRules
+from braintrace._compiler import ETraceGraph, compile_graph, programs
+from braintrace._drivers._model_state import LeafAvals, leaf_avals, model_leaves, runs_at
+from braintrace._drivers._sharding import Layout, check_mesh, layout
+from braintrace._drivers._states import init_states
+from braintrace._hidden import state_batch_size
+
+__all__ = ["CompiledModel", "Entry"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Entry:
+    """What was compiled for one mode and batch size (hashable by identity: a static
+    argument of the jitted programs).
+
+    Attributes:
+        graph: The compiled graph.
+        rules: The algorithm bound to it.
+        example: The input of one step, as ``jax.ShapeDtypeStruct`` leaves.
+        leaf_avals: Shapes and dtypes of the Params, hidden states and other Variables.
+        batch_size: The batch size (``None``: per sample).
+        layout: Where each array lives on the mesh (``None`` without one).
+    """
+
+    graph: ETraceGraph
+    rules: GraphRules
+    example: Any
+    leaf_avals: LeafAvals
+    batch_size: int | None
+    layout: Layout | None
+
+
+class CompiledModel:
+    """The analysis of a model for one algorithm, per mode and batch size (module docstring).
+
+    Args:
+        model: The model, hidden states initialised for its batch size.
+        algorithm: The algorithm (bound to the model here).
+        example_x: The input of one step at that batch size.
+        strict: Refuse approximate traces (the graph's or the algorithm's).
+        mesh: Data parallel over this mesh, or ``None``.
+        data_axis: The mesh axis the batch is split over.
+
+    Raises:
+        ValueError: The model cannot be compiled (the message says why), or
+            ``strict`` and the traces are approximate.
+    """
+
+    def __init__(self, model: nnx.Module, algorithm: AbstractAlgorithm, example_x: Any, *,
+                 strict: bool, mesh: jax.sharding.Mesh | None, data_axis: str):
+        self.model = model
+        self.algorithm = algorithm.bind(model)
+        self.strict = strict
+        self.mesh = mesh
+        self.data_axis = data_axis
+        batch_size = state_batch_size(model)
+        if mesh is not None:
+            check_mesh(mesh, data_axis, batch_size)
+        self._entries: dict[tuple[Any, int | None], Entry] = {}
+        entry = self._compile(model, example_x, batch_size)
+        self.base_batch_size = batch_size
+        self._base_example = entry.example
+        self._entries[(nnx.graphdef(model), batch_size)] = entry
+
+    # -- entries -----------------------------------------------------------------------
+
+    def entry(self, graphdef: Any, batch_size: int | None) -> Entry:
+        """The entry of the model structure (and mode) ``graphdef`` at ``batch_size``.
+
+        Compiled the first time (a copy of the model is merged with ``graphdef`` and
+        initialised for ``batch_size``; the live model is not touched).
+
+        Raises:
+            ValueError: The model cannot be compiled there (the model's error is chained).
+        """
+        key = (graphdef, batch_size)
+        found = self._entries.get(key)
+        if found is None:
+            found = self._entries[key] = self._compile_copy(graphdef, batch_size)
+        return found
+
+    def entry_of(self, model: nnx.Module, batch_size: int | None) -> Entry:
+        """:meth:`entry` for ``model``'s current structure and mode."""
+        return self.entry(nnx.graphdef(model), batch_size)
+
+    def _compile_copy(self, graphdef: Any, batch_size: int | None) -> Entry:
+        if self.mesh is not None:
+            check_mesh(self.mesh, self.data_axis, batch_size)
+        with jax.ensure_compile_time_eval():
+            try:
+                copy = nnx.merge(graphdef, nnx.state(self.model), copy=True)
+            except Exception as err:
+                raise ValueError(
+                    "The model's structure changed after braintrace.compile (its Variables "
+                    f"no longer match: {type(err).__name__}: {err}). Compile it again with "
+                    "braintrace.compile(model, ...).") from err
+            init_states(copy, batch_size)
+            drop = 0 if self.base_batch_size is None else 1
+            example = jax.tree.map(
+                lambda s: jnp.zeros(s.shape[drop:] if batch_size is None
+                                    else (batch_size, *s.shape[drop:]), s.dtype),
+                self._base_example)
+            try:
+                return self._compile(copy, example, batch_size)
+            except Exception as err:
+                shapes = [tuple(a.shape) for a in jax.tree.leaves(example)]
+                raise ValueError(
+                    f"The model cannot be compiled {runs_at(batch_size)} in its current mode "
+                    f"(inputs of shape {', '.join(map(str, shapes))}; {type(err).__name__}: "
+                    f"{err}). Nothing was changed.") from err
+
+    def _compile(self, model: nnx.Module, example_x: Any, batch_size: int | None) -> Entry:
+        graph = compile_graph(model, example_x, scope=self.algorithm.scope, strict=self.strict)
+        rules = self.algorithm.rules(graph)
+        example = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)),
+                               example_x)
+        lay = None if self.mesh is None else self._layout_for(model, rules, example)
+        return Entry(graph, rules, example, leaf_avals(model_leaves(model)), batch_size, lay)
+
+    def _layout_for(self, model: nnx.Module, rules: GraphRules, example: Any) -> Layout:
+        """Where each array lives on the mesh: what grows with the batch size is split."""
+        batch_size = state_batch_size(model)
+        twice = nnx.clone(model)
+        init_states(twice, 2 * batch_size)
+        example_2b = jax.tree.map(lambda s: jnp.zeros((2 * batch_size, *s.shape[1:]), s.dtype),
+                                  example)
+        graph_2b = compile_graph(twice, example_2b, scope=self.algorithm.scope)
+        return layout(self.mesh, self.data_axis, batch_size, _shapes(model, rules),
+                      _shapes(twice, self.algorithm.rules(graph_2b)))
+
+    def batch_size_of(self, hidden: list[Any]) -> int | None:
+        """The batch size of hidden-state leaves (``None``: per sample), by their rank."""
+        if not hidden:
+            return None
+        base = self._entries[next(iter(self._entries))]
+        graph = base.graph
+        shape = base.leaf_avals[graph.num_params][0]
+        sample_rank = len(shape) - (self.base_batch_size is not None)
+        leaf_shape = np.shape(hidden[0])
+        return None if len(leaf_shape) == sample_rank else int(leaf_shape[0])
+
+    # -- traces --------------------------------------------------------------------------
+
+    def zero_traces(self, entry: Entry, params: list[jax.Array]) -> Any:
+        """Fresh (zero) traces of ``entry`` for ``params``."""
+        return entry.rules.init(programs.operands(entry.graph, params))
+
+    def trace_shapes(self, entry: Entry) -> Any:
+        """The traces of ``entry`` as ``jax.ShapeDtypeStruct`` leaves."""
+        params = [jax.ShapeDtypeStruct(s, d) for s, d in entry.leaf_avals[:entry.graph.num_params]]
+        return jax.eval_shape(lambda p: self.zero_traces(entry, p), params)
+
+
+def _shapes(model: nnx.Module, rules: GraphRules) -> tuple[Any, ...]:
+    leaves = model_leaves(model)
+    traces = jax.eval_shape(
+        lambda p: rules.init(programs.operands(rules.graph, p)), leaves.params)
+    return (*leaves, traces)

@@ -1,0 +1,214 @@
+"""The drivers' programs: pure functions over flat lists of arrays, one implementation.
+
+Each takes the :class:`~braintrace._drivers._compiled.Entry` it runs (graph,
+rules, layout) and static choices first, then arrays: Params, hidden states and
+other Variables in the graph's leaf order, the traces, the sequence. The pure
+public functions (``_functional.py``) and the stateful shells
+(:class:`~braintrace.OnlineLearner`, :class:`~braintrace.OnlineTrainer`) both run
+these, under ``jax.jit`` (:data:`GRAD_PROGRAM`, :data:`TRAIN_PROGRAM`,
+:data:`EVOLVE_PROGRAM`) or inside a caller's own ``jit``.
+
+* :func:`grad_program`: the online gradient of ``Σ_t w_t L_t`` over a sequence;
+* :func:`train_program`: an optax update after every ``k`` steps, inside the loop;
+* :func:`evolve_program`: hidden state and traces advanced without gradients.
+
+With a mesh (data parallel) the state keeps its shardings from entry to exit.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from braintrace._drivers._compiled import Entry
+from braintrace._drivers._sharding import Layout, constrain, input_shardings
+from braintrace._loops import LoopContext, LoopSpec, evolve, init_carry, param_gradients, run
+
+__all__ = ["EVOLVE_PROGRAM", "GRAD_PROGRAM", "TRAIN_PROGRAM", "GradResult", "TrainResult",
+           "evolve_program", "grad_program", "train_program"]
+
+
+class GradResult(NamedTuple):
+    """What :func:`grad_program` returns.
+
+    Attributes:
+        grads: A gradient per Param leaf.
+        hidden: The hidden states after the last step.
+        other: The other Variables after the last step.
+        traces: The traces after the last step.
+        losses: Each step's loss ``L_t``, ``(T,)``.
+        finite: Whether each Param's gradient is finite, ``(num_params,)``.
+    """
+
+    grads: list[jax.Array]
+    hidden: list[jax.Array]
+    other: list[jax.Array]
+    traces: Any
+    losses: jax.Array
+    finite: jax.Array
+
+
+def _constrain_inputs(layout: Layout, tree: Any) -> Any:
+    return constrain(tree, input_shardings(layout, tree))
+
+
+def _constrain_state(layout: Layout, params, hidden, other, traces) -> tuple[Any, ...]:
+    """Params (or their gradients) replicated, hidden state and traces batch-sharded."""
+    return (constrain(list(params), layout.params), constrain(list(hidden), layout.hidden),
+            constrain(list(other), layout.other), constrain(traces, layout.traces))
+
+
+def grad_program(entry: Entry, loss_fn: Callable[[Any, Any], jax.Array], spec: LoopSpec,
+                 params, hidden, other, traces, xs, ys, weights,
+                 signal_inputs=None) -> GradResult:
+    """The online gradient of ``Σ_t w_t L_t`` over a sequence, in the loop ``spec``.
+
+    Args:
+        entry: What was compiled for this mode and batch size.
+        loss_fn: ``loss_fn(y_pred, y_target) -> scalar`` for one step.
+        spec: The loop (``braintrace._loops.choose_loop``).
+        params, hidden, other: Flat leaves in the graph's order.
+        traces: The algorithm's trace state.
+        xs, ys: Inputs and targets, time axis leading.
+        weights: ``(T,)`` weights ``w_t``.
+        signal_inputs: The learning signal's per-step inputs, or ``None``.
+    """
+    lay = entry.layout
+    if lay is not None:
+        params, hidden, other, traces = _constrain_state(lay, params, hidden, other, traces)
+        xs, ys = _constrain_inputs(lay, xs), _constrain_inputs(lay, ys)
+    ctx = LoopContext.build(entry.rules, loss_fn, params)
+    carry, losses = run(ctx, spec, init_carry(ctx, hidden, other, traces), xs, ys, weights,
+                        signal_inputs)
+    grads = param_gradients(ctx, carry)
+    finite = jnp.stack([jnp.all(jnp.isfinite(g)) for g in grads])
+    hidden, other, traces = carry.hidden, carry.other, carry.traces
+    if lay is not None:
+        grads, hidden, other, traces = _constrain_state(lay, grads, hidden, other, traces)
+    return GradResult(grads, hidden, other, traces, losses, finite)
+
+
+def evolve_program(entry: Entry, params, hidden, other, traces, xs) -> tuple[Any, ...]:
+    """Outputs, hidden state, other Variables and traces after ``xs`` (no gradients)."""
+    lay = entry.layout
+    if lay is None:
+        return evolve(entry.rules, params, hidden, other, traces, xs)
+    params, hidden, other, traces = _constrain_state(lay, params, hidden, other, traces)
+    ys, hidden, other, traces = evolve(entry.rules, params, hidden, other, traces,
+                                       _constrain_inputs(lay, xs))
+    _, hidden, other, traces = _constrain_state(lay, params, hidden, other, traces)
+    return _constrain_inputs(lay, ys), hidden, other, traces
+
+
+class TrainResult(NamedTuple):
+    """What :func:`train_program` returns: the state after the sequence, and its checks.
+
+    Attributes:
+        params: The Params after the last update.
+        opt_state: The optimiser state after the last update.
+        hidden: The hidden states after the last step.
+        other: The other Variables after the last step.
+        traces: The traces after the last step.
+        losses: Each step's loss, ``(T,)``.
+        bad_update_at: The last step of the first update that would have made a Param
+            not finite (that update and every later one were skipped), or ``-1``.
+        bad_params: Which Params that update would have made not finite.
+    """
+
+    params: list[jax.Array]
+    opt_state: Any
+    hidden: list[jax.Array]
+    other: list[jax.Array]
+    traces: Any
+    losses: jax.Array
+    bad_update_at: jax.Array
+    bad_params: jax.Array
+
+
+class _TrainCarry(NamedTuple):
+    params: list[jax.Array]
+    opt_state: Any
+    hidden: list[jax.Array]
+    other: list[jax.Array]
+    traces: Any
+    bad_update_at: jax.Array
+    bad_params: jax.Array
+
+
+def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
+                  loss_fn: Callable[[Any, Any], jax.Array], update_every: int, spec: LoopSpec,
+                  params_def: Any, params, opt_state, hidden, other, traces, xs, ys, weights,
+                  signal_inputs=None) -> TrainResult:
+    """Online learning over a sequence: an optax update after every ``update_every`` steps.
+
+    The sequence is cut into windows of ``update_every`` steps. In each window
+    the gradient of ``Σ_t w_t L_t`` is accumulated online by the loop ``spec``
+    (the Params fixed), then applied with ``tx`` (which is given the window's
+    loss as ``value=``, for transformations such as
+    ``optax.contrib.reduce_on_plateau``); hidden state and traces run on across
+    windows (an update does not reset the traces). An update that would make a
+    Param not finite is skipped, and so is every later one (the first is
+    reported: ``bad_update_at``). ``tx`` sees the Params in the structure
+    ``params_def`` (that of ``nnx.state(model, nnx.Param)``), so transformations
+    that select Params by path (``optax.masked``, ``optax.multi_transform``) work.
+    """
+    lay = entry.layout
+    if lay is not None:
+        params, hidden, other, traces = _constrain_state(lay, params, hidden, other, traces)
+        opt_state = constrain(opt_state, jax.tree.map(lambda _: lay.replicated, opt_state))
+        xs, ys = _constrain_inputs(lay, xs), _constrain_inputs(lay, ys)
+    k = update_every
+    length = weights.shape[0]
+    split = lambda a: a.reshape(length // k, k, *a.shape[1:])
+    carry = _TrainCarry(list(params), opt_state, list(hidden), list(other), traces,
+                        jnp.asarray(-1, jnp.int32), jnp.zeros((len(params),), bool))
+    ends = jnp.arange(1, length // k + 1, dtype=jnp.int32) * k - 1
+    window = functools.partial(_train_window, entry, tx, loss_fn, spec, params_def)
+    carry, losses = jax.lax.scan(window, carry, (*(jax.tree.map(split, a) for a in (
+        xs, ys, weights, signal_inputs)), ends))
+    params, opt_state, hidden, other, traces = carry[:5]
+    if lay is not None:
+        params, hidden, other, traces = _constrain_state(lay, params, hidden, other, traces)
+        opt_state = constrain(opt_state, jax.tree.map(lambda _: lay.replicated, opt_state))
+    return TrainResult(params, opt_state, hidden, other, traces, losses.reshape(length),
+                       carry.bad_update_at, carry.bad_params)
+
+
+def _train_window(entry: Entry, tx: optax.GradientTransformationExtraArgs,
+                  loss_fn: Callable[[Any, Any], jax.Array], spec: LoopSpec, params_def: Any,
+                  carry: _TrainCarry, inputs: Any) -> tuple[_TrainCarry, jax.Array]:
+    """One window: accumulate its gradient online, apply it unless it is not finite."""
+    xw, yw, ww, sw, t_end = inputs
+    ctx = LoopContext.build(entry.rules, loss_fn, carry.params)
+    step_carry, losses = run(ctx, spec, init_carry(ctx, carry.hidden, carry.other, carry.traces),
+                             xw, yw, ww, sw)
+    grads = param_gradients(ctx, step_carry)
+    value = jnp.sum(losses * ww.astype(losses.dtype))
+    tree = lambda leaves: jax.tree.unflatten(params_def, leaves)
+    updates, opt_state = tx.update(tree(grads), carry.opt_state, tree(carry.params),
+                                   value=value)
+    new_params = jax.tree.leaves(optax.apply_updates(tree(carry.params), updates))
+    bad = ~jnp.stack([jnp.all(jnp.isfinite(p)) for p in new_params])
+    first = (carry.bad_update_at < 0) & jnp.any(bad)
+    skip = (carry.bad_update_at >= 0) | first
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(skip, o, n), new, old)
+    return _TrainCarry(keep(new_params, carry.params), keep(opt_state, carry.opt_state),
+                       step_carry.hidden, step_carry.other, step_carry.traces,
+                       jnp.where(first, t_end, carry.bad_update_at),
+                       jnp.where(first, bad, carry.bad_params)), losses
+
+
+GRAD_PROGRAM = jax.jit(grad_program, static_argnames=("entry", "loss_fn", "spec"))
+""":func:`grad_program` under ``jax.jit`` (compiled once per entry, loss, loop and shapes)."""
+
+TRAIN_PROGRAM = jax.jit(train_program, static_argnames=("entry", "tx", "loss_fn", "update_every",
+                                                      "spec", "params_def"))
+""":func:`train_program` under ``jax.jit``."""
+
+EVOLVE_PROGRAM = jax.jit(evolve_program, static_argnames=("entry",))
+""":func:`evolve_program` under ``jax.jit``."""

@@ -1,0 +1,38 @@
+"""The time loops: run a sequence under an algorithm's rules, with memory independent of ``T``.
+
+Design note. The algorithms (``braintrace/_algorithms``) are rules per relation
+and hooks, bound to a graph once (:class:`~braintrace._algorithms.GraphRules`);
+they never run a loop. This package runs them over a sequence. A run is a
+:class:`LoopContext` (built once: rules, loss, Params, operands), a loop
+specification chosen in one place (:func:`choose_loop`: :class:`PerStep`,
+:class:`Blocked`, :class:`Windowed`) and one entry point, :func:`run`, over a
+:class:`ScanCarry` that every loop takes and returns with nothing pending.
+
+Modules, imports pointing one way: ``_context``; ``_step`` (one step's loss
+terms and Jacobians); ``_per_step`` (the carry, the per-step loop, the final
+gradients, evolution without gradients); ``_blocked``; ``_windowed``;
+``_spec`` (the choice); ``_run`` (the entry point).
+
+A new loop is a module here with a ``run_<loop>(ctx, carry, xs, ys, weights, ...)``,
+a spec record in ``_spec`` (and its case in :func:`choose_loop`), and its case
+in :func:`run`.
+"""
+
+from braintrace._loops._context import LoopContext as LoopContext
+from braintrace._loops._per_step import ScanCarry as ScanCarry
+from braintrace._loops._per_step import evolve as evolve
+from braintrace._loops._per_step import init_carry as init_carry
+from braintrace._loops._per_step import param_gradients as param_gradients
+from braintrace._loops._run import run as run
+from braintrace._loops._spec import DEFAULT_BLOCK_SIZE as DEFAULT_BLOCK_SIZE
+from braintrace._loops._spec import Blocked as Blocked
+from braintrace._loops._spec import LoopSpec as LoopSpec
+from braintrace._loops._spec import PerStep as PerStep
+from braintrace._loops._spec import Windowed as Windowed
+from braintrace._loops._spec import check_positive as check_positive
+from braintrace._loops._spec import choose_loop as choose_loop
+from braintrace._loops._step import step_jacobians as step_jacobians
+
+__all__ = ["DEFAULT_BLOCK_SIZE", "Blocked", "LoopContext", "LoopSpec", "PerStep", "ScanCarry",
+           "Windowed", "check_positive", "choose_loop", "evolve", "init_carry",
+           "param_gradients", "run", "step_jacobians"]

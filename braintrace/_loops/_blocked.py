@@ -1,0 +1,134 @@
+"""The time-blocked loop: the traces touched once per block of ``K`` steps.
+
+Per step only the model, its same-step gradient, the learning signal, the
+Jacobians and the rules' ``block_step`` (a short recursion such as ES-D-RTRL's
+``ε_f``) run; per block, every relation's ``block_finish`` advances its trace
+``K`` steps at once with matrix products and adds the block's gradient terms
+(the equations: ``braintrace/_algorithms/_block_algebra.py``). So the large
+trace is read and written once per block instead of every step; the extra
+buffers hold ``K`` steps of ``O(B·(I + O·S²))`` values. It is the per-step
+recursion regrouped: the same gradients.
+
+:func:`run_blocked` runs a sequence block by block (a shorter last block when
+``K`` does not divide ``T``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from braintrace._algorithms import BlockSteps, GraphRules
+from braintrace._compiler import programs
+from braintrace._loops._context import LoopContext
+from braintrace._loops._per_step import ScanCarry
+from braintrace._loops._step import add_same_step, probed_loss_terms, step_jacobians, step_leaves
+
+__all__ = ["run_blocked"]
+
+
+def _relation_steps(rules: GraphRules, signal: Any, d: Any, df: Any, rel_x: Any, dy: Any,
+                    stepped: Any, outs: Any) -> list[BlockSteps]:
+    """Each relation's view of the block's stacked steps."""
+    views = []
+    for i, (r, rule) in enumerate(zip(rules.relations, rules.relation_rules)):
+        if rule.block_step is None:
+            rel_signal = jax.vmap(lambda delta, r=r: rules.signal(delta, r))(signal)
+            views.append(BlockSteps(rel_signal, d[r.group], df[r.index], rel_x[i], dy[i]))
+        else:
+            views.append(BlockSteps(None, None, None, rel_x[i], dy[i], stepped[i], outs[i]))
+    return views
+
+
+def _run_block(ctx: LoopContext, carry: ScanCarry, inputs: Any) -> tuple[ScanCarry, jax.Array]:
+    """The steps of one block (model, same-step gradient, signal, Jacobians, and the
+    rules' ``block_step``), then every relation's ``block_finish``.
+
+    Where the Jacobians pick among colours (fused gates) and no ``block_step`` needs them
+    each step, the steps stack the raw Jacobian responses and ``D``, ``Df`` are arranged
+    once for the block (``programs.arranges_colours``).
+    """
+    rules, graph = ctx.rules, ctx.graph
+    hooked = [rule.block_step is not None for rule in rules.relation_rules]
+    stack_steps = rules.reads_stacked_steps
+    deferred = (not any(hooked) and rules.scope == "diagonal"
+                and programs.arranges_colours(graph))
+
+    def step(state, step_inputs):
+        hidden, other, same, stepped = state
+        x_t, y_t, w_t = step_inputs
+        leaves = step_leaves(ctx, hidden, other, x_t)
+        terms = probed_loss_terms(ctx, leaves, y_t, w_t)
+        jac = None if deferred else step_jacobians(rules, leaves)
+        outs = None
+        if any(hooked):
+            stepped, outs = rules.block_step(stepped, terms.signal, jac)
+        if not stack_steps:
+            signal, stacked_jac = [], ([], [])
+        elif deferred:
+            signal, stacked_jac = terms.signal, programs.jacobian_responses(graph, leaves)
+        else:
+            signal, stacked_jac = terms.signal, (list(jac.d), list(jac.df))
+        stacked = (signal, stacked_jac, terms.rel_x, terms.dy, outs)
+        return (terms.hidden, terms.other, add_same_step(same, terms.same_step_rest),
+                stepped), (stacked, terms.loss)
+
+    # only the block_step relations' states go through the steps
+    start = (list(carry.hidden), list(carry.other), list(carry.same_step),
+             [s if h else None for s, h in zip(carry.traces, hooked)])
+    (hidden, other, same, stepped), ((signal, jac, rel_x, dy, outs), losses) = jax.lax.scan(
+        step, start, inputs)
+    if deferred:  # the block's responses, arranged for all its steps at once
+        jac = jax.vmap(lambda responses: programs.assemble_jacobians(graph, responses))(jac)
+    views = _relation_steps(rules, signal, list(jac[0]), list(jac[1]), rel_x, dy, stepped,
+                            outs if any(hooked) else [None] * len(hooked))
+    traces, term = rules.block_finish(carry.traces, views, ctx.operands)
+    summed = jax.tree.map(jnp.add, carry.summed, term)
+    return carry._replace(hidden=hidden, other=other, traces=traces, summed=summed,
+                          same_step=same), losses
+
+
+def _loss_dtype(ctx: LoopContext, carry: ScanCarry, xs: Any, ys: Any) -> Any:
+    """The dtype of ``loss_fn`` on the first step (one forward pass, traced for shapes only)."""
+    first = lambda tree: jax.tree.map(lambda a: a[0], tree)
+
+    def loss():
+        leaves = step_leaves(ctx, carry.hidden, carry.other, first(xs))
+        outs, _ = programs.forward(ctx.graph, leaves, ctx.rules.feedback)
+        return ctx.loss_fn(jax.tree.unflatten(ctx.graph.out_treedef, outs.y), first(ys))
+
+    return jax.eval_shape(loss).dtype
+
+
+def run_blocked(ctx: LoopContext, carry: ScanCarry, xs: Any, ys: Any, weights: jax.Array,
+                block_size: int) -> tuple[ScanCarry, jax.Array]:
+    """Runs ``Σ_t w_t L_t``'s online loop in blocks of ``block_size`` steps.
+
+    ``carry`` must have nothing pending (a fresh or finished carry); so has
+    the carry returned. Returns it and each step's loss ``(T,)``.
+    """
+    length = weights.shape[0]
+    blocks, rest = divmod(length, block_size)
+    # Each block reads its steps in place and writes its losses into one (T,) buffer:
+    # slicing the sequence to whole blocks, or concatenating the losses, would copy
+    # memory that grows with T.
+    losses = jnp.zeros((length,), _loss_dtype(ctx, carry, xs, ys))
+
+    def block_at(state, start):
+        c, out = state
+        take = lambda a: jax.lax.dynamic_slice_in_dim(a, start, block_size)
+        c, block_losses = _run_block(ctx, c, jax.tree.map(take, (xs, ys, weights)))
+        return (c, jax.lax.dynamic_update_slice_in_dim(out, block_losses.astype(out.dtype),
+                                                       start, 0)), None
+
+    if blocks:
+        starts = jnp.arange(blocks, dtype=jnp.int32) * block_size
+        (carry, losses), _ = jax.lax.scan(block_at, (carry, losses), starts)
+    if rest:  # a shorter last block: its buffers (T mod K steps) add to the blocks' ones;
+        #          per step it would cost up to K - 1 slow steps per call
+        carry, tail_losses = _run_block(ctx, carry, jax.tree.map(lambda a: a[length - rest:],
+                                                                 (xs, ys, weights)))
+        losses = losses.at[length - rest:].set(tail_losses.astype(losses.dtype))
+    return carry, losses

@@ -1,0 +1,178 @@
+"""The per-step loop: one fused ``lax.scan`` over time.
+
+Per step ``t`` (memory independent of ``T``), with traces ``ε^{t-1}`` of the
+influence of the traced Params on the hidden state ``h^{t-1}``:
+
+.. math::
+
+    \\nabla_\\theta L_t = \\frac{\\partial L_t}{\\partial \\theta}\\Big|_{h^{t-1}}
+        + \\frac{\\partial L_t}{\\partial h^{t-1}} \\cdot \\epsilon^{t-1}
+
+1. the step's loss terms (``_step.py``): the exact same-step gradient of every
+   Param and the learning signal ``δ̄^t = ∂L_t/∂h^{t-1}``;
+2. the algorithm contracts ``δ̄^t`` with ``ε^{t-1}`` (its temporal credit);
+3. ``D^t`` and ``Df^t`` at ``(h^{t-1}, x^t)`` advance the traces to ``ε^t``.
+
+Step 3 is deferred: the carry holds this step's Jacobians and relation inputs
+(small, ``O(B·(I + O·S))``) and the next step applies them to the traces
+*before* contracting. So the large traces are written once and then read,
+which XLA does in place; contracting the old traces and writing the new ones
+in one step makes XLA copy every loop-carried buffer each step. A run ends
+with :func:`finish_carry`, which applies the last pending update.
+
+A learning signal that is contracted after the update (``after_update``,
+ThreeFactor's modulators) advances the traces first and contracts ``ε^t``
+with the signal the algorithm's hook returns; then nothing is pending.
+
+When the traces are exact (D-RTRL on a position-diagonal model) this is
+exactly BPTT; at ``T = 1`` it is BPTT for every algorithm and every model.
+After the loop, the summed contributions are mapped to the operands
+(``finalize``) and through the weight programs to the Params
+(:func:`param_gradients`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from braintrace._algorithms import GraphRules, Jacobians
+from braintrace._compiler import StepLeaves, programs
+from braintrace._loops._context import LoopContext
+from braintrace._loops._step import add_same_step, loss_terms, step_jacobians, step_leaves
+
+__all__ = ["Pending", "ScanCarry", "evolve", "finish_carry", "init_carry", "param_gradients",
+           "run_per_step"]
+
+
+class Pending(NamedTuple):
+    """A trace update not yet applied: one step's Jacobians and relation inputs."""
+
+    d: list[jax.Array]
+    df: list[jax.Array]
+    rel_x: list[jax.Array | None]
+
+
+class ScanCarry(NamedTuple):
+    """What every loop carries: model state, traces and gradient sums.
+
+    ``traces`` are ``ε^{t-2}`` until ``pending`` (step ``t-1``'s update) is
+    applied; ``fresh`` says there is nothing pending. Every loop takes and
+    returns a carry with nothing pending.
+    """
+
+    hidden: list[jax.Array]
+    other: list[jax.Array]
+    traces: Any
+    summed: Any
+    same_step: list[jax.Array]
+    pending: Pending
+    fresh: jax.Array
+
+
+def init_carry(ctx: LoopContext, hidden: Sequence[jax.Array], other: Sequence[jax.Array],
+               traces: Any) -> ScanCarry:
+    """A carry with zero gradient sums and nothing pending (shapes by abstract evaluation)."""
+    rules = ctx.rules
+    delta = [jnp.zeros_like(h) for h in hidden]
+    shapes = jax.eval_shape(lambda t, o: rules.contribution(t, delta, o), traces, ctx.operands)
+    zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    same = [jnp.zeros_like(p) for p in ctx.params]
+    return ScanCarry(list(hidden), list(other), traces, zero_sums, same,
+                     _zero_pending(ctx, hidden, other), jnp.ones((), bool))
+
+
+def _zero_pending(ctx: LoopContext, hidden, other) -> Pending:
+    """A pending update of the right shapes (never applied: the carry is ``fresh``)."""
+    if not ctx.rules.traced:
+        return Pending([], [], [])
+    graph = ctx.graph
+    leaves = StepLeaves(list(ctx.params), list(hidden), list(other),
+                        [jnp.zeros(shape, dtype) for shape, dtype in graph.input_avals])
+
+    def shapes():
+        jac = step_jacobians(ctx.rules, leaves)
+        return Pending(list(jac.d), list(jac.df), programs.forward(graph, leaves)[1])
+
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(shapes))
+
+
+def apply_pending(ctx: LoopContext, carry: ScanCarry) -> Any:
+    """The traces with the carry's pending update applied (unchanged when ``fresh``)."""
+    pending = carry.pending
+    new = ctx.rules.update(carry.traces, Jacobians(d=pending.d, df=pending.df), pending.rel_x,
+                           ctx.operands)
+    return jax.tree.map(lambda old, upd: jnp.where(carry.fresh, old, upd), carry.traces, new)
+
+
+def finish_carry(ctx: LoopContext, carry: ScanCarry) -> ScanCarry:
+    """Applies the pending update: the carry's traces become ``ε^T``."""
+    return carry._replace(traces=apply_pending(ctx, carry), fresh=jnp.ones((), bool))
+
+
+def _step(ctx: LoopContext, keep: Sequence[bool], carry: ScanCarry,
+          inputs: Any) -> tuple[ScanCarry, jax.Array]:
+    """One time step (module docstring); returns the new carry and ``L_t``."""
+    x_t, y_t, w_t, inputs_t = inputs
+    rules, signal = ctx.rules, ctx.rules.learning_signal
+    leaves = step_leaves(ctx, carry.hidden, carry.other, x_t)
+    terms = loss_terms(ctx, leaves, y_t, w_t)
+    jac = step_jacobians(rules, leaves)
+    same = add_same_step(carry.same_step, terms.same_step, keep)
+    if signal.after_update:  # ε^t now; nothing is ever pending
+        traces = rules.update(carry.traces, jac, terms.rel_x, ctx.operands)
+        pending, fresh = carry.pending, carry.fresh
+    else:
+        traces = apply_pending(ctx, carry)
+        pending, fresh = Pending(list(jac.d), list(jac.df), terms.rel_x), jnp.zeros((), bool)
+    term = rules.contribution(traces, signal.signal(terms.signal, inputs_t, w_t), ctx.operands)
+    summed = jax.tree.map(jnp.add, carry.summed, term)
+    return ScanCarry(terms.hidden, terms.other, traces, summed, same, pending, fresh), terms.loss
+
+
+def run_per_step(ctx: LoopContext, carry: ScanCarry, xs: Any, ys: Any, weights: jax.Array,
+                 signal_inputs: Any = None) -> tuple[ScanCarry, jax.Array]:
+    """The per-step loop over a sequence: the finished carry and each step's loss ``(T,)``.
+
+    ``signal_inputs``: the learning signal's per-step inputs (time axis leading), or ``None``.
+    """
+    keep = ctx.rules.learning_signal.keeps_same_step(ctx.graph)
+    carry, losses = jax.lax.scan(lambda c, i: _step(ctx, keep, c, i), carry,
+                                 (xs, ys, weights, signal_inputs))
+    return finish_carry(ctx, carry), losses
+
+
+def param_gradients(ctx: LoopContext, carry: ScanCarry) -> list[jax.Array]:
+    """Gradients per Param leaf: same-step sums plus the traced sums, finalised and mapped
+    through the weight programs."""
+    if not ctx.rules.traced:
+        return list(carry.same_step)
+    operand_grads = ctx.rules.finalize(carry.summed, ctx.operands)
+    traced = programs.operand_pullback(ctx.graph, ctx.params, operand_grads)
+    return [s + t.astype(s.dtype) for s, t in zip(carry.same_step, traced)]
+
+
+def evolve(rules: GraphRules, params: Sequence[jax.Array], hidden: Sequence[jax.Array],
+           other: Sequence[jax.Array], traces: Any, xs: Any
+           ) -> tuple[Any, list[jax.Array], list[jax.Array], Any]:
+    """Advances hidden state and traces over ``xs`` without gradients.
+
+    Returns:
+        ``(ys, hidden, other, traces)``: the outputs (time axis leading) and the state after.
+    """
+    graph = rules.graph
+    operands = programs.operands(graph, params)
+
+    def body(state, x_t):
+        hidden, other, traces = state
+        leaves = StepLeaves(list(params), hidden, other, jax.tree.leaves(x_t))
+        outs, rel_x = programs.forward(graph, leaves)
+        if rules.traced:
+            traces = rules.update(traces, step_jacobians(rules, leaves), rel_x, operands)
+        return (outs.hidden, outs.other, traces), jax.tree.unflatten(graph.out_treedef, outs.y)
+
+    (hidden, other, traces), ys = jax.lax.scan(body, (list(hidden), list(other), traces), xs)
+    return ys, hidden, other, traces

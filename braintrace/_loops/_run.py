@@ -1,0 +1,42 @@
+"""The one entry point of the loops: run a sequence with the loop chosen for it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from braintrace._loops._blocked import run_blocked
+from braintrace._loops._context import LoopContext
+from braintrace._loops._per_step import ScanCarry, run_per_step
+from braintrace._loops._spec import Blocked, LoopSpec, PerStep, Windowed
+from braintrace._loops._windowed import run_windowed
+
+__all__ = ["run"]
+
+
+def run(ctx: LoopContext, spec: LoopSpec, carry: ScanCarry, xs: Any, ys: Any,
+        weights: jax.Array, signal_inputs: Any = None) -> tuple[ScanCarry, jax.Array]:
+    """Runs ``Σ_t w_t L_t`` over a sequence (time axis leading) with the loop ``spec``.
+
+    Args:
+        ctx: The context (rules, loss, Params, operands).
+        spec: The loop (:func:`~braintrace._loops.choose_loop`).
+        carry: The state entering the sequence, nothing pending.
+        xs, ys: Inputs and targets, time axis leading.
+        weights: ``(T,)`` weights ``w_t``.
+        signal_inputs: The learning signal's per-step inputs (per-step loop only), or ``None``.
+
+    Returns:
+        ``(carry, losses)``: the carry after the last step (nothing pending; its sums give
+        the gradients through ``param_gradients``) and each step's loss ``(T,)``.
+    """
+    if signal_inputs is not None and not isinstance(spec, PerStep):
+        raise ValueError("A learning signal with per-step inputs runs in the per-step loop.")
+    if isinstance(spec, PerStep):
+        return run_per_step(ctx, carry, xs, ys, weights, signal_inputs)
+    if isinstance(spec, Blocked):
+        return run_blocked(ctx, carry, xs, ys, weights, spec.size)
+    if isinstance(spec, Windowed):
+        return run_windowed(ctx, carry, xs, ys, weights, spec.size)
+    raise TypeError(f"Unknown loop {spec!r}.")

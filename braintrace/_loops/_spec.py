@@ -1,0 +1,119 @@
+"""Which loop runs a sequence, chosen in one place.
+
+Three loops run a sequence of ``T`` steps, all with memory independent of
+``T`` (but for the window):
+
+* :class:`PerStep`: one step at a time (``_per_step.py``);
+* :class:`Blocked`: the traces advanced ``K`` steps at once (``_blocked.py``);
+* :class:`Windowed`: exact reverse mode inside windows of ``K`` steps, the traces
+  carrying credit across windows (``_windowed.py``); BPTT is one window over
+  the whole sequence, truncated BPTT windows with no traces.
+
+:func:`choose_loop` picks one from what the caller asks (``chunk_size``,
+``block_size``) and what the algorithm's rules offer (a blocked form, windowed
+mode, a learning signal of their own); nothing else decides it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import Any
+
+from braintrace._algorithms import GraphRules
+
+__all__ = ["DEFAULT_BLOCK_SIZE", "Blocked", "LoopSpec", "PerStep", "Windowed", "check_positive",
+           "choose_loop"]
+
+DEFAULT_BLOCK_SIZE = 32
+"""Steps per block when the caller does not choose ``block_size`` and the rules have a blocked
+form."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PerStep:
+    """The per-step loop."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocked:
+    """The time-blocked loop, ``size`` steps per block (the last block may be shorter)."""
+
+    size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Windowed:
+    """The windowed loop, ``size`` steps per window (``size`` divides the sequence length)."""
+
+    size: int
+
+
+LoopSpec = PerStep | Blocked | Windowed
+
+
+def check_positive(name: str, value: Any, *, length: int | None = None) -> int:
+    """``value`` as an int, after checking it is a positive integer (dividing ``length``).
+
+    Raises:
+        ValueError: It is not (a float or a bool is not an int; NumPy integers are).
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}.")
+    if length is not None and length % int(value):
+        raise ValueError(f"{name}={int(value)} must divide the sequence length {length}.")
+    return int(value)
+
+
+def choose_loop(rules: GraphRules, *, length: int, chunk_size: int | None = None,
+                block_size: int | None = None) -> LoopSpec:
+    """The loop that runs a sequence of ``length`` steps under ``rules``.
+
+    Args:
+        rules: The algorithm bound to the graph.
+        length: The number of time steps.
+        chunk_size: Windowed mode with windows of this many steps (dividing
+            ``length``); ``None``: not windowed (BPTT then takes one window of
+            ``length`` steps).
+        block_size: Time blocks of the traces outside windowed mode; ``None``:
+            :data:`DEFAULT_BLOCK_SIZE` where the rules have a blocked form,
+            else the per-step loop.
+
+    Raises:
+        ValueError: An argument is not a positive int, ``chunk_size`` does not
+            divide ``length``, or the rules do not support what is asked (the
+            message names the algorithm and what to do).
+
+    Example:
+        >>> from braintrace._loops import Blocked, choose_loop
+        >>> import braintrace, jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from braintrace import layers
+        >>> model = nnx.Sequential(layers.ETPLinear(3, 4, rngs=nnx.Rngs(0)), layers.LIF(4))
+        >>> learner = braintrace.compile(model, 'd_rtrl', jnp.ones((3,)))
+        >>> choose_loop(learner.rules, length=100)
+        Blocked(size=32)
+        >>> choose_loop(learner.rules, length=100, chunk_size=10)
+        Windowed(size=10)
+    """
+    if chunk_size is not None:
+        chunk_size = check_positive("chunk_size", chunk_size, length=length)
+        if not rules.supports_windowed:
+            raise ValueError(
+                f"Algorithm '{rules.name}' with these settings is a single-step rule (e.g. "
+                "EProp(feedback='random'), ThreeFactor); call it without chunk_size.")
+        return Windowed(chunk_size)
+    if rules.needs_window:
+        if rules.window is not None:
+            raise ValueError(
+                f"Algorithm '{rules.name}' injects synthetic gradients at window boundaries: "
+                "pass chunk_size=K (windowed mode).")
+        return Windowed(length)
+    if block_size is None:
+        return Blocked(DEFAULT_BLOCK_SIZE) if rules.supports_blocks else PerStep()
+    block_size = check_positive("block_size", block_size)
+    if block_size > 1 and not rules.supports_blocks:
+        raise ValueError(
+            f"Algorithm '{rules.name}' has no time-blocked form for this model; pass "
+            "block_size=1 (or leave it unset).")
+    return Blocked(block_size) if block_size > 1 else PerStep()

@@ -1,0 +1,143 @@
+"""One time step of online learning, before any trace is touched.
+
+Per step ``t``, with Params ``θ`` and the hidden state ``h^{t-1}`` it starts from:
+
+1. the forward pass of the step (the new state ``h^t``, the output ``y^t`` and
+   each relation's input ``x^t``);
+2. the VJP of the step's weighted loss ``w_t·L_t`` with respect to the Params
+   and ``h^{t-1}``: the exact same-step gradient ``∂(w_t L_t)/∂θ|_{h^{t-1}}``
+   of every Param (every path of the step: nothing is ever dropped from it)
+   and the learning signal ``δ̄^t = ∂(w_t L_t)/∂h^{t-1}``, which covers both a
+   loss that reads the new state and one that reads the previous state;
+3. the hidden Jacobians ``D^t = ∂h^t/∂h^{t-1}`` and ``Df^t = ∂h^t/∂y^t`` at
+   ``(h^{t-1}, x^t)`` in the scope the algorithm reads.
+
+:func:`loss_terms` is 1 and 2. :func:`probed_loss_terms` is the same pass with
+each relation's output cotangent ``∂(w_t L_t)/∂y^t`` returned instead of the
+relations' own share of the same-step gradient (the time-blocked rules add that
+share in their block product). :func:`step_jacobians` is 3.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from braintrace._algorithms import GraphRules, Jacobians, is_batched
+from braintrace._compiler import StepLeaves, programs
+from braintrace._loops._context import LoopContext
+
+__all__ = ["LossTerms", "ProbedLossTerms", "add_same_step", "loss_terms", "probed_loss_terms",
+           "step_jacobians", "step_leaves"]
+
+
+class LossTerms(NamedTuple):
+    """Steps 1 and 2 of one time step (module docstring).
+
+    Attributes:
+        hidden, other: The state after the step.
+        same_step: ``∂(w_t L_t)/∂θ|_{h^{t-1}}`` per Param leaf.
+        signal: ``δ̄^t = ∂(w_t L_t)/∂h^{t-1}`` per hidden leaf.
+        rel_x: Each relation's input ``x^t`` (``None`` for elementwise relations).
+        loss: ``L_t`` (unweighted).
+    """
+
+    hidden: list[jax.Array]
+    other: list[jax.Array]
+    same_step: list[jax.Array]
+    signal: list[jax.Array]
+    rel_x: list[jax.Array | None]
+    loss: jax.Array
+
+
+class ProbedLossTerms(NamedTuple):
+    """Steps 1 and 2 with the relations' output cotangents (module docstring).
+
+    Attributes:
+        hidden, other: The state after the step.
+        same_step_rest: The same-step gradient per Param leaf *without* each
+            relation's own share ``xy_to_dw(x^t, dy^t)``.
+        dy: Each relation's output cotangent ``∂(w_t L_t)/∂y^t`` (``None`` for a
+            relation sharing an earlier one's equation, which counts it).
+        signal: ``δ̄^t`` per hidden leaf.
+        rel_x: Each relation's input ``x^t``.
+        loss: ``L_t`` (unweighted).
+    """
+
+    hidden: list[jax.Array]
+    other: list[jax.Array]
+    same_step_rest: list[jax.Array]
+    dy: list[jax.Array | None]
+    signal: list[jax.Array]
+    rel_x: list[jax.Array | None]
+    loss: jax.Array
+
+
+def step_leaves(ctx: LoopContext, hidden: Sequence[jax.Array], other: Sequence[jax.Array],
+                x_t: Any) -> StepLeaves:
+    """The leaves of one step: the context's Params, the state it starts from, its input."""
+    return StepLeaves(list(ctx.params), list(hidden), list(other), jax.tree.leaves(x_t))
+
+
+def _reverse_pass(ctx: LoopContext, leaves: StepLeaves, y_t: Any, weight_t: jax.Array,
+                  probes: Any) -> tuple[Any, ...]:
+    graph, loss_fn = ctx.graph, ctx.loss_fn
+
+    def weighted_loss(params, hidden, probes):
+        outs, rel_x = programs.forward(graph, leaves._replace(params=params, hidden=hidden),
+                                       ctx.rules.feedback, probes)
+        loss = loss_fn(jax.tree.unflatten(graph.out_treedef, outs.y), y_t)
+        if jnp.ndim(loss) != 0:
+            raise ValueError(
+                f"loss_fn must return a scalar per time step, got shape {jnp.shape(loss)}. "
+                "Reduce over the batch and feature axes inside loss_fn.")
+        return loss * weight_t, (loss, outs, rel_x)
+
+    weighted, pullback, (loss, outs, rel_x) = jax.vjp(
+        weighted_loss, leaves.params, leaves.hidden, probes, has_aux=True)
+    same_step, signal, dy = pullback(jnp.ones_like(weighted))  # w_t may be wider than L_t
+    return outs, list(rel_x), loss, same_step, signal, dy
+
+
+def loss_terms(ctx: LoopContext, leaves: StepLeaves, y_t: Any,
+               weight_t: jax.Array) -> LossTerms:
+    """The forward pass and the reverse pass of ``w_t L_t`` (module docstring, 1 and 2)."""
+    outs, rel_x, loss, same_step, signal, _ = _reverse_pass(ctx, leaves, y_t, weight_t, None)
+    return LossTerms(outs.hidden, outs.other, same_step, signal, rel_x, loss)
+
+
+def probed_loss_terms(ctx: LoopContext, leaves: StepLeaves, y_t: Any,
+                      weight_t: jax.Array) -> ProbedLossTerms:
+    """:func:`loss_terms` with the relations' output cotangents instead of their share of the
+    same-step gradient."""
+    probes = programs.output_probes(ctx.graph)
+    outs, rel_x, loss, rest, signal, dy = _reverse_pass(ctx, leaves, y_t, weight_t, probes)
+    return ProbedLossTerms(outs.hidden, outs.other, rest, dy, signal, rel_x, loss)
+
+
+def step_jacobians(rules: GraphRules, leaves: StepLeaves) -> Jacobians:
+    """``D`` (diagonal, coupled or full, as the algorithm reads) and ``Df`` of one step.
+
+    In the full scope every group reads the one per-sample Jacobian ``J``.
+    """
+    graph = rules.graph
+    if rules.scope == "full":
+        jac, df = programs.full_jacobians(graph, leaves, is_batched(graph))
+        return Jacobians(d=[jac] * len(graph.groups), df=df)
+    d, df = programs.jacobians(graph, leaves)
+    if rules.scope == "coupled":
+        d = programs.coupled_jacobians(graph, leaves)
+    return Jacobians(d=d, df=df)
+
+
+def add_same_step(total: Sequence[jax.Array], same_step: Sequence[jax.Array],
+                  keep: Sequence[bool] | None = None) -> list[jax.Array]:
+    """The running same-step gradient sums, each kept in its Param's dtype.
+
+    ``keep``: per Param, whether to add (the learning signal's ``keeps_same_step``).
+    """
+    keep = [True] * len(total) if keep is None else keep
+    return [a + b.astype(a.dtype) if k else a for a, b, k in zip(total, same_step, keep)]

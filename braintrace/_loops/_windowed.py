@@ -1,0 +1,93 @@
+"""The windowed loop: exact reverse mode inside windows of ``k`` steps, traces carry credit across.
+
+For a window starting at hidden state ``h_0`` with traces ``ε_0``:
+
+.. math::
+
+    \\nabla_\\theta L_w = \\mathrm{BPTT}_w(\\theta)
+        + \\frac{\\partial L_w}{\\partial h_0} \\cdot \\epsilon_0
+
+then the traces advance through the window step by step. With ``k = 1`` this
+is the per-step rule of ``_per_step.py``; with no traces (BPTT) it is
+truncated BPTT, and one window over the whole sequence is BPTT. Memory grows
+with ``k``, not with the sequence length. An algorithm's window hook
+(``GraphRules.window``, DNI's synthetic gradients) adds to each window's loss at
+its end (``injected``) and corrects its start (``correct``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from braintrace._compiler import StepLeaves, programs
+from braintrace._loops._context import LoopContext
+from braintrace._loops._per_step import ScanCarry
+from braintrace._loops._step import step_jacobians, step_leaves
+
+__all__ = ["run_windowed"]
+
+
+def run_windowed(ctx: LoopContext, carry: ScanCarry, xs: Any, ys: Any, weights: jax.Array,
+                 window: int) -> tuple[ScanCarry, jax.Array]:
+    """Runs ``Σ_t w_t L_t`` in windows of ``window`` steps (module docstring).
+
+    ``window`` divides the sequence length. ``carry`` has nothing pending, and
+    so has the carry returned. Returns it and each step's loss ``(T,)``.
+    """
+    length = weights.shape[0]
+    split = lambda a: a.reshape(length // window, window, *a.shape[1:])
+    rules = ctx.rules
+    hooks = rules.window
+
+    def advance(state, x_t):
+        h, o, tr = state
+        leaves = step_leaves(ctx, h, o, x_t)
+        outs, rel_x = programs.forward(ctx.graph, leaves)
+        tr = rules.update(tr, step_jacobians(rules, leaves), rel_x, ctx.operands)
+        return (outs.hidden, outs.other, tr), None
+
+    def one_window(carry, inputs):
+        xw, yw, ww, t0 = inputs
+        total, pullback, (losses, h_end, o_end) = jax.vjp(
+            lambda p, h: _window_loss(ctx, p, h, carry.other, xw, yw, ww, t0 + window),
+            list(ctx.params), list(carry.hidden), has_aux=True)
+        g_params, g_hidden = pullback(jnp.ones_like(total))  # w_t may be wider than L_t
+        if hooks is not None:
+            g_hidden, g_params = hooks.correct(ctx.params, carry.hidden, g_hidden, g_params, t0)
+        term = rules.contribution(carry.traces, g_hidden, ctx.operands)
+        summed = jax.tree.map(jnp.add, carry.summed, term)
+        same = [a + b.astype(a.dtype) for a, b in zip(carry.same_step, g_params)]
+        if rules.traced:  # the traces advance through the window (the state with them)
+            (h_end, o_end, traces), _ = jax.lax.scan(
+                advance, (carry.hidden, carry.other, carry.traces), xw)
+        else:
+            traces = carry.traces
+        return carry._replace(hidden=list(h_end), other=list(o_end), traces=traces,
+                              summed=summed, same_step=same), losses
+
+    starts = jnp.arange(length // window, dtype=jnp.int32) * window
+    carry, losses = jax.lax.scan(one_window, carry, (*(jax.tree.map(split, a)
+                                                       for a in (xs, ys, weights)), starts))
+    return carry, losses.reshape(length)
+
+
+def _window_loss(ctx: LoopContext, params, hidden, other, xw, yw, ww,
+                 t_end) -> tuple[jax.Array, tuple[jax.Array, Any, Any]]:
+    """``Σ_k w_k L_k`` of one window from ``hidden`` (plus the window hook's injection at its
+    end); aux: the losses and the state at the window's end."""
+    graph = ctx.graph
+
+    def body(state, inputs):
+        h, o = state
+        outs, _ = programs.forward(graph, StepLeaves(params, h, o, jax.tree.leaves(inputs[0])))
+        return (outs.hidden, outs.other), ctx.loss_fn(
+            jax.tree.unflatten(graph.out_treedef, outs.y), inputs[1])
+
+    (h_end, o_end), losses = jax.lax.scan(body, (list(hidden), list(other)), (xw, yw))
+    total = jnp.sum(losses * ww)
+    if ctx.rules.window is not None:
+        total = total + ctx.rules.window.injected(params, h_end, t_end)
+    return total, (losses, h_end, o_end)
