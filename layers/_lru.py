@@ -29,17 +29,17 @@ elementwise, so D-RTRL equals BPTT for every Param of one layer (``C`` and
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from flax.typing import Dtype, Initializer
+from flax.typing import Dtype
 from jax.typing import ArrayLike
 
 from braintrace._hidden import HiddenState
 from braintrace._primitives import element_wise, matmul
 
+from ._cell import AbstractCell
 from ._checks import check_step_input
 
 __all__ = ["LRU", "LRUCell"]
@@ -127,7 +127,7 @@ class _LRUParams(nnx.Module):
         return new_re.astype(h_re.dtype), new_im.astype(h_im.dtype), y
 
 
-class LRUCell(_LRUParams, nnx.RNNCellBase):
+class LRUCell(_LRUParams, AbstractCell):
     r"""The linear recurrent unit on the Flax cell protocol: ``cell(carry, x) -> (carry, y)``.
 
     See the module docstring for the equations. The carry is the state
@@ -159,37 +159,14 @@ class LRUCell(_LRUParams, nnx.RNNCellBase):
         (2, 7, 3)
     """
 
-    def __call__(self, carry: tuple[jax.Array, jax.Array], inputs: ArrayLike
-                 ) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:  # type: ignore[override]
+    carry_size = 2
+
+    def _advance(self, carry: tuple[jax.Array, jax.Array], inputs: ArrayLike
+                 ) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
         """One step: returns ``((h_re', h_im'), y)``."""
         h_re, h_im = carry
-        expected = (*h_re.shape[:-1], self.in_features)
-        if tuple(jnp.shape(inputs)) != expected:
-            raise ValueError(
-                f"LRUCell: input of shape {tuple(jnp.shape(inputs))} does not fit the carry of "
-                f"shape {tuple(h_re.shape)}; expected input shape {expected}. Build the carry "
-                f"with initialize_carry(input_shape) for the input's batch shape.")
         new_re, new_im, y = self._step(h_re, h_im, jnp.asarray(inputs))
         return (new_re, new_im), y
-
-    def initialize_carry(self, input_shape: tuple[int, ...], rngs: Any = None,
-                         carry_init: Initializer | None = None
-                         ) -> tuple[jax.Array, jax.Array]:  # type: ignore[override]
-        """``(h_re, h_im)``: zeros (or ``carry_init``) of shape ``(*input_shape[:-1], hidden)``."""
-        shape = (*tuple(input_shape)[:-1], self.hidden_features)
-        if carry_init is None:
-            return jnp.zeros(shape, self.param_dtype), jnp.zeros(shape, self.param_dtype)
-        if rngs is None:
-            raise ValueError("LRUCell.initialize_carry: a carry_init needs rngs; pass "
-                             "rngs=nnx.Rngs(...).")
-        stream = rngs.carry if isinstance(rngs, nnx.Rngs) else rngs
-        return (carry_init(stream(), shape, self.param_dtype),
-                carry_init(stream(), shape, self.param_dtype))
-
-    @property
-    def num_feature_axes(self) -> int:
-        """The number of feature axes of an input (one)."""
-        return 1
 
 
 class LRU(_LRUParams):

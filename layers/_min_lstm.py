@@ -11,14 +11,14 @@ from flax import nnx
 from flax.nnx.nn.recurrent import default_kernel_init
 from flax.typing import Dtype, Initializer
 
+from ._cell import AbstractCell
 from ._linear import ETPLinear
-from ._recurrent import _check_step, _zero_carry, _zeros
+from ._recurrent import _zeros
 
 __all__ = ["MinLSTMCell"]
 
 
-
-class MinLSTMCell(nnx.RNNCellBase):
+class MinLSTMCell(AbstractCell):
     r"""Minimal long short-term memory cell (minLSTM; Feng et al., 2024), learning online.
 
     From "Were RNNs all we needed?": the gates and the candidate see only the
@@ -59,6 +59,8 @@ class MinLSTMCell(nnx.RNNCellBase):
         (2, 7, 5)
     """
 
+    carry_size = 1
+
     def __init__(
         self,
         in_features: int,
@@ -86,21 +88,10 @@ class MinLSTMCell(nnx.RNNCellBase):
         self.dense_i = dense()
         self.dense_h = dense()
 
-    def __call__(self, carry: jax.Array, inputs: jax.Array) -> tuple[jax.Array, jax.Array]:  # type: ignore[override]
+    def _advance(self, carry: jax.Array, inputs: jax.Array) -> tuple[jax.Array, jax.Array]:
         """One step: returns ``(h', h')``."""
-        _check_step(self, carry, inputs)
         f = self.gate_fn(self.dense_f(inputs))
         i = self.gate_fn(self.dense_i(inputs))
         total = f + i
         new_h = (f / total) * carry + (i / total) * self.dense_h(inputs)
         return new_h, new_h
-
-    def initialize_carry(self, input_shape: tuple[int, ...], rngs: Any = None,
-                         carry_init: Initializer | None = None) -> jax.Array:  # type: ignore[override]
-        """Zeros (or ``carry_init``) of shape ``(*input_shape[:-1], hidden_features)``."""
-        return _zero_carry(self, input_shape, rngs, carry_init, 1)[0]
-
-    @property
-    def num_feature_axes(self) -> int:
-        """The number of feature axes of an input (one)."""
-        return 1

@@ -10,19 +10,19 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from flax.nnx.nn import dtypes, initializers
+from flax.nnx.nn import dtypes
 from flax.nnx.nn.recurrent import default_kernel_init
 from flax.typing import Dtype, Initializer, PromoteDtypeFn
 from jax.typing import ArrayLike
 
 from braintrace._primitives import matmul
 
+from ._cell import AbstractCell
 from ._checks import check_features
 from ._linear import ETPLinear
-from ._recurrent import _check_step, _orthogonal, _zeros
+from ._recurrent import _orthogonal, _zeros
 
 __all__ = ["OptimizedLSTMCell"]
-
 
 
 class _PromotingLinear(ETPLinear):
@@ -42,7 +42,7 @@ class _PromotingLinear(ETPLinear):
         return matmul(inputs, kernel, bias, precision=self.precision)
 
 
-class OptimizedLSTMCell(nnx.RNNCellBase):
+class OptimizedLSTMCell(AbstractCell):
     r"""LSTM cell with fused gate kernels, learning online.
 
     .. math::
@@ -87,6 +87,8 @@ class OptimizedLSTMCell(nnx.RNNCellBase):
         >>> nnx.RNN(cell)(jnp.ones((2, 7, 3))).shape
         (2, 7, 5)
     """
+
+    carry_size = 2
 
     def __init__(
         self,
@@ -137,39 +139,11 @@ class OptimizedLSTMCell(nnx.RNNCellBase):
                           stacklevel=2)
         self.carry_init = carry_init
 
-    def __call__(self, carry: tuple[jax.Array, jax.Array], inputs: jax.Array
-                 ) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:  # type: ignore[override]
+    def _advance(self, carry: tuple[jax.Array, jax.Array], inputs: jax.Array
+                 ) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
         """One step: returns ``((c', h'), h')``."""
         c, h = carry
-        _check_step(self, h, inputs)
         i, f, g, o = jnp.split(self.dense_i(inputs) + self.dense_h(h), 4, axis=-1)
         new_c = self.gate_fn(f) * c + self.gate_fn(i) * self.activation_fn(g)
         new_h = self.gate_fn(o) * self.activation_fn(new_c)
         return (new_c, new_h), new_h
-
-    def initialize_carry(self, input_shape: tuple[int, ...], rngs: Any = None,
-                         carry_init: Initializer | None = None
-                         ) -> tuple[jax.Array, jax.Array]:  # type: ignore[override]
-        """``(c, h)`` of shape ``(*input_shape[:-1], hidden_features)``, drawn as Flax does.
-
-        ``carry_init`` (else the constructor's, else zeros) draws ``c`` then
-        ``h`` from ``rngs`` (else the kept ``rngs``); zeros need no ``rngs``.
-        """
-        shape = (*tuple(input_shape)[:-1], self.hidden_features)
-        stream = self.rngs if rngs is None else rngs
-        stream = stream.carry if isinstance(stream, nnx.Rngs) else stream
-        init = carry_init if carry_init is not None else self.carry_init
-        if stream is None:
-            if init is not None:
-                raise ValueError("OptimizedLSTMCell.initialize_carry: a carry_init needs rngs; "
-                                 "pass rngs=nnx.Rngs(...).")
-            return jnp.zeros(shape, self.param_dtype), jnp.zeros(shape, self.param_dtype)
-        init = initializers.zeros_init() if init is None else init
-        c = init(stream(), shape, self.param_dtype)
-        h = init(stream(), shape, self.param_dtype)
-        return c, h
-
-    @property
-    def num_feature_axes(self) -> int:
-        """The number of feature axes of an input (one)."""
-        return 1

@@ -20,6 +20,7 @@ from flax.nnx.nn import initializers
 from flax.nnx.nn.recurrent import default_kernel_init, modified_orthogonal
 from flax.typing import Dtype, Initializer
 
+from ._cell import AbstractCell
 from ._linear import ETPLinear
 
 __all__ = ["GRUCell", "LSTMCell", "MinGRUCell", "SimpleCell"]
@@ -28,37 +29,8 @@ _lecun_normal = initializers.lecun_normal()
 _orthogonal = initializers.orthogonal()
 _zeros = initializers.zeros_init()
 
-Carry = Any
 
-
-def _check_step(cell: Any, carry: jax.Array, inputs: jax.Array) -> None:
-    batch = tuple(carry.shape[:-1])
-    expected = (*batch, cell.in_features)
-    if tuple(inputs.shape) != expected:
-        raise ValueError(
-            f"{type(cell).__name__}: input of shape {tuple(inputs.shape)} does not fit the "
-            f"carry of shape {tuple(carry.shape)}; expected input shape {expected}. Build the "
-            f"carry with initialize_carry(input_shape) for the input's batch shape.")
-
-
-def _zero_carry(cell: Any, input_shape: tuple[int, ...], rngs: Any,
-                carry_init: Initializer | None, count: int) -> tuple[jax.Array, ...]:
-    """``count`` carry arrays of shape ``(*input_shape[:-1], hidden_features)``.
-
-    ``rngs`` is only needed by a random ``carry_init``; zeros need none.
-    """
-    shape = (*tuple(input_shape)[:-1], cell.hidden_features)
-    if carry_init is None:
-        return tuple(jnp.zeros(shape, cell.param_dtype) for _ in range(count))
-    if rngs is None:
-        raise ValueError(
-            f"{type(cell).__name__}.initialize_carry: a carry_init needs rngs; pass "
-            f"rngs=nnx.Rngs(...).")
-    stream = rngs.carry if isinstance(rngs, nnx.Rngs) else rngs
-    return tuple(carry_init(stream(), shape, cell.param_dtype) for _ in range(count))
-
-
-class SimpleCell(nnx.RNNCellBase):
+class SimpleCell(AbstractCell):
     r"""Simple (Elman) cell, ``h' = act(W_i x + b_i + W_h h)``, learning online.
 
     Same constructor, Params (``dense_i`` with bias, ``dense_h`` without) and
@@ -92,6 +64,8 @@ class SimpleCell(nnx.RNNCellBase):
         (2, 7, 5)
     """
 
+    carry_size = 1
+
     def __init__(
         self,
         in_features: int,
@@ -124,27 +98,17 @@ class SimpleCell(nnx.RNNCellBase):
             kernel_init=kernel_init, bias_init=bias_init, rngs=rngs,
             kernel_metadata=kernel_metadata, bias_metadata=bias_metadata)
 
-    def __call__(self, carry: jax.Array, inputs: jax.Array) -> tuple[jax.Array, jax.Array]:  # type: ignore[override]
+    def _advance(self, carry: jax.Array, inputs: jax.Array) -> tuple[jax.Array, jax.Array]:
         """One step: returns ``(h', h')``."""
-        _check_step(self, carry, inputs)
         new_carry = self.dense_i(inputs) + self.dense_h(carry)
         if self.residual:
             new_carry = new_carry + carry
         new_carry = self.activation_fn(new_carry)
         return new_carry, new_carry
 
-    def initialize_carry(self, input_shape: tuple[int, ...], rngs: Any = None,
-                         carry_init: Initializer | None = None) -> jax.Array:  # type: ignore[override]
-        """Zeros (or ``carry_init``) of shape ``(*input_shape[:-1], hidden_features)``."""
-        return _zero_carry(self, input_shape, rngs, carry_init, 1)[0]
-
-    @property
-    def num_feature_axes(self) -> int:
-        """The number of feature axes of an input (one)."""
-        return 1
 
 
-class GRUCell(nnx.RNNCellBase):
+class GRUCell(AbstractCell):
     r"""Gated recurrent unit, learning online.
 
     .. math::
@@ -183,6 +147,8 @@ class GRUCell(nnx.RNNCellBase):
         (2, 7, 5)
     """
 
+    carry_size = 1
+
     def __init__(
         self,
         in_features: int,
@@ -215,9 +181,8 @@ class GRUCell(nnx.RNNCellBase):
             kernel_init=recurrent_kernel_init, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
             kernel_metadata=recurrent_kernel_metadata)
 
-    def __call__(self, carry: jax.Array, inputs: jax.Array) -> tuple[jax.Array, jax.Array]:  # type: ignore[override]
+    def _advance(self, carry: jax.Array, inputs: jax.Array) -> tuple[jax.Array, jax.Array]:
         """One step: returns ``(h', h')``."""
-        _check_step(self, carry, inputs)
         h = carry
         xi_r, xi_z, xi_n = jnp.split(self.dense_i(inputs), 3, axis=-1)
         hh_r, hh_z, hh_n = jnp.split(self.dense_h(h), 3, axis=-1)
@@ -227,18 +192,9 @@ class GRUCell(nnx.RNNCellBase):
         new_h = (1.0 - z) * n + z * h
         return new_h, new_h
 
-    def initialize_carry(self, input_shape: tuple[int, ...], rngs: Any = None,
-                         carry_init: Initializer | None = None) -> jax.Array:  # type: ignore[override]
-        """Zeros (or ``carry_init``) of shape ``(*input_shape[:-1], hidden_features)``."""
-        return _zero_carry(self, input_shape, rngs, carry_init, 1)[0]
-
-    @property
-    def num_feature_axes(self) -> int:
-        """The number of feature axes of an input (one)."""
-        return 1
 
 
-class LSTMCell(nnx.RNNCellBase):
+class LSTMCell(AbstractCell):
     r"""Long short-term memory cell, learning online.
 
     .. math::
@@ -278,6 +234,8 @@ class LSTMCell(nnx.RNNCellBase):
         >>> c.shape, y.shape
         ((2, 5), (2, 5))
     """
+
+    carry_size = 2
 
     def __init__(
         self,
@@ -324,11 +282,10 @@ class LSTMCell(nnx.RNNCellBase):
         self.hg = dense_h()
         self.ho = dense_h()
 
-    def __call__(self, carry: tuple[jax.Array, jax.Array], inputs: jax.Array
-                 ) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:  # type: ignore[override]
+    def _advance(self, carry: tuple[jax.Array, jax.Array], inputs: jax.Array
+                 ) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
         """One step: returns ``((c', h'), h')``."""
         c, h = carry
-        _check_step(self, h, inputs)
         i = self.gate_fn(self.ii(inputs) + self.hi(h))
         f = self.gate_fn(self.if_(inputs) + self.hf(h))
         g = self.activation_fn(self.ig(inputs) + self.hg(h))
@@ -337,20 +294,9 @@ class LSTMCell(nnx.RNNCellBase):
         new_h = o * self.activation_fn(new_c)
         return (new_c, new_h), new_h
 
-    def initialize_carry(self, input_shape: tuple[int, ...], rngs: Any = None,
-                         carry_init: Initializer | None = None
-                         ) -> tuple[jax.Array, jax.Array]:  # type: ignore[override]
-        """``(c, h)``: zeros (or ``carry_init``) of shape ``(*input_shape[:-1], hidden_features)``."""
-        c, h = _zero_carry(self, input_shape, rngs, carry_init, 2)
-        return c, h
-
-    @property
-    def num_feature_axes(self) -> int:
-        """The number of feature axes of an input (one)."""
-        return 1
 
 
-class MinGRUCell(nnx.RNNCellBase):
+class MinGRUCell(AbstractCell):
     r"""Minimal gated recurrent unit (minGRU; Feng et al., 2024), learning online.
 
     .. math::
@@ -380,6 +326,8 @@ class MinGRUCell(nnx.RNNCellBase):
         (2, 7, 5)
     """
 
+    carry_size = 1
+
     def __init__(
         self,
         in_features: int,
@@ -404,19 +352,9 @@ class MinGRUCell(nnx.RNNCellBase):
                                  bias_init=bias_init, dtype=dtype, param_dtype=param_dtype,
                                  rngs=rngs)
 
-    def __call__(self, carry: jax.Array, inputs: jax.Array) -> tuple[jax.Array, jax.Array]:  # type: ignore[override]
+    def _advance(self, carry: jax.Array, inputs: jax.Array) -> tuple[jax.Array, jax.Array]:
         """One step: returns ``(h', h')``."""
-        _check_step(self, carry, inputs)
         z = self.gate_fn(self.dense_z(inputs))
         new_h = (1.0 - z) * carry + z * self.dense_n(inputs)
         return new_h, new_h
 
-    def initialize_carry(self, input_shape: tuple[int, ...], rngs: Any = None,
-                         carry_init: Initializer | None = None) -> jax.Array:  # type: ignore[override]
-        """Zeros (or ``carry_init``) of shape ``(*input_shape[:-1], hidden_features)``."""
-        return _zero_carry(self, input_shape, rngs, carry_init, 1)[0]
-
-    @property
-    def num_feature_axes(self) -> int:
-        """The number of feature axes of an input (one)."""
-        return 1

@@ -25,6 +25,7 @@ All hidden states of a neuron share the shape ``(num_neurons,)`` per sample.
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import jax
@@ -41,7 +42,7 @@ from ._elemwise import decay, time_constant
 from ._linear import ETPLinear
 from ._surrogate import SURROGATES, spike
 
-__all__ = ["ALIF", "LIF", "ExpSynapse", "RecurrentSpiking"]
+__all__ = ["ALIF", "LIF", "AbstractLIF", "ExpSynapse", "RecurrentSpiking"]
 
 _RESETS = ("soft", "hard")
 
@@ -55,34 +56,20 @@ def _check_neuron_args(reset: str, refractory_steps: int, surrogate: str) -> Non
         raise ValueError(f"unknown surrogate {surrogate!r}; choose one of {SURROGATES}.")
 
 
-class LIF(nnx.Module):
-    r"""A layer of leaky integrate-and-fire neurons; a step maps input current to spikes.
+class AbstractLIF(nnx.Module):
+    r"""Leaky integrate-and-fire dynamics with a hook for an adaptive threshold.
 
-    Hidden state: membrane ``v`` (and, with refractoriness, the counter
-    ``ref_steps``), each ``(num_neurons,)`` per sample. See the module
-    docstring for the equations.
-
-    Args:
-        num_neurons: Number of neurons.
-        tau: Membrane time constant ``τ``.
-        dt: Simulation step.
-        v_th: Firing threshold.
-        v_reset: Reset potential.
-        reset: ``'soft'`` (subtract ``v_th - v_reset``) or ``'hard'`` (set to ``v_reset``).
-        refractory_steps: Steps a neuron is silent and holds its potential after a spike.
-        learn_tau: Whether ``τ`` is a learnable per-neuron :class:`ETPElemwise`.
-        surrogate: Surrogate derivative of the spike function (see :func:`spike`).
-        surrogate_alpha: Its sharpness (``None``: the surrogate's default).
-        param_dtype: Dtype of the states and parameters.
+    Holds the membrane ``v`` (and ``ref_steps``), the reset, the leak and the
+    step of the module docstring. A final neuron says what its threshold
+    ``A_t`` is (:meth:`_threshold`) and how its adaptation state advances with
+    the previous spikes ``z_{t-1}`` (:meth:`_adapt`); :class:`LIF` has none.
+    The constructor's arguments are :class:`LIF`'s.
 
     Example:
-        >>> import jax.numpy as jnp
-        >>> import braintrace
         >>> from braintrace import layers
-        >>> lif = layers.LIF(3, tau=10.0)
-        >>> braintrace.init_states(lif, batch_size=2)
-        >>> [lif(jnp.full((2, 3), 0.6))[0, 0].item() for _ in range(3)]
-        [0.0, 1.0, 0.0]
+        >>> from braintrace.layers._spiking import AbstractLIF
+        >>> isinstance(layers.LIF(3), AbstractLIF), isinstance(layers.ALIF(3), AbstractLIF)
+        (True, True)
     """
 
     def __init__(
@@ -117,8 +104,13 @@ class LIF(nnx.Module):
         else:
             self.ref_steps = nnx.data(None)
 
+    @abc.abstractmethod
     def _threshold(self) -> jax.Array | float:
-        return self.v_th
+        """The threshold ``A_t`` of the current state."""
+
+    @abc.abstractmethod
+    def _adapt(self, z: jax.Array) -> None:
+        """Advances the adaptation state (if any) with the previous spikes ``z = z_{t-1}``."""
 
     def _fire(self, v: jax.Array, threshold: jax.Array | float,
               ref_steps: jax.Array | None) -> jax.Array:
@@ -158,11 +150,51 @@ class LIF(nnx.Module):
         """
         check_step_input(type(self).__name__, jnp.shape(x), self.v, self.num_neurons, "v")
         x = jnp.asarray(x, dtype=self.v[...].dtype)
-        self._integrate(x, self.spikes())
+        z = self.spikes()
+        self._adapt(z)
+        self._integrate(x, z)
         return self.spikes()
 
 
-class ALIF(LIF):
+class LIF(AbstractLIF):
+    r"""A layer of leaky integrate-and-fire neurons; a step maps input current to spikes.
+
+    Hidden state: membrane ``v`` (and, with refractoriness, the counter
+    ``ref_steps``), each ``(num_neurons,)`` per sample. See the module
+    docstring for the equations.
+
+    Args:
+        num_neurons: Number of neurons.
+        tau: Membrane time constant ``τ``.
+        dt: Simulation step.
+        v_th: Firing threshold.
+        v_reset: Reset potential.
+        reset: ``'soft'`` (subtract ``v_th - v_reset``) or ``'hard'`` (set to ``v_reset``).
+        refractory_steps: Steps a neuron is silent and holds its potential after a spike.
+        learn_tau: Whether ``τ`` is a learnable per-neuron :class:`ETPElemwise`.
+        surrogate: Surrogate derivative of the spike function (see :func:`spike`).
+        surrogate_alpha: Its sharpness (``None``: the surrogate's default).
+        param_dtype: Dtype of the states and parameters.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import braintrace
+        >>> from braintrace import layers
+        >>> lif = layers.LIF(3, tau=10.0)
+        >>> braintrace.init_states(lif, batch_size=2)
+        >>> [lif(jnp.full((2, 3), 0.6))[0, 0].item() for _ in range(3)]
+        [0.0, 1.0, 0.0]
+    """
+
+    def _threshold(self) -> float:
+        """The fixed threshold ``A_t = v_th``."""
+        return self.v_th
+
+    def _adapt(self, z: jax.Array) -> None:
+        """LIF has no adaptation state."""
+
+
+class ALIF(AbstractLIF):
     r"""A layer of adaptive LIF neurons (LSNN; Bellec et al., 2018).
 
     As :class:`LIF`, with an adaptive threshold ``A_t = v_th + β a_t`` and
@@ -208,26 +240,15 @@ class ALIF(LIF):
         self.tau_a = time_constant(tau_a, self.dt, learn_tau_a, num_neurons, param_dtype)
         self.a = HiddenState(jnp.zeros((num_neurons,), param_dtype))
 
-    def _threshold(self) -> jax.Array | float:
+    def _threshold(self) -> jax.Array:
+        """The adaptive threshold ``A_t = v_th + β a_t``."""
         return self.v_th + self.beta * self.a[...]
 
-    def __call__(self, x: ArrayLike) -> jax.Array:
-        """One step: integrates the input current ``x`` (``(*batch, num_neurons)``), returns spikes.
-
-        Args:
-            x: Input current, shaped like the membrane state.
-
-        Returns:
-            The spikes ``z_t`` (0/1 floats), shaped like ``x``.
-        """
-        check_step_input(type(self).__name__, jnp.shape(x), self.v, self.num_neurons, "v")
-        x = jnp.asarray(x, dtype=self.v[...].dtype)
-        z = self.spikes()
+    def _adapt(self, z: jax.Array) -> None:
+        """``a_t = ρ a_{t-1} + (1 - ρ) z_{t-1}``."""
         rho = decay(self.tau_a, self.dt)
-        new_a = rho * self.a[...] + (1.0 - rho) * z
-        self._integrate(x, z)
-        self.a[...] = new_a.astype(x.dtype)
-        return self.spikes()
+        a = self.a[...]
+        self.a[...] = (rho * a + (1.0 - rho) * z).astype(a.dtype)
 
 
 class ExpSynapse(nnx.Module):
@@ -311,7 +332,7 @@ class RecurrentSpiking(nnx.Module):
     def __init__(
         self,
         in_features: int,
-        neuron: LIF,
+        neuron: AbstractLIF,
         *,
         use_bias: bool = True,
         kernel_init: Initializer = default_kernel_init,
