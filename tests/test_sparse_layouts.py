@@ -12,7 +12,7 @@ ways, or not at all; every way must give the masked dense map ``y = x W``:
 Checked for each: the forward; ``xy_to_dw`` (``(xᵀ d)[pre, post]``); ``dt_to_t``
 and ``contract``; ``jax.vjp`` with respect to ``x`` and ``w`` (the primitive's
 own transposes); ``jax.jvp``; ``vmap`` over the weights. Row counts above
-``GROUP`` run the looped sums, fan-ins above ``GROUP`` the looped slots. And the
+``ROW_GROUP`` run the looped sums, fan-ins above ``SLOT_GROUP`` several slot groups. And the
 two claims of the kernels: no ``rows × nnz`` temporary in the pullback, no
 scatter in the gradient with respect to ``x``.
 """
@@ -26,7 +26,7 @@ import pytest
 
 import braintrace
 from braintrace._primitives._sparse import SPARSE_RULES, Connectivity
-from braintrace._primitives._sparse_kernels import GROUP
+from braintrace._primitives._sparse_kernels import ROW_GROUP, SLOT_GROUP
 
 
 def _in_order(rng):
@@ -58,8 +58,8 @@ def _ungrouped(rng):
 
 
 def _wide(rng):
-    """Fan-in above ``GROUP``: the forward's slots run in a loop."""
-    num_in, num_out, fan_in = 2 * GROUP + 5, 3, GROUP + 4
+    """Fan-in above ``SLOT_GROUP``: more than two slot groups."""
+    num_in, num_out, fan_in = 3 * SLOT_GROUP + 5, 3, 2 * SLOT_GROUP + 4
     pre = np.concatenate([rng.choice(num_in, fan_in, replace=False) for _ in range(num_out)])
     return Connectivity.from_indices(pre, np.repeat(np.arange(num_out), fan_in), num_in,
                                      num_out)
@@ -67,7 +67,7 @@ def _wide(rng):
 
 KINDS = {"in_order": _in_order, "permuted": _permuted, "padded": _padded,
          "ungrouped": _ungrouped, "wide": _wide}
-ROWS = (1, 3, 2 * GROUP + 3)
+ROWS = (1, 3, 2 * ROW_GROUP + 3)
 
 
 @pytest.fixture
@@ -95,7 +95,7 @@ def test_each_connectivity_takes_its_layout():
     assert not permuted.in_output_order
     assert KINDS["padded"](rng).by_output.padded
     assert KINDS["ungrouped"](rng).by_output is None
-    assert KINDS["wide"](rng).by_output.width > GROUP
+    assert KINDS["wide"](rng).by_output.width > 2 * SLOT_GROUP
 
 
 @pytest.mark.parametrize("rows", ROWS)

@@ -54,7 +54,7 @@ from braintrace._primitives._rules import (
     zeros_like_output,
     zeros_like_params,
 )
-from braintrace._primitives._sparse_kernels import ByOutput, by_output, group_by, sum_terms
+from braintrace._primitives._sparse_kernels import ByOutput, by_output, group_by, sum_rows
 from braintrace._primitives._sparse_product import sparse_product_p, weight_pullback
 
 __all__ = ["SPARSE_RULES", "Connectivity", "etp_sparse_batched_p", "etp_sparse_p",
@@ -244,8 +244,8 @@ def sparse_contract(d, trace, *, connectivity: Connectivity, **params) -> dict[s
             continue
         d2 = jnp.broadcast_to(d, (*lead, d.shape[-1])).reshape(-1, d.shape[-1])
         t2 = jnp.broadcast_to(value, (*lead, value.shape[-1])).reshape(-1, value.shape[-1])
-        out[key] = sum_terms(lambda r, key=key, d2=d2, t2=t2: sparse_dt_to_t(
-            d2[r], {key: t2[r]}, connectivity=connectivity, **params)[key], d2.shape[0])
+        out[key] = sum_rows(lambda dr, tr, key=key: sparse_dt_to_t(
+            dr, {key: tr}, connectivity=connectivity, **params)[key], d2, t2)
     return out
 
 

@@ -11,13 +11,20 @@ into one pass with no ``(rows, nnz)`` temporary and no scatter:
     y[r, o] = \\sum_{j<F} x[r, pre_{o j}]\\, w_{o j}, \\qquad
     dw_{o j} = \\sum_r x[r, pre_{o j}]\\, d[r, o].
 
-A ``segment_sum`` over ``post`` scatters every product into ``y`` (measured:
-4x slower than the slot sum at ``B = 32``, ``O = 16,384``, fan-in 8, see
-``benchmarks/README.md``), and a reduction over ``rows`` of gathered products
-makes XLA:CPU materialise the gathers first (``rows × nnz`` values: 3.75 GiB
-for a block of 960 rows at ``nnz = 2^20``). Sums over many terms are written
-out ``GROUP`` terms at a time, in one expression that XLA fuses, and the groups
-accumulated by a loop (:func:`sum_terms`).
+A ``segment_sum`` over ``post`` scatters every product into ``y``, and a
+reduction over ``rows`` of gathered products makes XLA:CPU materialise the
+gathers first (``rows × nnz`` values: 3.75 GiB for a block of 960 rows at
+``nnz = 2^20``). How the sums are written decides how XLA:CPU fuses them
+(timings in ``benchmarks/README.md``, section "Scale"):
+
+* over slots (:func:`slot_product`): in a loop of at least two groups of up to
+  :data:`SLOT_GROUP` slots, so that ``y`` is one buffer; written out as one
+  expression, XLA copies the cheap sum into each consumer of ``y`` and keeps
+  the gathers apart, laid out ``(O, R)``, so that every consumer reads ``F``
+  arrays across rows (5-10x slower where ``y`` feeds two states);
+* over rows (:func:`sum_rows`): :data:`ROW_GROUP` rows per expression in a
+  loop over groups; more rows per expression read more rows of ``x`` at random
+  (32 rows: 5x slower at ``N = 131,072``).
 
 When the connections are already in output order with one fan-in for all
 (``post = repeat(arange(O), F)``), the weights are the ELL table itself
@@ -37,11 +44,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["GROUP", "MAX_FILL", "ByOutput", "by_output", "group_by", "pullback", "slot_product",
-           "sum_terms"]
+__all__ = ["MAX_FILL", "ROW_GROUP", "SLOT_GROUP", "ByOutput", "by_output", "group_by", "pullback",
+           "slot_product", "sum_rows"]
 
-GROUP = 16
-"""Terms (rows or slots) summed in one unrolled expression by :func:`sum_terms`."""
+ROW_GROUP = 8
+"""Rows summed in one expression by :func:`sum_rows`."""
+
+SLOT_GROUP = 16
+"""The most slots summed in one expression by :func:`slot_product`."""
 
 MAX_FILL = 3.0
 """The largest ``O·F / nnz`` for which the connections are grouped by output."""
@@ -51,7 +61,8 @@ class ByOutput(NamedTuple):
     """The connections grouped by output unit (ELL), ``F`` slots per output.
 
     Attributes:
-        pre: ``(O, F)`` input of each slot; padding holds ``num_in`` (out of range).
+        pre: ``(O, F)`` input of each slot; padding holds ``num_in``, the zero input
+            that :meth:`padded_input` appends.
         slot: ``(O, F)`` connection index of each slot, padding ``nnz``; ``None``
             when the connections are in this order already (``k = o·F + j``).
         position: ``(nnz,)`` flat slot ``o·F + j`` of each connection; ``None``
@@ -73,11 +84,19 @@ class ByOutput(NamedTuple):
         """The weights as the ``(O, F)`` table (padding 0)."""
         if self.slot is None:
             return weight.reshape(self.pre.shape)
-        return jnp.take(weight, self.slot, mode="fill", fill_value=0)
+        return jnp.take(_zero_padded(weight), self.slot, mode="clip")
 
-    def gather_mode(self) -> str:
-        """``'fill'`` (padding reads 0) when padded, else ``'clip'`` (no bounds select)."""
-        return "fill" if self.padded else "clip"
+    def padded_input(self, x: jax.Array) -> jax.Array:
+        """``x (..., I)`` with a zero input ``I`` appended when some slot is padding.
+
+        Padding then reads an ordinary zero: no bounds check in every gather.
+        """
+        return _zero_padded(x) if self.padded else x
+
+
+def _zero_padded(a: jax.Array) -> jax.Array:
+    """``a`` with a zero appended along its last axis."""
+    return jnp.concatenate([a, jnp.zeros((*a.shape[:-1], 1), a.dtype)], axis=-1)
 
 
 def group_by(keys: np.ndarray, values: np.ndarray, num_keys: int, nnz: int
@@ -135,44 +154,60 @@ def _tree_add(terms: list[Any]) -> Any:
     return terms[0]
 
 
-def sum_terms(term: Callable[[Any], jax.Array], count: int) -> jax.Array:
-    """``Σ_{i<count} term(i)``, :data:`GROUP` terms per expression, groups in a loop.
-
-    ``term`` receives a Python int in the first group and a traced index in the
-    loop; it must index arrays with it (``a[i]``), not NumPy constants.
+def sum_rows(term: Callable[..., jax.Array], *arrays: jax.Array) -> jax.Array:
+    """``Σ_r term(*[a[r] for a in arrays])`` over the leading axis: :data:`ROW_GROUP` rows per
+    expression, groups accumulated in a loop, the remaining rows after it.
 
     Example:
         >>> import jax.numpy as jnp
-        >>> from braintrace._primitives._sparse_kernels import sum_terms
+        >>> from braintrace._primitives._sparse_kernels import sum_rows
         >>> a = jnp.arange(40.0).reshape(20, 2)
-        >>> sum_terms(lambda i: a[i], 20).tolist()
-        [380.0, 400.0]
+        >>> sum_rows(lambda row: 2 * row, a).tolist()
+        [760.0, 800.0]
     """
-    def block(start: Any, size: int) -> jax.Array:
-        return _tree_add([term(start + j) for j in range(size)])
+    count = arrays[0].shape[0]
 
-    if count <= GROUP:
+    def block(start: Any, size: int) -> jax.Array:
+        rows = [jax.lax.dynamic_slice_in_dim(a, start, size) for a in arrays]
+        return _tree_add([term(*[a[r] for a in rows]) for r in range(size)])
+
+    groups, rest = divmod(count, ROW_GROUP)
+    if groups <= 1:
         return block(0, count)
-    groups, rest = divmod(count, GROUP)
-    total = jax.lax.fori_loop(1, groups, lambda g, acc: acc + block(g * GROUP, GROUP),
-                              block(0, GROUP))
-    return total + block(groups * GROUP, rest) if rest else total
+    shape = jax.eval_shape(term, *[a[0] for a in arrays])
+    total = jax.lax.fori_loop(0, groups, lambda g, acc: acc + block(g * ROW_GROUP, ROW_GROUP),
+                              jnp.zeros(shape.shape, shape.dtype))
+    return total + block(groups * ROW_GROUP, rest) if rest else total
 
 
 def slot_product(x: jax.Array, weight: jax.Array, layout: ByOutput) -> jax.Array:
-    """``y[r, o] = Σ_j x[r, pre_{oj}]·w_{oj}`` for ``x (R, I)``; returns ``(R, O)``."""
+    """``y[r, o] = Σ_j x[r, pre_{oj}]·w_{oj}`` for ``x (R, I)``; returns ``(R, O)``.
+
+    The slots are summed in a loop of (at least) two groups, so that ``y`` is one buffer
+    (module docstring).
+    """
+    width = layout.width
     table = layout.table(weight).T  # (F, O): a slot's weights contiguous
-    inputs = jnp.asarray(layout.pre.T)
-    mode = layout.gather_mode()
-    return sum_terms(lambda j: jnp.take(x, inputs[j], axis=-1, mode=mode, fill_value=0)
-                     * table[j], layout.width)
+    inputs, x = layout.pre.T, layout.padded_input(x)
+    if width == 1:
+        return jnp.take(x, inputs[0], axis=-1, mode="clip") * table[0]
+    group = min(SLOT_GROUP, -(-width // 2))
+    groups = -(-width // group)
+    spare = groups * group - width  # slots of zero weight that fill the last group
+    inputs = jnp.asarray(np.pad(inputs, ((0, spare), (0, 0))).reshape(groups, group, -1))
+    table = jnp.pad(table, ((0, spare), (0, 0))).reshape(groups, group, -1)
+
+    def add_group(g, total):
+        return total + _tree_add([jnp.take(x, inputs[g, j], axis=-1, mode="clip")
+                                  * table[g, j] for j in range(group)])
+
+    start = jnp.zeros((x.shape[0], table.shape[-1]), table.dtype)
+    return jax.lax.fori_loop(0, groups, add_group, start)
 
 
 def pullback(x: jax.Array, d: jax.Array, layout: ByOutput) -> jax.Array:
     """``dw[k] = Σ_r x[r, pre[k]]·d[r, post[k]]`` for ``x (R, I)``, ``d (R, O)``: ``(nnz,)``."""
-    inputs = jnp.asarray(layout.pre)
-    mode = layout.gather_mode()
-    table = sum_terms(lambda r: jnp.take(x[r], inputs, mode=mode, fill_value=0)
-                      * d[r][:, None], x.shape[0])
+    inputs, x = jnp.asarray(layout.pre), layout.padded_input(x)
+    table = sum_rows(lambda xr, dr: jnp.take(xr, inputs, mode="clip") * dr[:, None], x, d)
     flat = table.reshape(-1)
     return flat if layout.position is None else flat[layout.position]

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from braintrace._primitives._sparse_kernels import pullback, slot_product, sum_terms
+from braintrace._primitives._sparse_kernels import pullback, slot_product, sum_rows
 
 __all__ = ["product", "sparse_product_p", "weight_pullback"]
 
@@ -59,7 +59,7 @@ def weight_pullback(x: jax.Array, d: jax.Array, connectivity: Any) -> jax.Array:
         return outer[conn.pre, conn.post]
     if conn.by_output is not None:
         return pullback(x, d, conn.by_output)
-    return sum_terms(lambda r: jnp.take(x[r], conn.pre) * jnp.take(d[r], conn.post), x.shape[0])
+    return sum_rows(lambda xr, dr: jnp.take(xr, conn.pre) * jnp.take(dr, conn.post), x, d)
 
 
 sparse_product_p = Primitive("sparse_product")
