@@ -111,7 +111,8 @@ class Connectivity:
                          or post.max() >= num_out):
             raise ValueError(f"connectivity indices out of range: pre must lie in [0, {num_in}) "
                              f"and post in [0, {num_out}).")
-        if len(set(zip(pre.tolist(), post.tolist(), strict=True))) != pre.size:
+        pairs = pre.astype(np.int64) * num_out + post  # one integer per (pre, post) pair
+        if np.unique(pairs).size != pre.size:  # no Python object per connection
             raise ValueError("connectivity lists a (pre, post) pair more than once; give each "
                              "connection once (its weight is the sum).")
         return cls(pre, post, num_in, num_out)
