@@ -140,23 +140,49 @@ def bptt_program(model, T: int, mask):
     return jax.jit(jax.grad(total)), params, hidden
 
 
-def method_parts(method: str) -> tuple[str, int | None]:
-    """``'d_rtrl@1'`` -> ``('d_rtrl', 1)``; ``'d_rtrl'`` -> ``('d_rtrl', None)`` (the default)."""
+def method_parts(method: str) -> tuple[str, int | None, bool]:
+    """``'d_rtrl@2+donate'`` -> ``('d_rtrl', 2, True)``; ``'d_rtrl'`` -> ``('d_rtrl', None,
+    False)`` (the default block size, nothing donated)."""
+    method, _, donate = method.partition("+")
     name, _, block = method.partition("@")
-    return name, (int(block) if block else None)
+    return name, (int(block) if block else None), donate == "donate"
+
+
+def _donating_program(learner, block_size: int | None):
+    """The learner's ``etrace_grad`` program, jitted again with its hidden state and traces
+    donated: the measurement of a proposed driver change (outputs reuse the inputs' buffers)."""
+    import functools
+
+    import jax
+
+    from braintrace._driver_programs import grad_program
+
+    program = functools.partial(grad_program, learner.graph, learner.algorithm, layout=None)
+    jitted = jax.jit(program, static_argnames=("loss_fn", "chunk_size", "block_size"),
+                     donate_argnums=(1, 3))
+    return functools.partial(jitted.lower, loss_fn=cross_entropy, chunk_size=None,
+                             block_size=learner._block_size(block_size))
 
 
 def program(model, method: str, xs, ys, mask):
-    """``(lowered, args)``: one update over ``xs``, and the arguments to run it with."""
+    """``(lowered, args)``: one update over ``xs``, and the arguments to run it with (with
+    ``+donate``, a function making fresh ones: donated arguments are consumed)."""
+    import jax
+    import jax.numpy as jnp
+
     import braintrace
 
     if method == "bptt":
         grad_fn, params, hidden = bptt_program(model, xs.shape[0], mask)
         return grad_fn.lower(params, hidden, xs, ys), (params, hidden, xs, ys)
-    name, block_size = method_parts(method)
+    name, block_size, donate = method_parts(method)
     learner = braintrace.compile(model, name, xs[0], batch_size=xs.shape[1])
-    lowered = learner.lower_etrace_grad(xs, ys, cross_entropy, mask=mask, block_size=block_size)
-    return lowered, tuple(learner.grad_args(xs, ys, mask=mask))
+    args = tuple(learner.grad_args(xs, ys, mask=mask))
+    if not donate:
+        return (learner.lower_etrace_grad(xs, ys, cross_entropy, mask=mask,
+                                          block_size=block_size), args)
+    fresh = lambda: jax.tree.map(jnp.copy, args)
+    return _donating_program(learner, block_size)(*args), fresh
 
 
 # -- child: one configuration in a fresh process ---------------------------------------------
@@ -210,11 +236,17 @@ def bandwidth_probe(elements: int, repeats: int = 5) -> dict:
             "gb_per_s": nbytes / float(np.median(times)) / 1e9}
 
 
-def _time_updates(compiled, args: tuple, count: int) -> list[float]:
-    """Wall seconds of ``count`` runs of ``compiled(*args)``, outputs blocked on."""
-    from _models import timed
+def _time_updates(compiled, args, count: int) -> list[float]:
+    """Wall seconds of ``count`` runs of ``compiled(*args)``, outputs blocked on; ``args`` may
+    be a function making fresh arguments (donated ones), called outside the timing."""
+    from _models import block, timed
 
-    return [timed(lambda: compiled(*args)) for _ in range(count)]
+    times = []
+    for _ in range(count):
+        run_args = args() if callable(args) else args
+        block(run_args)
+        times.append(timed(lambda a=run_args: compiled(*a)))
+    return times
 
 
 def child(cfg: dict) -> None:
@@ -264,9 +296,41 @@ def child(cfg: dict) -> None:
 # -- parent ----------------------------------------------------------------------------------
 
 
+def memory_report(dump_dir: str, rows: int = 12) -> dict:
+    """The largest buffers of the update program from XLA's memory-usage report (dumped by
+    ``--xla_dump_to``): the dumped module with the most bytes, the bandwidth probe aside."""
+    import glob
+
+    best = None
+    for path in glob.glob(os.path.join(dump_dir, "*memory-usage-report.txt")):
+        if "lambda" in os.path.basename(path):  # the bandwidth probe
+            continue
+        with open(path) as f:
+            lines = f.read().splitlines()
+        total = next((int(line.split()[2]) for line in lines if line.startswith("Total bytes")),
+                     0)
+        if best is None or total > best[0]:
+            best = (total, lines)
+    if best is None:
+        return {}
+    table = []
+    for line in best[1][4:]:
+        parts = [p.strip() for p in line.split(";")]
+        if len(parts) < 5 or not parts[1]:
+            break
+        table.append({"size": parts[1], "values": int(parts[3]), "shapes": parts[4]})
+    return {"total_bytes": best[0], "largest": table[:rows]}
+
+
 def run_config(cfg: dict, timeout: float) -> dict:
+    import tempfile
+
     cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(cfg)]
     env = dict(os.environ, PYTHONUNBUFFERED="1", MALLOC_MMAP_THRESHOLD_=str(2**20))
+    dump = tempfile.mkdtemp(prefix="scale_xla_") if cfg.get("memory_report") else None
+    if dump:  # XLA's buffer assignment of every program the child compiles
+        env["XLA_FLAGS"] = (f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump} "
+                            "--xla_dump_hlo_as_text").strip()
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout,
@@ -278,6 +342,11 @@ def run_config(cfg: dict, timeout: float) -> dict:
     results = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
     record = results[-1] if results else {k: cfg[k] for k in ("neurons", "T", "method")}
     record["wall_s"] = time.perf_counter() - start
+    if dump:
+        import shutil
+
+        record["xla_memory_report"] = memory_report(dump)
+        shutil.rmtree(dump, ignore_errors=True)
     if failed:
         record["executed"] = record.get("executed", False) and "s_per_update" in record
         record["error"] = err.strip()[-2000:]
@@ -354,6 +423,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--memory-limit-gib", type=float, default=14.0,
                    help="configurations whose XLA peak exceeds this are compiled, not run")
     p.add_argument("--timeout", type=float, default=4 * 3600.0, help="seconds per configuration")
+    p.add_argument("--memory-report", action="store_true",
+                   help="dump XLA's buffer assignment; record each program's largest buffers")
+    p.add_argument("--skip", default="",
+                   help="comma-separated N:T:method configurations not to run (recorded as such)")
     p.add_argument("--no-ops", dest="ops", action="store_false",
                    help="skip the sparse-operation timings")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -372,12 +445,19 @@ def main(argv: list[str] | None = None) -> dict:
                else list(QUICK_METHODS if args.quick else METHODS))
     cfg = {k: base[k] for k in PPPROP} | {"repeats": args.repeats or base["repeats"],
                                           "memory_limit_gib": args.memory_limit_gib,
-                                          "probe_elements": base["probe_elements"]}
+                                          "probe_elements": base["probe_elements"],
+                                          "memory_report": args.memory_report}
+    skip = set(filter(None, args.skip.split(",")))
     start, load_before = time.perf_counter(), os.getloadavg()[0]
     records = []
     for n in sizes:
         for T in lengths:
             for method in methods:
+                if f"{n}:{T}:{method}" in skip:
+                    records.append({"neurons": n, "T": T, "method": method, "executed": False,
+                                    "skipped_reason": "--skip: not run (time on the shared "
+                                                      "2-core machine)"})
+                    continue
                 rec = run_config({**cfg, "neurons": n, "T": T, "method": method}, args.timeout)
                 records.append(rec)
                 rss = rec.get("rss", {}).get("peak_bytes", 0) / 2**30
