@@ -387,26 +387,31 @@ def plot(records: list[dict], path: str) -> None:
     value = {"s_per_update": lambda r: r.get("s_per_update"),
              "peak_rss_gib": lambda r: r["rss"]["peak_bytes"] / 2**30 if "rss" in r else None,
              "bandwidth_bound_ratio": lambda r: r.get("bandwidth_bound_ratio")}
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    colours = {m: plt.get_cmap("tab10")(k % 10) for k, m in enumerate(methods)}
+    lengths = sorted({r["T"] for r in records})
+    styles = dict(zip(lengths, ("o-", "s--", "^:"), strict=False))
     for ax, (key, title) in zip(axes, panels, strict=True):
-        for method in dict.fromkeys(r["method"] for r in records):
-            for T, style in zip(sorted({r["T"] for r in records}), ("o-", "s--", "^:"),
-                                strict=False):
+        for method in methods:
+            for T in lengths:
                 pts = sorted((r["neurons"], value[key](r)) for r in records
                              if r["method"] == method and r["T"] == T and value[key](r))
                 if pts:
-                    ax.plot(*zip(*pts), style, label=f"{method} T={T}")
+                    ax.plot(*zip(*pts), styles.get(T, "o-"), color=colours[method],
+                            label=f"{method} T={T}")
         if key == "peak_rss_gib":
             ax.axhline(PUBLISHED["peak_rss_gib"], color="grey", lw=0.8, ls=":",
-                       label="published pp_prop 131k")
+                       label="published pp_prop, 131k")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("neurons N")
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=6)
+    handles, labels = axes[1].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize=7)
+    fig.subplots_adjust(right=0.83)
     fig.suptitle("sparse ALIF network (8 synapses/neuron, B 32): BPTT vs online")
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -429,11 +434,17 @@ def main(argv: list[str] | None = None) -> dict:
                    help="comma-separated N:T:method configurations not to run (recorded as such)")
     p.add_argument("--no-ops", dest="ops", action="store_false",
                    help="skip the sparse-operation timings")
+    p.add_argument("--replot", default=None, help="redraw the PNG of an existing results JSON")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         child(json.loads(args.child))
         return {}
+    if args.replot:
+        with open(args.replot) as f:
+            payload = json.load(f)
+        plot(payload["results"], os.path.splitext(args.replot)[0] + ".png")
+        return payload
     sys.path.insert(0, HERE)
     from _models import environment, write_json
     from _scale_ops import measure_ops

@@ -13,7 +13,7 @@ transposes are written out rather than derived from the gathers:
 * with respect to ``x``: the same product over the transposed connectivity,
   ``x̄[r, i] = Σ_{k: pre[k]=i} w[k] ȳ[r, post[k]]`` (a gather over the
   connections grouped by *input*), where JAX would scatter-add every product
-  into ``x̄`` (measured 30x slower on CPU at ``B = 32``, ``N = 16,384``);
+  into ``x̄`` (with the forward: 35 against 5 ms at ``B = 32``, ``N = 16,384`` on CPU);
 * with respect to ``w``: :func:`weight_pullback`, which sums over the rows a
   group at a time instead of materialising ``R × nnz`` gathered products.
 
