@@ -53,7 +53,8 @@ class ETPSparseLinear(nnx.Module):
 
     Only the connected weights are Params: ``weight (nnz,)``, in the order of
     the connectivity (row-major for a mask), and ``bias (out,)``. The map is a
-    gather and a ``segment_sum``; the D-RTRL trace is ``(B, nnz, S)``, so its
+    sum of gathers over the connections grouped by output (no scatter, also in
+    its gradients); the D-RTRL trace is ``(B, nnz, S)``, so its
     memory and cost scale with the number of connections, not ``in·out``.
     With ``max_events`` set, boolean inputs (spikes) take an event-driven path
     that reads only the rows of active inputs, at most ``max_events`` per

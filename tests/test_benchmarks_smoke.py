@@ -162,3 +162,32 @@ def test_sparse_quick_writes_trace_memory_and_step_time_against_dense(tmp_path):
         assert results["sparse_1pct"]["trace_bytes"] < results["sparse_10pct"]["trace_bytes"] \
             < results["dense"]["trace_bytes"]
     assert isinstance(payload["summary"]["targets_met"], bool)
+
+
+def test_scale_quick_writes_times_memory_and_bandwidth_ratios(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "scale.py"), "--quick", "--out",
+         str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
+    assert proc.returncode == 0, f"scale --quick failed:\n{(proc.stdout + proc.stderr)[-4000:]}"
+    assert (tmp_path / "scale.png").stat().st_size > 0
+    payload = json.loads((tmp_path / "scale.json").read_text())
+    assert payload["benchmark"] == "scale" and payload["quick"] is True
+    records = payload["results"]
+    assert {r["method"] for r in records} >= {"bptt", "es_d_rtrl", "es_d_rtrl@1"}
+    for r in records:
+        assert r["executed"] is True, r.get("skipped_reason") or r.get("error")
+        assert len(r["update_s"]) >= 2 and all(finite(t) and t > 0 for t in r["update_s"])
+        assert finite(r["compile_s"]) and r["rss"]["peak_bytes"] > 0
+        assert r["xla"]["peak_bytes"] > 0
+        for key in ("flops", "bytes_accessed"):
+            assert finite(r["cost_per_step"][key]) and r["cost_per_step"][key] > 0, key
+        assert finite(r["bandwidth"]["gb_per_s"]) and r["bandwidth"]["gb_per_s"] > 0
+        assert finite(r["bandwidth_bound_ratio"]) and r["bandwidth_bound_ratio"] > 0
+    (summary,) = payload["summary"].values()
+    assert summary["bptt"]["time_ratio_to_bptt"] == pytest.approx(1.0)
+    assert finite(summary["es_d_rtrl@1"]["rss_ratio_to_bptt"])
+    for order in ("in_output_order", "random_order"):
+        ops = payload["ops"][order]
+        assert {"forward", "grad_x", "xy_to_dw", "xy_to_dw_block", "dt_to_t", "contract"} <= set(ops)
+        for entry in ops.values():
+            assert finite(entry["ratio_to_best_plain"]) and entry["primitive"]["ms_median"] > 0

@@ -92,7 +92,11 @@ def output_factor(r: InputRelation, s: IOTrace, signal: jax.Array) -> jax.Array:
     Before the first step (``α_f^0 = 1``) the trace is zero and ``c`` is irrelevant (1).
     """
     correction = jnp.where(s.f_power < 1.0, 1.0 - s.f_power, 1.0)
-    return jnp.sum(s.f * r.gather_hidden(signal), axis=-1) / correction
+    signal = r.gather_hidden(signal)
+    # one product per state, added: a reduction over the short state axis is a slow
+    # minor-axis reduce on XLA:CPU (5 ms per step at B 32, N 16,384, S 2)
+    total = sum(s.f[..., k] * signal[..., k] for k in range(s.f.shape[-1]))
+    return total / correction
 
 
 def decay_weights(decay: float, steps: int, dtype) -> tuple[jax.Array, jax.Array]:

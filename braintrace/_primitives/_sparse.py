@@ -7,7 +7,8 @@ A fixed connectivity of ``nnz`` synapses ``k`` from input ``pre[k]`` to output
 
     y[o] = \\sum_{k:\\, post[k] = o} w[k]\\, x[pre[k]] \\; (+\\, b[o])
 
-computed as a gather and a ``segment_sum``, never as a dense ``(I, O)`` matrix.
+computed as a sum over the connections grouped by output (a gather per slot,
+``_sparse_kernels.py``), never as a dense ``(I, O)`` matrix and without a scatter.
 Registered as ``etp_sparse`` (``x: (I,)``) and ``etp_sparse_batched``
 (``x: (B, I)``). The connectivity is a static parameter of the equation
 (:class:`Connectivity`), as the rules need it.
@@ -22,7 +23,9 @@ Rules (per sample, cotangent ``d: (O,)``):
     \\qquad \\epsilon_b[o] \\mapsto \\epsilon_b[o]\\, d[o]
 
 Each weight feeds one output unit, so the D-RTRL trace is ``(nnz, S)`` per
-sample: memory and time scale with ``nnz``, not with ``I·O``.
+sample: memory and time scale with ``nnz``, not with ``I·O``. Sums over many
+rows (a batch, a block of steps) are written out a group of rows at a time, so
+no ``(rows, nnz)`` temporary is made.
 
 Event-driven input: for boolean ``x`` (spikes) and a bound ``max_events`` on
 the active inputs per sample, :func:`sparse_matmul` sums only the rows of
@@ -38,7 +41,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import math
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +54,8 @@ from braintrace._primitives._rules import (
     zeros_like_output,
     zeros_like_params,
 )
+from braintrace._primitives._sparse_kernels import ByOutput, by_output, group_by, sum_rows
+from braintrace._primitives._sparse_product import sparse_product_p, weight_pullback
 
 __all__ = ["SPARSE_RULES", "Connectivity", "etp_sparse_batched_p", "etp_sparse_p",
            "sparse_matmul"]
@@ -107,7 +111,8 @@ class Connectivity:
                          or post.max() >= num_out):
             raise ValueError(f"connectivity indices out of range: pre must lie in [0, {num_in}) "
                              f"and post in [0, {num_out}).")
-        if len(set(zip(pre.tolist(), post.tolist(), strict=True))) != pre.size:
+        pairs = pre.astype(np.int64) * num_out + post  # one integer per (pre, post) pair
+        if np.unique(pairs).size != pre.size:  # no Python object per connection
             raise ValueError("connectivity lists a (pre, post) pair more than once; give each "
                              "connection once (its weight is the sum).")
         return cls(pre, post, num_in, num_out)
@@ -125,10 +130,27 @@ class Connectivity:
         the extra row ``I``, used for absent events) point to output ``O``
         (dropped by the scatter) and weight ``nnz`` (a zero appended to ``w``).
         """
-        post, index = _padded_lists(self.pre, self.post, self.num_in, self.nnz)
+        post, index = group_by(self.pre, self.post, self.num_in, self.nnz)
         post[post < 0] = self.num_out
         return np.concatenate([post, np.full((1, post.shape[1]), self.num_out, np.int32)]), \
             np.concatenate([index, np.full((1, index.shape[1]), self.nnz, np.int32)])
+
+    @functools.cached_property
+    def by_output(self) -> ByOutput | None:
+        """The connections grouped by output (``_sparse_kernels.ByOutput``), or ``None``
+        when the fan-ins differ so much that padding them would more than triple the work."""
+        return by_output(self.pre, self.post, self.num_in, self.num_out)
+
+    @functools.cached_property
+    def in_output_order(self) -> bool:
+        """Whether ``post = repeat(arange(O), F)``: connection ``k`` is slot ``(k // F, k % F)``."""
+        layout = self.by_output
+        return layout is not None and layout.slot is None
+
+    @functools.cached_property
+    def transposed(self) -> Connectivity:
+        """The same connections from ``O`` to ``I`` (``post -> pre``, same order)."""
+        return Connectivity(self.post, self.pre, self.num_out, self.num_in)
 
     def __hash__(self) -> int:
         return hash(self._key)
@@ -140,27 +162,11 @@ class Connectivity:
         return f"Connectivity(in={self.num_in}, out={self.num_out}, nnz={self.nnz})"
 
 
-def _padded_lists(keys: np.ndarray, values: np.ndarray, num_keys: int, nnz: int
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """``(values, k)`` grouped by key, ``(num_keys, max count)``; padding ``-1`` and ``nnz``."""
-    width = max(int(np.bincount(keys, minlength=num_keys).max(initial=0)), 1)
-    out = np.full((num_keys, width), -1, np.int32)
-    index = np.full((num_keys, width), nnz, np.int32)
-    order = np.argsort(keys, kind="stable")
-    starts = np.searchsorted(keys[order], np.arange(num_keys))
-    slot = np.arange(nnz) - starts[keys[order]]
-    out[keys[order], slot] = values[order]
-    index[keys[order], slot] = order
-    return out, index
-
-
 def _dense_input_product(x, weight, conn: Connectivity):
-    """``segment_sum`` over ``post`` of ``w[k]·x[..., pre[k]]``."""
-    contrib = jnp.take(x, conn.pre, axis=-1).astype(weight.dtype) * weight
-    lead = contrib.shape[:-1]
-    y = jax.ops.segment_sum(contrib.reshape(-1, conn.nnz).T, conn.post,
-                            num_segments=conn.num_out)
-    return y.T.reshape(*lead, conn.num_out)
+    """``y[..., o] = Σ_{k: post[k]=o} w[k]·x[..., pre[k]]`` (``_sparse_product.py``)."""
+    rows = x.reshape(-1, conn.num_in).astype(weight.dtype)
+    y = sparse_product_p.bind(rows, weight, connectivity=conn)
+    return y.reshape(*x.shape[:-1], conn.num_out)
 
 
 def _event_product(x, weight, conn: Connectivity, max_events: int):
@@ -201,40 +207,47 @@ def sparse_xy_to_dw(x, d, theta, *, connectivity: Connectivity, **params
                     ) -> dict[str, jax.Array]:
     """Pullback at ``(x, θ)``: ``dw[k] = Σ_lead x[..., pre[k]]·d[..., post[k]]``, ``db = Σ_lead d``.
 
-    Per sample (few leading rows) the sum is a gather and a product over the
-    ``nnz`` connections. Over many rows (a whole batch, a block of steps) it
-    is evaluated as ``(xᵀ d)[pre, post]``, one matrix product and a gather:
-    the same sum, much faster on CPU than gathering ``rows × nnz`` products.
+    Summed over the leading rows a group of rows at a time
+    (``_sparse_product.weight_pullback``): never a ``(rows, nnz)`` temporary.
     """
     del params
     weight, conn = theta["weight"], connectivity
-    rows = math.prod(x.shape[:-1])
-    if rows * conn.nnz >= conn.num_in * conn.num_out:
-        x2 = x.reshape(-1, conn.num_in).astype(weight.dtype)
-        d2 = d.reshape(-1, conn.num_out).astype(weight.dtype)
-        outer = jnp.matmul(x2.T, d2, precision=jax.lax.Precision.HIGHEST)
-        dw = outer[conn.pre, conn.post]
-    else:
-        xs = jnp.take(x, conn.pre, axis=-1).astype(weight.dtype)
-        ds = jnp.take(d, conn.post, axis=-1).astype(weight.dtype)
-        dw = jnp.sum((xs * ds).reshape(-1, conn.nnz), axis=0)
-    grads = {"weight": dw}
+    x2 = x.reshape(-1, conn.num_in).astype(weight.dtype)
+    d2 = d.reshape(-1, conn.num_out).astype(weight.dtype)
+    grads = {"weight": weight_pullback(x2, d2, conn)}
     if "bias" in theta:
         grads["bias"] = sum_leading(d).astype(theta["bias"].dtype)
     return grads
 
 
+def _scale_weights(d: jax.Array, trace: jax.Array, conn: Connectivity) -> jax.Array:
+    """``trace[..., k]·d[..., post[k]]``; a broadcast when the connections are in output order."""
+    if conn.in_output_order:
+        table = trace.reshape(*trace.shape[:-1], conn.num_out, -1)
+        return (table * d[..., :, None]).reshape(trace.shape)
+    return trace * jnp.take(d, conn.post, axis=-1)
+
+
 def sparse_dt_to_t(d, trace, *, connectivity: Connectivity, **params) -> dict[str, jax.Array]:
     """``ε_w[..., k]·d[..., post[k]]`` and ``ε_b[..., o]·d[..., o]``."""
     del params
-    return {key: value * (jnp.take(d, connectivity.post, axis=-1) if key == "weight" else d)
+    return {key: _scale_weights(d, value, connectivity) if key == "weight" else value * d
             for key, value in trace.items()}
 
 
 def sparse_contract(d, trace, *, connectivity: Connectivity, **params) -> dict[str, jax.Array]:
-    """``Σ_lead sparse_dt_to_t(d, trace)``."""
-    scaled = sparse_dt_to_t(d, trace, connectivity=connectivity, **params)
-    return {key: value.reshape(-1, value.shape[-1]).sum(0) for key, value in scaled.items()}
+    """``Σ_lead sparse_dt_to_t(d, trace)``, summed a group of rows at a time."""
+    out = {}
+    for key, value in trace.items():
+        lead = jnp.broadcast_shapes(d.shape[:-1], value.shape[:-1])
+        if not lead:
+            out[key] = sparse_dt_to_t(d, {key: value}, connectivity=connectivity, **params)[key]
+            continue
+        d2 = jnp.broadcast_to(d, (*lead, d.shape[-1])).reshape(-1, d.shape[-1])
+        t2 = jnp.broadcast_to(value, (*lead, value.shape[-1])).reshape(-1, value.shape[-1])
+        out[key] = sum_rows(lambda dr, tr, key=key: sparse_dt_to_t(
+            dr, {key: tr}, connectivity=connectivity, **params)[key], d2, t2)
+    return out
 
 
 SPARSE_RULES = ETPRules(

@@ -1,0 +1,507 @@
+"""Scale: a sparse recurrent spiking network of up to 131,072 neurons, BPTT vs online learning.
+
+The model is the published pp_prop benchmark's shape (``PPPROP`` below):
+``ETPLinear(64 -> N)`` plus ``ETPSparseLinear(N -> N)`` with ``degree`` random
+recurrent synapses into each neuron, driving ``ALIF(N)`` neurons read out by
+``LeakyReadout(N -> 10)``; Poisson input spikes, batch 32, cross-entropy on
+the last 5 of ``T`` steps. For every (N, T, method) a fresh Python process
+(one at a time, so memory is measured alone):
+
+1. compiles one update (``jax.grad`` through ``lax.scan`` for ``bptt``;
+   ``learner.lower_etrace_grad`` for the online methods; ``name@K`` is
+   ``block_size=K``, ``@1`` the per-step form) and reads XLA's memory analysis;
+   a program whose XLA peak exceeds ``--memory-limit-gib`` is not executed;
+2. runs it once (warm-up), then ``--repeats`` times: seconds per update
+   (median), and the process peak RSS (``ru_maxrss``, glibc's mmap threshold
+   fixed at 1 MiB as in ``memory_vs_length.py``);
+3. compiles the same method for ``T = 1`` and reads XLA's ``cost_analysis()``:
+   FLOPs and bytes accessed of one step's update (XLA counts a loop's body
+   once whatever its trip count, so the T-step program's totals are not per
+   step; a one-step loop is inlined, so the one-step program counts each op
+   once, its per-update set-up and finish included);
+4. measures the streaming bandwidth (a jitted ``a·x + y`` over 128 MiB
+   arrays, bytes from the same cost analysis) after its timings, and reports
+   ``bandwidth_bound_ratio = (s/step) / (bytes per step / bandwidth)``.
+
+``--ops`` (on by default) also times the sparse operation itself at ``B = 32``
+against plain formulations of the same sums (``segment_sum`` unsorted and
+sorted, gathers reduced over rows, autodiff's scatter): ``ops`` in the JSON.
+
+Usage::
+
+    python benchmarks/scale.py                       # N 4k, 16k, 131k; T 30, 300 (hours)
+    python benchmarks/scale.py --sizes 16384 --lengths 30 --methods bptt,es_d_rtrl@1
+    python benchmarks/scale.py --quick               # seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NAME = "scale"
+PPPROP = {"inputs": 64, "outputs": 10, "degree": 8, "batch": 32, "loss_steps": 5,
+          "input_rate": 0.2}
+FULL = {"sizes": (4096, 16384, 131072), "lengths": (30, 300), "repeats": 3,
+        "probe_elements": 2**25}
+QUICK = {"sizes": (256,), "lengths": (8,), "repeats": 2, "batch": 4, "loss_steps": 2,
+         "probe_elements": 2**20}
+METHODS = ("bptt", "es_d_rtrl", "es_d_rtrl@1", "d_rtrl", "d_rtrl@1")
+QUICK_METHODS = ("bptt", "es_d_rtrl", "es_d_rtrl@1")
+PUBLISHED = {"neurons": 131072, "flops_per_step": 2.13e9, "bytes_per_step": 4.40e9,
+             "s_per_update": 4.19, "peak_rss_gib": 1.8}
+"""The published pp_prop benchmark at 131,072 neurons (braintrace 0.2.x, i9-12900H)."""
+
+
+# -- the model ---------------------------------------------------------------------------------
+
+
+def connectivity(n: int, degree: int, seed: int = 0):
+    """``degree`` distinct random inputs into each of ``n`` neurons, in output order."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    pre = rng.integers(0, n, (n, degree))
+    while True:
+        ordered = np.sort(pre, axis=1)
+        repeated = (ordered[:, 1:] == ordered[:, :-1]).any(axis=1)
+        if not repeated.any():
+            break
+        pre[repeated] = rng.integers(0, n, (int(repeated.sum()), degree))
+    return pre.reshape(-1).astype(np.int32), np.repeat(np.arange(n, dtype=np.int32), degree)
+
+
+def build(n: int, cfg: dict):
+    """The model with hidden states for ``cfg['batch']`` samples."""
+    from flax import nnx
+
+    import braintrace
+    from braintrace import layers
+
+    class SparseSNN(nnx.Module):
+        """``z_t = ALIF(W_in x_t + W_rec z_{t-1})``, ``y_t = LeakyReadout(z_t)``."""
+
+        def __init__(self, rngs: nnx.Rngs):
+            self.inp = layers.ETPLinear(cfg["inputs"], n, rngs=rngs)
+            self.rec = layers.ETPSparseLinear(n, n, connectivity=connectivity(n, cfg["degree"]),
+                                              use_bias=False, rngs=rngs)
+            self.neuron = layers.ALIF(n)
+            self.readout = layers.LeakyReadout(n, cfg["outputs"], rngs=rngs)
+
+        def __call__(self, x):
+            return self.readout(self.neuron(self.inp(x) + self.rec(self.neuron.spikes())))
+
+    model = SparseSNN(nnx.Rngs(0))
+    braintrace.init_states(model, cfg["batch"])
+    return model
+
+
+def data(T: int, cfg: dict, seed: int = 0):
+    """Poisson input spikes ``(T, B, inputs)``, a label per sample ``(T, B)``, the loss mask."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    xs = (rng.random((T, cfg["batch"], cfg["inputs"])) < cfg["input_rate"]).astype(np.float32)
+    labels = rng.integers(0, cfg["outputs"], cfg["batch"]).astype(np.int32)
+    mask = np.zeros(T, np.float32)
+    mask[-min(cfg["loss_steps"], T):] = 1.0
+    return xs, np.broadcast_to(labels, (T, cfg["batch"])).copy(), mask
+
+
+def cross_entropy(logits, labels):
+    import optax
+
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+
+def bptt_program(model, T: int, mask):
+    """``(jitted grad(params, hidden, xs, ys), params, hidden)``: the masked mean loss."""
+    import jax
+    import jax.numpy as jnp
+    from _models import split
+    from flax import nnx
+
+    graphdef, params, hidden, other = split(model)
+    weights = jnp.asarray(mask / mask.sum())
+
+    def total(params, hidden, xs, ys):
+        def body(h, step):
+            x, y, w = step
+            m = nnx.merge(graphdef, params, h, other, copy=True)
+            return split(m)[2], w * cross_entropy(m(x), y)
+
+        return jnp.sum(jax.lax.scan(body, hidden, (xs, ys, weights))[1])
+
+    return jax.jit(jax.grad(total)), params, hidden
+
+
+def method_parts(method: str) -> tuple[str, int | None, bool]:
+    """``'d_rtrl@2+donate'`` -> ``('d_rtrl', 2, True)``; ``'d_rtrl'`` -> ``('d_rtrl', None,
+    False)`` (the default block size, nothing donated)."""
+    method, _, donate = method.partition("+")
+    name, _, block = method.partition("@")
+    return name, (int(block) if block else None), donate == "donate"
+
+
+def _donating_program(learner, block_size: int | None):
+    """The learner's ``etrace_grad`` program, jitted again with its hidden state and traces
+    donated: the measurement of a proposed driver change (outputs reuse the inputs' buffers)."""
+    import functools
+
+    import jax
+
+    from braintrace._driver_programs import grad_program
+
+    program = functools.partial(grad_program, learner.graph, learner.algorithm, layout=None)
+    jitted = jax.jit(program, static_argnames=("loss_fn", "chunk_size", "block_size"),
+                     donate_argnums=(1, 3))
+    return functools.partial(jitted.lower, loss_fn=cross_entropy, chunk_size=None,
+                             block_size=learner._block_size(block_size))
+
+
+def program(model, method: str, xs, ys, mask):
+    """``(lowered, args)``: one update over ``xs``, and the arguments to run it with (with
+    ``+donate``, a function making fresh ones: donated arguments are consumed)."""
+    import jax
+    import jax.numpy as jnp
+
+    import braintrace
+
+    if method == "bptt":
+        grad_fn, params, hidden = bptt_program(model, xs.shape[0], mask)
+        return grad_fn.lower(params, hidden, xs, ys), (params, hidden, xs, ys)
+    name, block_size, donate = method_parts(method)
+    learner = braintrace.compile(model, name, xs[0], batch_size=xs.shape[1])
+    args = tuple(learner.grad_args(xs, ys, mask=mask))
+    if not donate:
+        return (learner.lower_etrace_grad(xs, ys, cross_entropy, mask=mask,
+                                          block_size=block_size), args)
+    fresh = lambda: jax.tree.map(jnp.copy, args)
+    return _donating_program(learner, block_size)(*args), fresh
+
+
+# -- child: one configuration in a fresh process ---------------------------------------------
+
+
+def _rss_bytes() -> int:
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+
+
+def _current_rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _emit(record: dict) -> None:
+    print("RESULT " + json.dumps(record), flush=True)
+
+
+def _xla_memory(compiled) -> dict:
+    ma = compiled.memory_analysis()
+    out = {"argument_bytes": int(ma.argument_size_in_bytes),
+           "output_bytes": int(ma.output_size_in_bytes),
+           "temp_bytes": int(ma.temp_size_in_bytes), "alias_bytes": int(ma.alias_size_in_bytes)}
+    out["peak_bytes"] = (out["argument_bytes"] + out["output_bytes"] + out["temp_bytes"]
+                         - out["alias_bytes"])
+    return out
+
+
+def _cost(compiled) -> dict:
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return {"flops": float(cost.get("flops", 0.0)),
+            "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
+
+
+def bandwidth_probe(elements: int, repeats: int = 5) -> dict:
+    """Streaming bandwidth: ``a·x + y`` over ``elements`` float32, bytes from XLA's cost."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from _models import timed
+
+    x = jnp.ones((elements,), jnp.float32)
+    y = jnp.full((elements,), 2.0, jnp.float32)
+    compiled = jax.jit(lambda x, y: 0.5 * x + y).lower(x, y).compile()
+    nbytes = _cost(compiled)["bytes_accessed"]
+    times = [timed(lambda: compiled(x, y)) for _ in range(repeats + 1)][1:]
+    return {"bytes": nbytes, "s_median": float(np.median(times)),
+            "gb_per_s": nbytes / float(np.median(times)) / 1e9}
+
+
+def _time_updates(compiled, args, count: int) -> list[float]:
+    """Wall seconds of ``count`` runs of ``compiled(*args)``, outputs blocked on; ``args`` may
+    be a function making fresh arguments (donated ones), called outside the timing."""
+    from _models import block, timed
+
+    times = []
+    for _ in range(count):
+        run_args = args() if callable(args) else args
+        block(run_args)
+        times.append(timed(lambda a=run_args: compiled(*a)))
+    return times
+
+
+def child(cfg: dict) -> None:
+    sys.path.insert(0, HERE)
+    import jax.numpy as jnp
+    import numpy as np
+    from _models import block, count_params
+
+    n, T, method = cfg["neurons"], cfg["T"], cfg["method"]
+    record = {"neurons": n, "T": T, "method": method, "rss_after_import_bytes": _rss_bytes()}
+    xs_np, ys_np, mask = data(T, cfg)
+    xs, ys = jnp.asarray(xs_np), jnp.asarray(ys_np)
+    model = build(n, cfg)
+    record["params"] = count_params(model)
+    start = time.perf_counter()
+    lowered, args = program(model, method, xs, ys, mask)
+    compiled = lowered.compile()
+    record.update(compile_s=time.perf_counter() - start, xla=_xla_memory(compiled),
+                  cost_program_loops_once=_cost(compiled))
+    _emit(record)
+    limit = cfg["memory_limit_gib"] * 2**30
+    executed = record["xla"]["peak_bytes"] <= limit
+    if executed:
+        current_before = _current_rss_bytes()
+        first, *times = _time_updates(compiled, args, 1 + cfg["repeats"])
+        record.update(warmup_s=first, update_s=times, s_per_update=float(np.median(times)),
+                      s_per_step=float(np.median(times)) / T,
+                      rss={"peak_bytes": _rss_bytes(), "current_before_exec_bytes": current_before})
+    else:
+        record["skipped_reason"] = (
+            f"XLA peak {record['xla']['peak_bytes'] / 2**30:.1f} GiB exceeds "
+            f"--memory-limit-gib={cfg['memory_limit_gib']}: compiled and analysed, not executed")
+    record["executed"] = executed
+    _emit(record)
+    compiled = args = lowered = None  # free the T-step program before the one-step one
+    one_step, _ = program(build(n, cfg), method, xs[:1], ys[:1], np.ones(1, np.float32))
+    record["cost_per_step"] = _cost(one_step.compile())
+    record["bandwidth"] = bandwidth_probe(cfg["probe_elements"])
+    if executed:
+        bound = record["cost_per_step"]["bytes_accessed"] / (record["bandwidth"]["gb_per_s"] * 1e9)
+        record["bandwidth_bound_s_per_step"] = bound
+        record["bandwidth_bound_ratio"] = record["s_per_step"] / bound
+    block(xs)
+    _emit(record)
+
+
+# -- parent ----------------------------------------------------------------------------------
+
+
+def memory_report(dump_dir: str, rows: int = 12) -> dict:
+    """The largest buffers of the update program from XLA's memory-usage report (dumped by
+    ``--xla_dump_to``): the dumped module with the most bytes, the bandwidth probe aside."""
+    import glob
+
+    best = None
+    for path in glob.glob(os.path.join(dump_dir, "*memory-usage-report.txt")):
+        if "lambda" in os.path.basename(path):  # the bandwidth probe
+            continue
+        with open(path) as f:
+            lines = f.read().splitlines()
+        total = next((int(line.split()[2]) for line in lines if line.startswith("Total bytes")),
+                     0)
+        if best is None or total > best[0]:
+            best = (total, lines)
+    if best is None:
+        return {}
+    table = []
+    for line in best[1][4:]:
+        parts = [p.strip() for p in line.split(";")]
+        if len(parts) < 5 or not parts[1]:
+            break
+        table.append({"size": parts[1], "values": int(parts[3]), "shapes": parts[4]})
+    return {"total_bytes": best[0], "largest": table[:rows]}
+
+
+def run_config(cfg: dict, timeout: float) -> dict:
+    import tempfile
+
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(cfg)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", MALLOC_MMAP_THRESHOLD_=str(2**20))
+    dump = tempfile.mkdtemp(prefix="scale_xla_") if cfg.get("memory_report") else None
+    if dump:  # XLA's buffer assignment of every program the child compiles
+        env["XLA_FLAGS"] = (f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump} "
+                            "--xla_dump_hlo_as_text").strip()
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout,
+                              env=env)
+        out, err, failed = proc.stdout, proc.stderr, proc.returncode != 0
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err, failed = f"timed out after {timeout:.0f} s", True
+    results = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
+    record = results[-1] if results else {k: cfg[k] for k in ("neurons", "T", "method")}
+    record["wall_s"] = time.perf_counter() - start
+    if dump:
+        import shutil
+
+        record["xla_memory_report"] = memory_report(dump)
+        shutil.rmtree(dump, ignore_errors=True)
+    if failed:
+        record["executed"] = record.get("executed", False) and "s_per_update" in record
+        record["error"] = err.strip()[-2000:]
+    return record
+
+
+def summarise(records: list[dict]) -> dict:
+    """Per (N, T): each method's time and memory over BPTT's, and its bandwidth-bound ratio."""
+    out = {}
+    for key in sorted({(r["neurons"], r["T"]) for r in records}):
+        rows = {r["method"]: r for r in records if (r["neurons"], r["T"]) == key}
+        base = rows.get("bptt", {})
+        entry = {}
+        for method, r in rows.items():
+            e = {"s_per_update": r.get("s_per_update"),
+                 "peak_rss_gib": r["rss"]["peak_bytes"] / 2**30 if "rss" in r else None,
+                 "xla_peak_gib": r["xla"]["peak_bytes"] / 2**30 if "xla" in r else None,
+                 "bytes_per_step": r.get("cost_per_step", {}).get("bytes_accessed"),
+                 "flops_per_step": r.get("cost_per_step", {}).get("flops"),
+                 "bandwidth_bound_ratio": r.get("bandwidth_bound_ratio")}
+            if e["s_per_update"] and base.get("s_per_update"):
+                e["time_ratio_to_bptt"] = e["s_per_update"] / base["s_per_update"]
+            if e["peak_rss_gib"] and "rss" in base:
+                e["rss_ratio_to_bptt"] = e["peak_rss_gib"] / (base["rss"]["peak_bytes"] / 2**30)
+            entry[method] = e
+        out[f"N={key[0]},T={key[1]}"] = entry
+    return out
+
+
+def plot(records: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = (("s_per_update", "seconds per update"), ("peak_rss_gib", "peak RSS (GiB)"),
+              ("bandwidth_bound_ratio", "time / bandwidth bound"))
+    value = {"s_per_update": lambda r: r.get("s_per_update"),
+             "peak_rss_gib": lambda r: r["rss"]["peak_bytes"] / 2**30 if "rss" in r else None,
+             "bandwidth_bound_ratio": lambda r: r.get("bandwidth_bound_ratio")}
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    colours = {m: plt.get_cmap("tab10")(k % 10) for k, m in enumerate(methods)}
+    lengths = sorted({r["T"] for r in records})
+    styles = dict(zip(lengths, ("o-", "s--", "^:"), strict=False))
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        for method in methods:
+            for T in lengths:
+                pts = sorted((r["neurons"], value[key](r)) for r in records
+                             if r["method"] == method and r["T"] == T and value[key](r))
+                if pts:
+                    ax.plot(*zip(*pts), styles.get(T, "o-"), color=colours[method],
+                            label=f"{method} T={T}")
+        if key == "peak_rss_gib":
+            ax.axhline(PUBLISHED["peak_rss_gib"], color="grey", lw=0.8, ls=":",
+                       label="published pp_prop, 131k")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("neurons N")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+    handles, labels = axes[1].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize=7)
+    fig.subplots_adjust(right=0.83)
+    fig.suptitle("sparse ALIF network (8 synapses/neuron, B 32): BPTT vs online")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny sizes, seconds")
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--name", default=NAME, help="the JSON/PNG file name")
+    p.add_argument("--sizes", default=None, help="comma-separated neuron counts")
+    p.add_argument("--lengths", default=None, help="comma-separated T values")
+    p.add_argument("--methods", default=None, help="comma-separated: " + ",".join(METHODS))
+    p.add_argument("--repeats", type=int, default=None, help="timed updates per configuration")
+    p.add_argument("--memory-limit-gib", type=float, default=14.0,
+                   help="configurations whose XLA peak exceeds this are compiled, not run")
+    p.add_argument("--timeout", type=float, default=4 * 3600.0, help="seconds per configuration")
+    p.add_argument("--memory-report", action="store_true",
+                   help="dump XLA's buffer assignment; record each program's largest buffers")
+    p.add_argument("--skip", default="",
+                   help="comma-separated N:T:method configurations not to run (recorded as such)")
+    p.add_argument("--no-ops", dest="ops", action="store_false",
+                   help="skip the sparse-operation timings")
+    p.add_argument("--replot", default=None, help="redraw the PNG of an existing results JSON")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        child(json.loads(args.child))
+        return {}
+    if args.replot:
+        with open(args.replot) as f:
+            payload = json.load(f)
+        plot(payload["results"], os.path.splitext(args.replot)[0] + ".png")
+        return payload
+    sys.path.insert(0, HERE)
+    from _models import environment, write_json
+    from _scale_ops import measure_ops
+
+    base = {**PPPROP, **FULL, **(QUICK if args.quick else {})}
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(base["sizes"])
+    lengths = [int(t) for t in args.lengths.split(",")] if args.lengths else list(base["lengths"])
+    methods = (args.methods.split(",") if args.methods
+               else list(QUICK_METHODS if args.quick else METHODS))
+    cfg = {k: base[k] for k in PPPROP} | {"repeats": args.repeats or base["repeats"],
+                                          "memory_limit_gib": args.memory_limit_gib,
+                                          "probe_elements": base["probe_elements"],
+                                          "memory_report": args.memory_report}
+    skip = set(filter(None, args.skip.split(",")))
+    start, load_before = time.perf_counter(), os.getloadavg()[0]
+    records = []
+    for n in sizes:
+        for T in lengths:
+            for method in methods:
+                if f"{n}:{T}:{method}" in skip:
+                    records.append({"neurons": n, "T": T, "method": method, "executed": False,
+                                    "skipped_reason": "--skip: not run (time on the shared "
+                                                      "2-core machine)"})
+                    continue
+                rec = run_config({**cfg, "neurons": n, "T": T, "method": method}, args.timeout)
+                records.append(rec)
+                rss = rec.get("rss", {}).get("peak_bytes", 0) / 2**30
+                xla = rec.get("xla", {}).get("peak_bytes", 0) / 2**30
+                print(f"N={n:7d} T={T:4d} {method:12s} s/update={rec.get('s_per_update', 0):9.3f}"
+                      f"  rss={rss:6.2f} GiB  xla_peak={xla:6.2f} GiB  bound_ratio="
+                      f"{rec.get('bandwidth_bound_ratio', 0):6.2f}"
+                      + ("" if rec.get("executed") else "  [not executed]"), flush=True)
+    payload = {
+        "benchmark": NAME, "quick": args.quick,
+        "config": {**cfg, "sizes": sizes, "lengths": lengths, "methods": methods},
+        "published_pp_prop": PUBLISHED,
+        "environment": {**environment(), "load_average_1min_before_after":
+                        [load_before, os.getloadavg()[0]]},
+        "notes": [
+            "s_per_update: median of `repeats` runs of the compiled update after one warm-up.",
+            ("rss.peak_bytes: ru_maxrss of a fresh process after compiling and running the "
+             "update (JAX runtime, compilation, data and the run; MALLOC_MMAP_THRESHOLD_=1 MiB)."),
+            ("cost_per_step: XLA cost_analysis of the same method compiled for T = 1 (one "
+             "step's update, its set-up and finish included); cost_program_loops_once: of the "
+             "T-step program, where XLA counts each loop body once."),
+            ("bandwidth_bound_ratio: s_per_step / (cost_per_step bytes / probe bandwidth), the "
+             "probe run in the same process after the timings."),
+        ],
+        "results": records, "summary": summarise(records),
+        "ops": measure_ops(quick=args.quick) if args.ops else None,
+        "total_wall_s": time.perf_counter() - start,
+    }
+    write_json(os.path.join(args.out, f"{args.name}.json"), payload)
+    plot(records, os.path.join(args.out, f"{args.name}.png"))
+    print(json.dumps(payload["summary"], indent=1))
+    return payload
+
+
+if __name__ == "__main__":
+    main()

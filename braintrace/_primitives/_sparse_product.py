@@ -1,0 +1,98 @@
+"""The sparse product as a bilinear JAX primitive with gather-only derivatives.
+
+``sparse_product_p.bind(x, w, connectivity=c)`` computes, for rows ``x (R, I)``
+and weights ``w (nnz,)`` of one dtype,
+
+.. math::
+
+    y[r, o] = \\sum_{k:\\, post[k] = o} w[k]\\, x[r, pre[k]] \\qquad (R, O).
+
+It is linear in ``x`` and in ``w`` (``ad.defbilinear``), and its two
+transposes are written out rather than derived from the gathers:
+
+* with respect to ``x``: the same product over the transposed connectivity,
+  ``x̄[r, i] = Σ_{k: pre[k]=i} w[k] ȳ[r, post[k]]`` (a gather over the
+  connections grouped by *input*), where JAX would scatter-add every product
+  into ``x̄`` (with the forward: 35 against 5 ms at ``B = 32``, ``N = 16,384`` on CPU);
+* with respect to ``w``: :func:`weight_pullback`, which sums over the rows a
+  group at a time instead of materialising ``R × nnz`` gathered products.
+
+So a learning signal or BPTT through an ``ETPSparseLinear`` costs two more
+products of the forward's kind, not scatters. The ETP primitive's impl binds
+this one (``_sparse.py``); its own JVP follows from this JVP.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from braintrace._primitives._sparse_kernels import pullback, slot_product, sum_rows
+
+__all__ = ["product", "sparse_product_p", "weight_pullback"]
+
+
+def product(x: jax.Array, weight: jax.Array, connectivity: Any) -> jax.Array:
+    """``y (R, O)`` for ``x (R, I)`` in plain JAX: the slot sum over the connections grouped
+    by output, or (fan-ins too uneven to group) a ``segment_sum`` over ``post``."""
+    if connectivity.by_output is not None:
+        return slot_product(x, weight, connectivity.by_output)
+    contrib = jnp.take(x, connectivity.pre, axis=-1) * weight
+    return jax.ops.segment_sum(contrib.T, connectivity.post,
+                               num_segments=connectivity.num_out).T
+
+
+def weight_pullback(x: jax.Array, d: jax.Array, connectivity: Any) -> jax.Array:
+    """``dw[k] = Σ_r x[r, pre[k]]·d[r, post[k]]`` for ``x (R, I)``, ``d (R, O)``: ``(nnz,)``.
+
+    Summed a group of rows at a time (never ``R × nnz`` values at once). Where
+    ``R·nnz ≥ I·O`` (dense-like, many rows) it is ``(xᵀ d)[pre, post]``, one
+    matrix product and a gather, faster on CPU.
+    """
+    conn = connectivity
+    if x.shape[0] * conn.nnz >= conn.num_in * conn.num_out:
+        outer = jnp.matmul(x.T, d, precision=jax.lax.Precision.HIGHEST)
+        return outer[conn.pre, conn.post]
+    if conn.by_output is not None:
+        return pullback(x, d, conn.by_output)
+    return sum_rows(lambda xr, dr: jnp.take(xr, conn.pre) * jnp.take(dr, conn.post), x, d)
+
+
+sparse_product_p = Primitive("sparse_product")
+"""``y = sparse_product_p.bind(x (R, I), w (nnz,), connectivity=c)``: ``(R, O)``."""
+
+
+def _abstract_eval(x: Any, weight: Any, *, connectivity: Any) -> jax.core.ShapedArray:
+    return jax.core.ShapedArray((x.shape[0], connectivity.num_out), weight.dtype)
+
+
+def _x_transpose(ct: jax.Array, x: Any, weight: jax.Array, *, connectivity: Any) -> jax.Array:
+    del x
+    return sparse_product_p.bind(ct, weight, connectivity=connectivity.transposed)
+
+
+def _w_transpose(ct: jax.Array, x: jax.Array, weight: Any, *, connectivity: Any) -> jax.Array:
+    del weight
+    return weight_pullback(x, ct, connectivity)
+
+
+def _batch(args: Any, dims: Any, *, connectivity: Any) -> tuple[jax.Array, int]:
+    """Mapped ``x`` alone: more rows. A mapped weight: the plain product, vmapped."""
+    (x, weight), (x_dim, w_dim) = args, dims
+    if w_dim is None:
+        x = jnp.moveaxis(x, x_dim, 0)
+        y = sparse_product_p.bind(x.reshape(-1, x.shape[-1]), weight, connectivity=connectivity)
+        return y.reshape(*x.shape[:2], y.shape[-1]), 0
+    one = lambda a, w: product(a, w, connectivity)
+    return jax.vmap(one, in_axes=(x_dim, w_dim))(x, weight), 0
+
+
+sparse_product_p.def_impl(product)
+sparse_product_p.def_abstract_eval(_abstract_eval)
+mlir.register_lowering(sparse_product_p, mlir.lower_fun(product, multiple_results=False))
+ad.defbilinear(sparse_product_p, _x_transpose, _w_transpose)
+batching.primitive_batchers[sparse_product_p] = _batch
