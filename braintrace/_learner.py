@@ -438,7 +438,7 @@ class OnlineLearner:
                           modulators: dict[str, jax.Array] | None = None) -> jax.stages.Lowered:
         """The lowered ``etrace_grad`` program (``.compile().memory_analysis()`` measures it).
 
-        ``xs``/``ys`` may be ``jax.ShapeDtypeStruct``s, so long sequences need no data.
+        ``xs``/``ys`` may be ``jax.ShapeDtypeStruct`` objects, so long sequences need no data.
         """
         args = self.grad_args(xs, ys, mask=mask, chunk_size=chunk_size, reduction=reduction,
                               modulators=modulators)
