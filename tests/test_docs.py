@@ -129,6 +129,10 @@ def test_flax_to_braintrace_example_does_what_its_page_says():
     flax_params = nnx.to_pure_dict(nnx.state(example["flax_model"], nnx.Param))
     online_params = nnx.to_pure_dict(nnx.state(example["model"], nnx.Param))
     assert jax.tree.map(jnp.shape, flax_params) == jax.tree.map(jnp.shape, online_params)
+    batch = example["batch"]
+    assert example["flax_model"](batch.xs).shape == batch.ys.shape  # no silent broadcast
+    example["learner"].reset()
+    assert example["learner"].etrace_evolve(batch.xs).shape == batch.ys.shape
     bptt, online = example["bptt_losses"], example["online_losses"]
     # Same initial weights, same first batch: the same model, so the same first loss.
     np.testing.assert_allclose(online[0], bptt[0], rtol=1e-5)

@@ -6,9 +6,9 @@ braintrace model loads the Flax weights as they are and computes the same output
 trainings lower the loss. ``BRAINTRACE_QUICK=1`` (set by the test suite) shrinks the sizes.
 """
 
+# [imports]
 import os
 
-# [imports]
 import jax
 import jax.numpy as jnp
 import optax
@@ -20,10 +20,10 @@ from braintrace.tasks import Integrator
 
 # [/imports]
 
-QUICK = os.environ.get("BRAINTRACE_QUICK") == "1"
-T, BATCH, STEPS = (20, 8, 30) if QUICK else (100, 32, 200)
-
 # [task]
+T, BATCH, STEPS = 100, 32, 200  # sequence length, batch size, training steps
+if os.environ.get("BRAINTRACE_QUICK") == "1":  # the test suite's toy sizes
+    T, BATCH, STEPS = 20, 8, 30
 task = Integrator(num_inputs=2, seq_len=T, decay=0.9)  # xs, ys: (T, batch, features)
 
 
@@ -49,7 +49,7 @@ def bptt_step(model, optimizer, xs, ys):
     return loss
 
 
-flax_model = FlaxNet(2, 32, 1, rngs=nnx.Rngs(0))
+flax_model = FlaxNet(2, 32, 2, rngs=nnx.Rngs(0))
 flax_optimizer = nnx.Optimizer(flax_model, optax.adam(1e-2), wrt=nnx.Param)
 bptt_losses = []
 for step in range(STEPS):
@@ -57,12 +57,12 @@ for step in range(STEPS):
     bptt_losses.append(float(bptt_step(flax_model, flax_optimizer, batch.xs, batch.ys)))
 # [/before]
 
-# Start the online model from the Flax model's initial weights (same seed), so the two
-# trainings below begin at the same point.
-initial_flax_params = nnx.state(FlaxNet(2, 32, 1, rngs=nnx.Rngs(0)), nnx.Param)
-
 
 # [after]
+# The Flax model's initial weights (same seed), so that both trainings start at one point.
+initial_flax_params = nnx.state(FlaxNet(2, 32, 2, rngs=nnx.Rngs(0)), nnx.Param)
+
+
 class Net(nnx.Module):
     def __init__(self, n_in, n_hidden, n_out, *, rngs):
         self.rnn = layers.Stateful(layers.GRUCell(n_in, n_hidden, rngs=rngs))  # nnx.GRUCell
@@ -72,7 +72,7 @@ class Net(nnx.Module):
         return self.readout(self.rnn(x))
 
 
-model = Net(2, 32, 1, rngs=nnx.Rngs(1))
+model = Net(2, 32, 2, rngs=nnx.Rngs(1))  # any seed: the Flax weights replace these
 nnx.update(model, initial_flax_params)  # the same Param tree: Flax weights load as they are
 learner = braintrace.compile(model, "d_rtrl", jnp.zeros((BATCH, 2)), batch_size=BATCH)
 optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
