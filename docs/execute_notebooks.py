@@ -7,8 +7,9 @@ shows is what this script stored. Run it after changing a notebook (or the code 
     python docs/execute_notebooks.py 01_quickstart       # only the notebooks named
     BRAINTRACE_QUICK=1 python docs/execute_notebooks.py  # toy sizes (seconds each)
 
-Each notebook runs top to bottom in a fresh kernel of the interpreter that runs this script
-(so in the project's virtual environment), with the notebook's folder as working directory.
+Each notebook runs top to bottom in a fresh ``python3`` kernel, with the notebook's folder as
+working directory. With ipykernel installed in the project's virtual environment (the ``dev``
+extra), that kernel is the interpreter that runs this script.
 Its code cells get execution counts 1, 2, ... and the notebook's metadata records a hash of
 its code (``braintrace.source_sha256``) and whether it ran at full or quick size;
 ``tests/test_docs.py`` fails when a notebook has no outputs, counts out of order, or code that
