@@ -504,7 +504,7 @@ class OnlineLearner:
                           **signal_inputs: Any) -> jax.stages.Lowered:
         """The lowered ``etrace_grad`` program (``.compile().memory_analysis()`` measures it).
 
-        ``xs``/``ys`` may be ``jax.ShapeDtypeStruct``s, so long sequences need no data.
+        ``xs``/``ys`` may be ``jax.ShapeDtypeStruct`` objects, so long sequences need no data.
         """
         entry, spec, args = self._grad_call(xs, ys, mask=mask, chunk_size=chunk_size,
                                             block_size=block_size, reduction=reduction,

@@ -227,8 +227,8 @@ class ETPPrimitive(jex_core.Primitive):
         Args:
             rules: A whole :class:`~braintrace._primitives.ETPRules` record
                 (its unset fields leave rules unchanged).
-            dt_to_t, xy_to_dw, init_drtrl, init_pp, xy_to_trace, trace_to_dw,
-                contract: Single rules, registered after ``rules``; see
+            dt_to_t, xy_to_dw, init_drtrl, init_pp, xy_to_trace, trace_to_dw, contract:
+                Single rules, registered after ``rules``; see
                 :class:`~braintrace._primitives.ETPRules` for their signatures.
 
         Raises:
