@@ -110,7 +110,7 @@ class OnlineLearner:
         self.traces = self._fresh_traces()
 
     def _compile(self, model: nnx.Module, example_x: Any) -> _Compiled:
-        graph = compile_graph(model, example_x, scope=self.algorithm.scope, strict=self.strict)
+        graph = compile_graph(model, example_x, strict=self.strict, algorithm=self.algorithm)
         example = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)),
                                example_x)
         lay = None if self.mesh is None else self._layout_for(model, graph, example)
@@ -330,8 +330,9 @@ class OnlineLearner:
         self.load_state(state_from_arrays(self.graph, self.traces, arrays))
 
     def report(self) -> str:
-        """The compiled graph's report: groups, traced Params, same-step Params, warnings."""
-        return f"algorithm: {self.algorithm.name}\n{self.graph.report()}"
+        """The compiled graph's report for this algorithm: what is approximate (the graph's
+        traces and the algorithm's own approximations) and what to do, then the details."""
+        return self.graph.report(self.algorithm)
 
     # -- running -------------------------------------------------------------
 

@@ -48,7 +48,7 @@ from typing import Any, NamedTuple
 import jax
 
 from braintrace._algorithms._trace_algebra import group_signal
-from braintrace._compiler import ETraceGraph, Relation
+from braintrace._compiler import Approximation, ETraceGraph, Relation
 from braintrace._primitives import MissingRuleError
 
 __all__ = ["AbstractAlgorithm", "BlockSteps", "Jacobians", "RelationRule", "check_rules"]
@@ -103,6 +103,17 @@ class AbstractAlgorithm(abc.ABC):
     @abc.abstractmethod
     def relation_rule(self, relation: Relation) -> RelationRule:
         """The rule this algorithm applies to ``relation``."""
+
+    def approximations(self, graph: ETraceGraph) -> tuple[Approximation, ...]:
+        """What this algorithm approximates by construction on ``graph``.
+
+        Beyond ``graph.approximations`` (where the graph's own traces are not
+        the exact influence): empty when the algorithm's gradient equals BPTT
+        wherever the graph's traces are exact. ``report()`` lists both and
+        ``compile(..., strict=True)`` refuses either.
+        """
+        del graph
+        return ()
 
     def feedback_operands(self, graph: ETraceGraph) -> dict[int, dict[int, jax.Array]] | None:
         """``{eqn index: {operand position: B}}`` for feedback alignment, or ``None`` (exact).
