@@ -28,8 +28,6 @@ a recurrent LIF layer) saturates at ``n = 2``, as does an LSTM (``c`` and
 ``h`` both follow the gates within a step), while a recurrent ALIF layer
 (``v``, ``a``) needs ``n = 3``: an input weight reaches ``v_j``, the next step
 ``v_k`` of every neuron and ``a_j``, the step after ``a_k`` (``v_j → v_k → a_k``).
-In general one dense recurrent layer with ``S`` states per unit saturates by
-``n = 2S``.
 """
 
 from __future__ import annotations
