@@ -212,3 +212,13 @@ def test_pure_step_function_with_bare_array_state_and_pytree_output():
     assert graph.num_outputs == 2
     assert jax.tree.structure(graph.out_treedef.unflatten([0, 0])) == jax.tree.structure(
         {"y": 0, "norm": 0})
+
+
+def test_naming_modules_leaves_the_model_and_its_classes_as_they_were():
+    model = Net(nnx.Rngs(0))
+    braintrace.init_states(model, B)
+    classes = [type(m) for _, m in nnx.iter_graph(model) if isinstance(m, nnx.Module)]
+    graph = braintrace.compile_graph(model, jnp.ones((B, I)))
+    assert [type(m) for _, m in nnx.iter_graph(model) if isinstance(m, nnx.Module)] == classes
+    assert graph.modules.classes["rnn.neuron"] == "ALIF"
+    assert graph.modules.eqn_module(graph.relations[0].eqn_index) == "rnn.dense_i"

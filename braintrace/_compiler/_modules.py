@@ -18,8 +18,8 @@ Example:
     'rnn.neuron'
     >>> modules.label("rnn.neuron")
     '`rnn.neuron` (LIF)'
-    >>> modules.leaf_label("rnn.dense_h.kernel")
-    '`rnn.dense_h.kernel` (a Param of `rnn` (RecurrentSpiking))'
+    >>> modules.leaf_label("rnn.kernel")
+    '`rnn.kernel` (a Param of `rnn` (RecurrentSpiking))'
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ __all__ = ["ModuleMap", "class_label", "eqn_module_paths", "module_classes", "mo
 SCOPE_PREFIX = "module:"
 _PATHS: contextvars.ContextVar[Mapping[int, str]] = contextvars.ContextVar(
     "braintrace_module_paths", default=MappingProxyType({}))
-_SCOPED: dict[type, type] = {}
+_SCOPED: dict[type, type | None] = {}
 
 
 def class_label(cls: type) -> str:
@@ -63,8 +63,9 @@ def module_classes(root: nnx.Module) -> dict[str, str]:
     return {path: class_label(type(node)) for path, node in _modules(root)}
 
 
-def _scoped_class(cls: type) -> type:
-    """A subclass of ``cls`` whose ``__call__`` runs in a named scope of the module's path."""
+def _scoped_class(cls: type) -> type | None:
+    """A subclass of ``cls`` whose ``__call__`` runs in a named scope of the module's path
+    (``None`` for a class that cannot be subclassed: its equations keep the enclosing scope)."""
     if cls not in _SCOPED:
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
             path = _PATHS.get().get(id(self))
@@ -74,9 +75,12 @@ def _scoped_class(cls: type) -> type:
             with jax.named_scope(SCOPE_PREFIX + path):
                 return call(*args, **kwargs)
 
-        scoped = type(cls.__name__, (cls,), {"__call__": __call__,
-                                             "__qualname__": cls.__qualname__,
-                                             "__module__": cls.__module__})
+        try:
+            scoped = type(cls.__name__, (cls,), {"__call__": __call__,
+                                                 "__qualname__": cls.__qualname__,
+                                                 "__module__": cls.__module__})
+        except TypeError:  # a final class, or one whose subclasses need arguments
+            scoped = None
         _SCOPED[cls] = scoped
     return _SCOPED[cls]
 
@@ -89,7 +93,8 @@ def module_scopes(root: nnx.Module) -> Iterator[None]:
     (same name, same behaviour, ``__call__`` wrapped in ``jax.named_scope``);
     their classes are restored on exit.
     """
-    nodes = [(path, node) for path, node in _modules(root) if callable(node)]
+    nodes = [(path, node) for path, node in _modules(root)
+             if callable(node) and _scoped_class(type(node)) is not None]
     token = _PATHS.set({id(node): path for path, node in nodes})
     originals = [(node, type(node)) for _, node in nodes]
     try:
@@ -149,13 +154,6 @@ class ModuleMap:
             return f"`{leaf_path}`"
         return f"`{leaf_path}` (a Param of {self.label(module)})"
 
-    def state_label(self, leaf_path: str) -> str:
-        """``'`rnn.neuron.v` (state of `rnn.neuron` (LIF))'``."""
-        module = self.module_of(leaf_path)
-        if module is None:
-            return f"`{leaf_path}`"
-        return f"`{leaf_path}` (state of {self.label(module)})"
-
     def eqn_module(self, eqn_index: int) -> str | None:
         """The module path equation ``eqn_index`` was traced in."""
         if eqn_index < len(self.eqn_modules):
@@ -166,11 +164,6 @@ class ModuleMap:
         """The label of the module an equation was traced in, or ``fallback``."""
         module = self.eqn_module(eqn_index)
         return fallback if module is None else self.label(module)
-
-    def modules_of_eqns(self, eqns: Iterable[int], fallback: str = "") -> list[str]:
-        """The distinct module labels of ``eqns``, in order (``fallback`` for unknown ones)."""
-        labels = [self.eqn_label(i, fallback) for i in eqns]
-        return [label for label in dict.fromkeys(labels) if label]
 
 
 NO_MODULES = ModuleMap(classes={}, eqn_modules=())
