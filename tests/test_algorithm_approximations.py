@@ -76,3 +76,12 @@ def test_the_strict_error_gives_the_sentence_the_alternatives_and_then_the_detai
                                  "RTRL()")
     details = message.index("Details:\n  - modules.0.bias, modules.0.kernel: factorised-traces:")
     assert sentence < alternatives < details
+
+
+def test_dni_reports_what_its_base_algorithm_approximates():
+    model = MODELS["lif"].build()
+    model.synthesizer = braintrace.LinearSynthesizer(model)
+    x = jnp.zeros((BATCH, IN), F64)
+    with pytest.raises(ValueError, match="factorised-traces"):
+        braintrace.compile(model, braintrace.DNI(model.synthesizer, base=braintrace.ES_D_RTRL()),
+                           x, strict=True)

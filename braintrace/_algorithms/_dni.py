@@ -128,6 +128,9 @@ class DNI(AbstractAlgorithm):
     def feedback_operands(self, graph):
         return self.base.feedback_operands(graph)
 
+    def approximations(self, graph):
+        return self.base.approximations(graph)
+
     def relation_signal(self, graph, delta, relation):
         return self.base.relation_signal(graph, delta, relation)
 
