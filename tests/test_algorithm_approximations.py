@@ -85,3 +85,13 @@ def test_dni_reports_what_its_base_algorithm_approximates():
     with pytest.raises(ValueError, match="factorised-traces"):
         braintrace.compile(model, braintrace.DNI(model.synthesizer, base=braintrace.ES_D_RTRL()),
                            x, strict=True)
+
+
+def test_compile_graph_takes_the_algorithms_scope_and_refuses_another():
+    x = jnp.zeros((BATCH, IN), F64)
+    graph = braintrace.compile_graph(MODELS["lif"].build(), x, algorithm=braintrace.RTRL())
+    assert graph.scope == "full"
+    with pytest.raises(ValueError, match="scope='diagonal', but algorithm 'rtrl' runs in the "
+                                         "'full' scope"):
+        braintrace.compile_graph(MODELS["lif"].build(), x, scope="diagonal",
+                                 algorithm=braintrace.RTRL())
