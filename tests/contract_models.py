@@ -258,6 +258,85 @@ def _recurrent_lif(num_layers=1):
     return Sequential(*stack, _linear(HID, OUT, 9))
 
 
+class OneDriveTwoStates(nnx.Module):
+    """One ``ETPLinear`` driving two hidden states that never meet: two hidden groups."""
+
+    def __init__(self):
+        self.lin = _linear(IN, HID, 1)
+        self.a = braintrace.HiddenState(jnp.zeros((HID,), F64))
+        self.b = braintrace.HiddenState(jnp.zeros((HID,), F64))
+        self.out = _linear(HID, OUT, 2)
+
+    def __call__(self, x):
+        y = self.lin(x)
+        self.a[...] = 0.9 * self.a[...] + y
+        self.b[...] = 0.5 * self.b[...] + jnp.tanh(y)
+        return self.out(jnp.tanh(self.a[...]) * self.b[...])
+
+
+class EncoderGRU(nnx.Module):
+    """An ``ETPLinear`` encoder, ``tanh``, then a GRU: the encoder reaches the state only
+    through the GRU's input kernel (another ETP operation)."""
+
+    def __init__(self):
+        self.enc = _linear(IN, HID, 3)
+        self.rnn = layers.Stateful(layers.GRUCell(HID, HID, param_dtype=F64, rngs=nnx.Rngs(0)))
+        self.out = _linear(HID, OUT, 4)
+
+    def __call__(self, x):
+        return self.out(self.rnn(jnp.tanh(self.enc(x))))
+
+
+class ConvEncoderRecurrentConvLIF(nnx.Module):
+    """A conv encoder into a ``ConvLIF`` layer whose input current also gets a recurrent
+    ``ETPConv`` of its own spikes (1-D frames of ``IN`` positions; ``ConvLIF`` itself has no
+    recurrence, so the recurrent convolution is added from its parts)."""
+
+    def __init__(self):
+        self.enc = layers.ETPConv(1, 2, (2,), param_dtype=F64, rngs=nnx.Rngs(1))
+        self.layer = layers.ConvLIF(2, 2, (2,), input_size=(IN,), tau=4.0, v_th=0.3,
+                                    param_dtype=F64, rngs=nnx.Rngs(2))
+        self.rec = layers.ETPConv(2, 2, (2,), use_bias=False, param_dtype=F64,
+                                  rngs=nnx.Rngs(3))
+        self.out = _linear(2 * IN, OUT, 4)
+
+    def __call__(self, x):
+        frames = jnp.tanh(self.enc(x[..., None]))
+        z = self.layer.neuron(self.layer.conv(frames) + self.rec(self.layer.spikes()))
+        return self.out(z.reshape(*z.shape[:-2], -1))
+
+
+def _lif(readout):
+    lif = layers.LIF(HID, tau=4.0, v_th=0.3, param_dtype=F64)
+    if readout == "leaky":  # the usual spiking classifier: a leaky readout state of the spikes
+        return Sequential(_linear(IN, HID, 1), lif,
+                          layers.LeakyReadout(HID, OUT, tau=3.0, param_dtype=F64,
+                                              rngs=nnx.Rngs(2)))
+    return Sequential(_linear(IN, HID, 1), lif, _linear(HID, OUT, 2))
+
+
+def _encoder_recurrent_lif():
+    return Sequential(_linear(IN, HID, 3),
+                      layers.RecurrentSpiking(HID, layers.LIF(HID, tau=4.0, v_th=0.3,
+                                                              param_dtype=F64),
+                                              param_dtype=F64, rngs=nnx.Rngs(1)),
+                      _linear(HID, OUT, 9))
+
+
+def _recurrent_alif():
+    """A dense recurrence over ALIF neurons: two states per unit (SnAp saturates at n = 3)."""
+    alif = layers.ALIF(HID, tau=4.0, tau_a=2.0, beta=1.0, v_th=0.3, param_dtype=F64)
+    return Sequential(layers.RecurrentSpiking(IN, alif, param_dtype=F64, rngs=nnx.Rngs(1)),
+                      _linear(HID, OUT, 9))
+
+
+def _lru_stack():
+    return Sequential(layers.LRU(IN, HID, out_features=HID, r_min=0.4, param_dtype=F64,
+                                 rngs=nnx.Rngs(0)),
+                      layers.LRU(HID, HID, out_features=OUT, r_min=0.4, param_dtype=F64,
+                                 rngs=nnx.Rngs(1)))
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelCase:
     """A contract model: ``build()`` gives it batched, with random hidden state."""
@@ -279,6 +358,7 @@ MODELS: dict[str, ModelCase] = {
     "alif-leaky-readout": ModelCase(lambda: _alif_taus("leaky"), exact=False, input_scale=2.0),
     "lif-expsynapse": ModelCase(_lif_synapse, exact=True, input_scale=2.0),
     "cell-state-and-output": ModelCase(CellStateAndOutput, exact=True),
+    "one-drive-two-states": ModelCase(OneDriveTwoStates, exact=True),
     "weight-used-twice": ModelCase(lambda: Leaky(TwiceDrive()), exact=True),
     "remat": ModelCase(lambda: Leaky(RematDrive()), exact=True),
     "nnx-jit": ModelCase(lambda: Leaky(JitDrive()), exact=True),
@@ -295,6 +375,14 @@ MODELS: dict[str, ModelCase] = {
     "lstm": ModelCase(_cell(layers.LSTMCell), exact=False),
     "recurrent-lif": ModelCase(_recurrent_lif, exact=False, input_scale=2.0),
     "recurrent-lif-2-layers": ModelCase(lambda: _recurrent_lif(2), exact=False, input_scale=2.0),
+    "recurrent-alif": ModelCase(_recurrent_alif, exact=False, input_scale=2.0),
+    "lif": ModelCase(lambda: _lif("linear"), exact=True, input_scale=2.0),
+    "lif-leaky-readout": ModelCase(lambda: _lif("leaky"), exact=False, input_scale=2.0),
+    "encoder-gru": ModelCase(EncoderGRU, exact=False),
+    "encoder-recurrent-lif": ModelCase(_encoder_recurrent_lif, exact=False, input_scale=2.0),
+    "lru-2-layers": ModelCase(_lru_stack, exact=False),
+    "conv-encoder-recurrent-convlif": ModelCase(ConvEncoderRecurrentConvLIF, exact=False,
+                                                input_scale=2.0),
     "layernorm": ModelCase(lambda: Leaky(LayerNormDrive()), exact=False),
     "batchnorm": ModelCase(lambda: Leaky(BatchNormDrive()), exact=False),
     "plain-linear-beside-etp": ModelCase(lambda: Leaky(PlainNextToETP()), exact=False),

@@ -3,6 +3,8 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
+from contract_models import BATCH, IN, MODELS
 from flax import nnx
 
 import braintrace
@@ -30,7 +32,7 @@ class Net(nnx.Module):
         return self.out(z)
 
 
-def test_report_lists_groups_traced_params_same_step_params_and_warnings():
+def test_report_gives_a_summary_in_module_terms_then_the_details():
     model = Net(nnx.Rngs(0))
     braintrace.init_states(model, B)
     graph = braintrace.compile_graph(model, jnp.ones((B, I)))
@@ -38,27 +40,103 @@ def test_report_lists_groups_traced_params_same_step_params_and_warnings():
     assert str(graph) == text
     lines = text.splitlines()
     assert lines[0] == "ETraceGraph (diagonal scope)"
-    # Hidden groups, with their states, shape and S.
+    # The summary first: one plain sentence per approximation, in module terms.
+    assert lines[1] == "approximations (5; strict=True refuses them):"
+    details = lines.index("details:")
+    summary = "\n".join(lines[2:details])
+    assert ("`rnn.dense_h` (ETPLinear) couples different units of hidden states `rnn.neuron.a` "
+            "and `rnn.neuron.v` of `rnn.neuron` (ALIF) from one step to the next") in summary
+    assert ("the model (Net) carries hidden states `rnn.neuron.a` and `rnn.neuron.v` of "
+            "`rnn.neuron` (ALIF) into hidden state `m` of the model (Net)") in summary
+    assert "hidden state `m` of the model (Net) between positions" in summary
+    assert ("`pre.bias` and `pre.kernel` of `pre` (ETPLinear) are not traced: the operation's "
+            "output reaches hidden state only through another trainable ETP operation "
+            "(`rnn.dense_i` (ETPLinear))") in summary
+    assert "Exact on this model (strict=True accepts them): RTRL()" in summary
+    assert "eqn" not in summary  # equation numbers are details
+    # Hidden groups, with their states, shape, S and module.
     assert "  hidden groups (2):" in lines
-    assert "    [0] m  shape=(2, 4)  S=1" in lines
-    assert "    [1] rnn.neuron.a, rnn.neuron.v  shape=(2, 4)  S=2" in lines
-    # Traced Params, and the relations that trace them.
+    assert "    [0] m  shape=(2, 4)  S=1  of the model (Net)" in lines
+    assert "    [1] rnn.neuron.a, rnn.neuron.v  shape=(2, 4)  S=2  of `rnn.neuron` (ALIF)" in lines
+    # Traced Params, and the operations that trace them.
     assert ("  Params learning by eligibility traces (5): rnn.dense_h.kernel, rnn.dense_i.bias, "
             "rnn.dense_i.kernel, rnn.neuron.tau.weight, w") in lines
-    assert any(line.startswith("    etp_elemwise (eqn ") and "weight<-rnn.neuron.tau.weight"
-               in line and "[rnn.neuron.a, rnn.neuron.v]" in line for line in lines)
-    # Same-step Params, each with its reason.
+    assert any(line.startswith("    `rnn.neuron.tau` (ETPElemwise): weight<-rnn.neuron.tau.weight"
+                               " -> group 1 [rnn.neuron.a, rnn.neuron.v]  (etp_elemwise, eqn ")
+               for line in lines)
+    # Same-step Params, each with its module and reason.
     start = lines.index("  Params with same-step gradients (4):")
     same_step = lines[start + 1:start + 5]
     assert [line.split(":")[0].strip() for line in same_step] == [
         "out.bias", "out.kernel", "pre.bias", "pre.kernel"]
-    assert all("readout" in line for line in same_step[:2])
-    assert all("only through another trainable ETP operation" in line for line in same_step[2:])
-    # Approximations: the rolled state's D.
-    assert any(line.startswith("  approximations of the temporal credit") for line in lines)
+    assert all("in `out` (ETPLinear): reaches no hidden state (a readout)" in line
+               for line in same_step[:2])
+    assert all("in `pre` (ETPLinear): reaches hidden state only through another trainable ETP "
+               "operation" in line for line in same_step[2:])
+    # The details of the approximations keep the equations.
     assert any("moved-positions" in line and "hidden group ['m']" in line for line in lines)
-    # What the normalisation pass did (the spike function is kept opaque).
-    assert any("custom_jvp_call" in line and "opaque" in line for line in lines)
+    # What the normalisation pass did, located by module (the spike function is opaque).
+    assert any("custom_jvp_call at eqn" in line and "in `rnn.neuron` (ALIF) kept opaque" in line
+               for line in lines)
+
+
+def test_report_names_a_normalisation_and_an_lru_readout_by_module():
+    with jax.enable_x64(True):
+        norm = braintrace.compile_graph(MODELS["layernorm"].build(),
+                                        jnp.zeros((BATCH, IN), jnp.float64))
+        stack = braintrace.compile_graph(MODELS["lru-2-layers"].build(),
+                                         jnp.zeros((BATCH, IN), jnp.float64))
+    mixing = next(a for a in norm.approximations if a.kind == "output-mixing")
+    assert mixing.summary.startswith(
+        "Between `drive.lin` (ETPLinear) and hidden state `h` of the model (Leaky), "
+        "`drive.norm` (nnx.LayerNorm) mixes units")
+    assert "reduce_sum" in mixing.detail and "reduce_sum" not in mixing.summary
+    readout = next(a for a in stack.approximations if a.param_paths == ("modules.0.C_im",))
+    assert readout.summary.startswith(
+        "`modules.0.C_im` of `modules.0` (LRU) is not traced: the operation's output reaches "
+        "hidden state only through another trainable ETP operation (`modules.1` (LRU))")
+    assert "RTRL() follows it exactly" in readout.summary
+    coupling = next(a for a in stack.approximations if a.kind == "hidden-coupling")
+    assert ("`modules.0` (LRU) carries hidden states `modules.0.h_im` and `modules.0.h_re` of "
+            "`modules.0` (LRU) into hidden states `modules.1.h_im` and `modules.1.h_re` of "
+            "`modules.1` (LRU)") in coupling.summary
+
+
+def test_learner_report_and_strict_speak_for_the_algorithm():
+    with jax.enable_x64(True):
+        x = jnp.zeros((BATCH, IN), jnp.float64)
+        learner = braintrace.compile(MODELS["lif"].build(), braintrace.UORO(), x)
+        text = learner.report()
+        with pytest.raises(ValueError, match="strict=True") as error:
+            braintrace.compile(MODELS["lif"].build(), braintrace.UORO(), x, strict=True)
+    lines = text.splitlines()
+    assert lines[:3] == ["algorithm: uoro (UORO)", "ETraceGraph (full scope)",
+                         "approximations (1; strict=True refuses them):"]
+    assert lines[3].startswith("  - UORO (seed 0) keeps a random rank-one estimate of RTRL's "
+                               "influence")
+    assert "`modules.0.bias` and `modules.0.kernel`" in lines[3]
+    assert lines[4].startswith("  Exact on this model (strict=True accepts them): D_RTRL(), "
+                               "RTRL()")
+    message = str(error.value)
+    assert "the gradient of algorithm 'uoro' (UORO) on this model is approximate" in message
+    assert "random-estimate" in message  # the details follow the sentences
+
+
+def test_pure_step_function_report_names_operations_without_modules():
+    def step(params, hidden, x):
+        h = 0.5 * hidden["h"] @ params["u"] + braintrace.matmul(x, params["w"])
+        return {"h": h}, h
+
+    graph = braintrace.compile_graph(
+        step, jnp.ones((B, I)), params={"u": jnp.ones((H, H)), "w": jnp.ones((I, H))},
+        hidden={"h": jnp.zeros((B, H))})
+    coupling = next(a for a in graph.approximations if a.kind == "hidden-coupling")
+    assert coupling.summary.startswith("operations 'dot_general' couple different units of "
+                                       "hidden state `h`")
+    untraced = next(a for a in graph.approximations if a.kind == "untraced-path")
+    assert untraced.summary.startswith("`u` reaches hidden state through operations "
+                                       "'dot_general'")
+    assert "    <an operation>" not in graph.report()
 
 
 def test_report_of_a_clean_model_has_no_warnings_and_no_same_step_params():
@@ -134,3 +212,13 @@ def test_pure_step_function_with_bare_array_state_and_pytree_output():
     assert graph.num_outputs == 2
     assert jax.tree.structure(graph.out_treedef.unflatten([0, 0])) == jax.tree.structure(
         {"y": 0, "norm": 0})
+
+
+def test_naming_modules_leaves_the_model_and_its_classes_as_they_were():
+    model = Net(nnx.Rngs(0))
+    braintrace.init_states(model, B)
+    classes = [type(m) for _, m in nnx.iter_graph(model) if isinstance(m, nnx.Module)]
+    graph = braintrace.compile_graph(model, jnp.ones((B, I)))
+    assert [type(m) for _, m in nnx.iter_graph(model) if isinstance(m, nnx.Module)] == classes
+    assert graph.modules.classes["rnn.neuron"] == "ALIF"
+    assert graph.modules.eqn_module(graph.relations[0].eqn_index) == "rnn.dense_i"

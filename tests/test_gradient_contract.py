@@ -6,10 +6,17 @@
   compiles), D-RTRL equals BPTT to ``1e-8``; where it finds one, ``strict=True``
   refuses the model, the report lists the approximation, and D-RTRL really
   differs from BPTT (the approximation is not a false alarm).
+* RTRL equals BPTT wherever every trainable operation is an ETP operation,
+  whatever lies between an operation and the hidden state.
+* ``strict=True`` accepts exactly the (algorithm, model) pairs whose gradient
+  equals BPTT, and names the algorithm when it refuses one that approximates
+  by construction; SnAp(n) is exact from the saturation ``n`` it states.
 
 A new model shape joins by one line in ``contract_models.MODELS``, a new
 algorithm by one line in ``contract_models.ALGORITHMS``.
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -111,8 +118,10 @@ def test_d_rtrl_equals_bptt_over_time_exactly_where_strict_compiles(name):
 
 
 RTRL_EXACT = {"gru", "lstm", "simple-cell", "recurrent-lif", "recurrent-lif-2-layers",
-              "alif-leaky-readout"}
-"""Models D-RTRL only approximates (recurrent weights, coupled layers) where RTRL is exact."""
+              "alif-leaky-readout", "lif-leaky-readout", "recurrent-alif", "encoder-gru",
+              "encoder-recurrent-lif", "lru-2-layers", "conv-encoder-recurrent-convlif"}
+"""Models D-RTRL only approximates (recurrent weights, coupled layers, an ETP operation that
+reaches the state only through another) where RTRL is exact."""
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -143,15 +152,60 @@ def test_rtrl_refuses_influence_matrices_over_its_budget():
         braintrace.compile(case.build(), braintrace.RTRL(max_trace_bytes=1000), x)
 
 
-@pytest.mark.parametrize("name", ["gru", "lstm", "simple-cell", "recurrent-lif-2-layers", "dense"])
-def test_snap_reaches_rtrl_once_its_steps_cover_the_recurrent_graph(name):
+SNAP_SATURATION = {"dense": 1, "lif": 1, "gru": 2, "lstm": 2, "simple-cell": 2,
+                   "recurrent-lif-2-layers": 2, "alif-learned-taus": 2, "recurrent-alif": 3}
+"""The ``n`` from which SnAp(n) is RTRL, as the docstring and README state it: a diagonal
+model 1, a dense recurrence of one state per unit (and an LSTM) 2, ALIF's adaptation 2 without
+recurrence and 3 with (``v_j → v_k → a_k``)."""
+
+
+@pytest.mark.parametrize("name", sorted(SNAP_SATURATION))
+def test_snap_equals_rtrl_from_its_saturation_and_strict_refuses_it_below(name):
     case = MODELS[name]
     xs, ys = data(T_LONG, case.input_scale)
+    n = SNAP_SATURATION[name]
+    graph = braintrace.compile_graph(case.build(), xs[0], algorithm=braintrace.SnAp(1))
+    assert braintrace.SnAp(1).saturation(graph) == n
     _, rtrl = online(case, braintrace.RTRL(), xs, ys)
-    _, snap2 = online(case, braintrace.SnAp(2), xs, ys)
-    _, snap1 = online(case, braintrace.SnAp(1), xs, ys)
-    assert max(relative_errors(snap2, rtrl).values()) <= 1e-10  # dense recurrence: n = 2
-    if case.exact:  # a diagonal model: a parameter's influence stays on its own units
-        assert max(relative_errors(snap1, rtrl).values()) <= 1e-10
-    else:
-        assert max(relative_errors(snap1, rtrl).values()) > 1e-4
+    _, saturated = online(case, braintrace.SnAp(n), xs, ys, strict=True)
+    assert max(relative_errors(saturated, rtrl).values()) <= 1e-10
+    if n == 1:
+        return
+    with pytest.raises(ValueError, match=rf"(?s)algorithm 'snap'.*SnAp\({n - 1}\) keeps the "
+                                         rf"influence only.*SnAp\({n}\) keeps all of it"):
+        braintrace.compile(case.build(), braintrace.SnAp(n - 1), xs[0], strict=True)
+    _, below = online(case, braintrace.SnAp(n - 1), xs, ys)
+    assert max(relative_errors(below, rtrl).values()) > 1e-7  # the dropped influence is real
+
+
+STRICT_MODELS = ("lif", "gru", "recurrent-alif")
+"""Models on which every algorithm's ``strict`` verdict is checked against BPTT: one where
+D-RTRL is exact, a dense recurrence with one state per unit and one with two."""
+
+
+@functools.cache
+def _bptt_long(name):
+    case = MODELS[name]
+    xs, ys = data(T_LONG, case.input_scale)
+    return bptt(case.build(), xs, ys)
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+@pytest.mark.parametrize("name", STRICT_MODELS)
+def test_strict_accepts_exactly_the_algorithms_that_equal_bptt(name, algorithm):
+    case = MODELS[name]
+    xs, ys = data(T_LONG, case.input_scale)
+    want = _bptt_long(name)
+    try:
+        learner, got = online(case, ALGORITHMS[algorithm](), xs, ys, strict=True)
+    except ValueError as error:
+        assert "strict=True" in str(error)
+        learner, got = online(case, ALGORITHMS[algorithm](), xs, ys)
+        name_of = learner.algorithm.name
+        if learner.algorithm.approximations(learner.graph):  # by construction: named
+            assert f"algorithm '{name_of}'" in str(error)
+            assert "approximations (" in learner.report()
+        assert max(relative_errors(got, want).values()) > 1e-7, algorithm  # a real difference
+        return
+    assert max(relative_errors(got, want).values()) <= 1e-8, algorithm
+    assert "approximations: none" in learner.report()

@@ -161,7 +161,13 @@ class AbstractAlgorithm(abc.ABC):
         return None
 
     def approximations(self, graph: ETraceGraph) -> tuple[Approximation, ...]:
-        """Where this algorithm approximates BPTT on ``graph`` by construction."""
+        """What this algorithm approximates by construction on ``graph``.
+
+        Beyond ``graph.approximations`` (where the graph's own traces are not
+        the exact influence): empty when the algorithm's gradient equals BPTT
+        wherever the graph's traces are exact. ``report()`` lists both and
+        ``compile(..., strict=True)`` refuses either.
+        """
         del graph
         return ()
 

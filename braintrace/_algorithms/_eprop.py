@@ -42,13 +42,24 @@ from typing import Any, NamedTuple
 
 import jax
 
+from braintrace._algorithms._approximations import algorithm_approximation
 from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
 from braintrace._algorithms._d_rtrl import DRTRL_ELEMENTWISE, DRTRL_INPUT
-from braintrace._compiler import ElementwiseRelation, ETraceGraph, InputRelation, is_var
-
+from braintrace._compiler import (
+    Approximation,
+    ElementwiseRelation,
+    ETraceGraph,
+    InputRelation,
+    Relation,
+    eqn_names,
+    is_var,
+    operations,
+    params_phrase,
+    reached,
+)
 
 __all__ = ["EProp", "FilteredTrace", "feedback_equations", "filtered",
-           "random_feedback_operands"]
+           "random_feedback_approximation", "random_feedback_operands"]
 
 FEEDBACKS = ("symmetric", "random")
 
@@ -67,6 +78,25 @@ def feedback_equations(graph: ETraceGraph) -> list[int]:
         if index in graph.etp_eqns and prim.x_invar_index is not None and reads[prim.x_invar_index]:
             found.append(index)
     return found
+
+
+def random_feedback_approximation(graph: ETraceGraph) -> tuple[Approximation, ...]:
+    """Random feedback: the Params whose gradient passes back through a feedback operation's
+    input get feedback alignment's direction, not BPTT's (at every ``T``)."""
+    jaxpr = graph.jaxpr
+    eqns = feedback_equations(graph)
+    inputs = {jaxpr.eqns[i].invars[jaxpr.eqns[i].primitive.x_invar_index] for i in eqns}
+    params = tuple(p for v, p in zip(graph.layout.param_invars(jaxpr), graph.param_paths)
+                   if inputs & reached(jaxpr, [v])[0])
+    if not params:
+        return ()
+    return (Approximation(
+        "random-feedback", params,
+        f"{eqn_names(jaxpr, eqns)} send the error to their input through fixed random operands",
+        f"EProp(feedback='random') sends the error back through fixed random weights at "
+        f"{operations(jaxpr, graph.modules, eqns)} instead of their own (feedback alignment), "
+        f"so the gradients of {params_phrase(params)} are not BPTT's, even at T = 1; "
+        "feedback='symmetric' gives the exact learning signal."),)
 
 
 def random_feedback_operands(graph: ETraceGraph, seed: int = 0,
@@ -160,6 +190,20 @@ class EProp(AbstractAlgorithm):
 
     def relation_rules(self, graph: ETraceGraph) -> tuple[RelationRule, ...]:
         return tuple(self._rules[type(r)] for r in graph.relations)
+
+    def approximations(self, graph: ETraceGraph) -> tuple[Approximation, ...]:
+        """The filtered traces (``kappa > 0``) and the random feedback (``'random'``)."""
+        found: tuple[Approximation, ...] = ()
+        if self.kappa > 0:
+            found += algorithm_approximation(
+                graph, graph.relations, kind="filtered-traces",
+                label=f"EProp(kappa={self.kappa:g})",
+                what=f"low-pass filters (ē = {self.kappa:g}·ē + ε) D-RTRL's traces of",
+                detail="ē^t = κ ē^{t-1} + ε^t is contracted instead of ε^t",
+                remedy="EProp(kappa=0) is D-RTRL")
+        if self.feedback == "random":
+            found += random_feedback_approximation(graph)
+        return found
 
     def feedback_operands(self, graph: ETraceGraph) -> dict[int, dict[int, jax.Array]] | None:
         if self.feedback == "symmetric":

@@ -33,10 +33,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from braintrace._algorithms._approximations import algorithm_approximation
 from braintrace._algorithms._base import AbstractAlgorithm, BlockSteps, RelationRule
 from braintrace._algorithms._d_rtrl import DRTRL_ELEMENTWISE
 from braintrace._algorithms._trace_algebra import merge_steps, mix_states, param_dtypes
-from braintrace._compiler import ETraceGraph, InputRelation
+from braintrace._compiler import Approximation, ETraceGraph, InputRelation
 
 __all__ = ["ESDRTRL", "ES_D_RTRL", "IOTerm", "IOTrace", "decay_from", "es_input_rule", "pp_prop"]
 
@@ -238,6 +239,31 @@ class ESDRTRL(AbstractAlgorithm):
         # the elementwise trace is already shaped like the hidden state: D-RTRL's, exact
         return tuple(self._input_rule if isinstance(r, InputRelation) else DRTRL_ELEMENTWISE
                      for r in graph.relations)
+
+    def approximations(self, graph: ETraceGraph) -> tuple[Approximation, ...]:
+        """The factorised traces of every operation with an input (exact only at ``T = 1``).
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> from flax import nnx
+            >>> import braintrace
+            >>> from braintrace import layers
+            >>> model = nnx.Sequential(layers.ETPLinear(3, 4, rngs=nnx.Rngs(0)), layers.LIF(4))
+            >>> braintrace.init_states(model, 2)
+            >>> graph = braintrace.compile_graph(model, jnp.ones((2, 3)))
+            >>> [(a.kind, a.param_paths) for a in braintrace.ESDRTRL().approximations(graph)]
+            [('factorised-traces', ('layers.0.bias', 'layers.0.kernel'))]
+        """
+        smoothing = ("no smoothing: the previous step's input and Df only" if self.f_decay == 0
+                     and self.x_decay == 0 else
+                     f"α_f = {self.f_decay:g}, α_x = {self.x_decay:g}")
+        return algorithm_approximation(
+            graph, graph.input_relations, kind="factorised-traces",
+            label=f"{type(self).__name__} ('{self.name}')",
+            what=("replaces D-RTRL's traces by a product of an input trace and an output trace "
+                  f"({smoothing}) for"),
+            detail="the traces ε_x ⊗ ε_f replace D-RTRL's Σ_k (Π D) Df ⊗ x; exact at T = 1",
+            remedy="DRTRL() keeps the exact per-weight traces (memory O(B·|θ|·S))")
 
 
 def pp_prop(decay_or_rank: float = 0.9, *,

@@ -13,9 +13,13 @@ with ``J^t = ∂h^t/∂h^{t-1}`` the *full* per-sample step Jacobian (nothing cu
 recurrent kernels, fixed matrices, normalisations, other layers) and
 ``I^t_n = xy_to_dw(x^t, ∂h^t_n/∂y^t)`` the immediate influence through the
 operation's output ``y`` (for the elementwise primitive, whose ``y = fn(w)`` is
-constant in time, ``M`` is kept with respect to ``y``). This is BPTT's gradient,
-computed forward in time, for every model whose trainable operations are all
-traced (the report lists any Param it cannot follow). Memory
+constant in time, ``M`` is kept with respect to ``y``). ``∂h^t/∂y`` is taken
+through the whole step, other ETP operations included, and every ETP operation
+whose output reaches hidden state by any path is traced (the full scope's
+relations, ``_compiler/_full_relations.py``): an encoder in front of a
+recurrent layer, a layer feeding the next layer's state. This is BPTT's
+gradient, computed forward in time, for every model whose trainable operations
+are all ETP operations (the report lists any Param it cannot follow). Memory
 ``O(B·|θ|·N)`` and ``N + Σ|y|`` JVPs per step: a reference for small models.
 """
 
@@ -157,8 +161,9 @@ class RTRL(AbstractAlgorithm):
         \\nabla_\\theta L = \\sum_t \\partial L_t/\\partial\\theta|_{h^{t-1}}
             + \\bar\\delta^t \\cdot M^{t-1}
 
-    Equals BPTT on every model whose trainable operations are traced
-    (recurrent kernels, several coupled layers, LSTMs, normalisations
+    Equals BPTT on every model whose trainable operations are ETP operations,
+    whatever lies between an operation and the hidden state (recurrent
+    kernels, other ETP layers, several coupled layers, LSTMs, normalisations
     included). Memory ``O(B·|θ|·N)`` for ``N`` hidden units per sample.
 
     Args:

@@ -27,10 +27,11 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from braintrace._algorithms._approximations import algorithm_approximation
 from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
 from braintrace._algorithms._rtrl import RTRL_ELEMENTWISE, RTRL_INPUT, flat_signal
 from braintrace._algorithms._trace_algebra import param_dtypes
-from braintrace._compiler import ETraceGraph, InputRelation, Relation
+from braintrace._compiler import Approximation, ETraceGraph, InputRelation, Relation
 
 __all__ = ["UORO", "UOROTrace", "uoro_update"]
 
@@ -147,3 +148,14 @@ class UORO(AbstractAlgorithm):
     def relation_signal(self, graph: ETraceGraph, delta, relation: Relation) -> jax.Array:
         """Every hidden unit's signal of one sample, flattened: ``(*B, N)``."""
         return flat_signal(graph, delta)
+
+    def approximations(self, graph: ETraceGraph) -> tuple[Approximation, ...]:
+        """The random rank-one estimate of every operation with an input (time constants keep
+        RTRL's exact influence)."""
+        return algorithm_approximation(
+            graph, graph.input_relations, kind="random-estimate",
+            label=f"UORO (seed {self.seed})",
+            what=("keeps a random rank-one estimate of RTRL's influence (unbiased over the "
+                  "random signs, with high variance) for"),
+            detail="ũ θ̃ᵀ estimates the influence M = ∂h/∂θ",
+            remedy="RTRL() computes the influence exactly (small models)")

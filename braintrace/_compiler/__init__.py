@@ -3,7 +3,9 @@
 The face other packages use: the graph and its records, :func:`compile_graph`,
 the run-time programs over a graph (``programs``: the step's forward pass, its
 Jacobians, the operands of the traced operations), the structural unit
-patterns (``reach``, ``unit_patterns``) and the model split helpers.
+patterns (``reach``, ``unit_patterns``), the jaxpr walks and phrases an
+algorithm uses to describe what it approximates (``feeding``, ``reached``,
+``eqn_names``, ``operations``, ``params_phrase``) and the model split helpers.
 """
 
 from braintrace._compiler import _programs as programs
@@ -11,6 +13,9 @@ from braintrace._compiler._compile import compile_graph as compile_graph
 from braintrace._compiler._graph import ETraceGraph as ETraceGraph
 from braintrace._compiler._layout import StepLeaves as StepLeaves
 from braintrace._compiler._patterns import reach as reach
+from braintrace._compiler._phrases import eqn_names as eqn_names
+from braintrace._compiler._phrases import operations as operations
+from braintrace._compiler._phrases import params_phrase as params_phrase
 from braintrace._compiler._patterns import unit_patterns as unit_patterns
 from braintrace._compiler._records import Approximation as Approximation
 from braintrace._compiler._records import ElementwiseRelation as ElementwiseRelation
@@ -20,8 +25,11 @@ from braintrace._compiler._records import InputRelation as InputRelation
 from braintrace._compiler._records import Relation as Relation
 from braintrace._compiler._step import leaf_paths as leaf_paths
 from braintrace._compiler._step import split_model as split_model
+from braintrace._compiler._walk import feeding as feeding
 from braintrace._compiler._walk import is_var as is_var
+from braintrace._compiler._walk import reached as reached
 
 __all__ = ["Approximation", "ETraceGraph", "ElementwiseRelation", "Exclusion", "HiddenGroup",
-           "InputRelation", "Relation", "StepLeaves", "compile_graph", "is_var", "leaf_paths",
-           "programs", "reach", "split_model", "unit_patterns"]
+           "InputRelation", "Relation", "StepLeaves", "compile_graph", "eqn_names", "feeding",
+           "is_var", "leaf_paths", "operations", "params_phrase", "programs", "reach", "reached",
+           "split_model", "unit_patterns"]

@@ -26,7 +26,10 @@ D-RTRL then equals BPTT) unless one of these holds, each reported as an
   the last two are exact): the step combines the samples of a batch (batch
   statistics), which per-sample traces cannot follow.
 
-``braintrace.compile(..., strict=True)`` refuses a graph with any of these.
+Each carries a one-sentence summary in module terms (the modules the
+operations run in, the states and Params by path) with what to do, and the
+equations for the details. ``braintrace.compile(..., strict=True)`` refuses a
+graph with any of these.
 """
 
 from __future__ import annotations
@@ -36,10 +39,19 @@ from collections.abc import Collection, Iterable, Sequence
 import jax.extend.core as jex_core
 
 from braintrace._compiler._layout import StepLayout
+from braintrace._compiler._modules import ModuleMap
+from braintrace._compiler._phrases import (
+    EXACT_ALTERNATIVES,
+    eqn_names,
+    operations,
+    params_phrase,
+    states_phrase,
+)
 from braintrace._compiler._records import Approximation, Exclusion, HiddenGroup, Relation
 from braintrace._compiler._walk import feeding, is_var, reached
 
-__all__ = ["Approximation", "coupling_equations", "find_approximations", "sample_mixing"]
+__all__ = ["Approximation", "coupling_equations", "find_approximations",
+           "find_full_approximations", "sample_mixing"]
 
 
 def mixes_samples(eqn: jex_core.JaxprEqn) -> bool:
@@ -60,7 +72,7 @@ def mixes_samples(eqn: jex_core.JaxprEqn) -> bool:
     return False
 
 
-def sample_mixing(jaxpr: jex_core.Jaxpr, eqns: Iterable[int],
+def sample_mixing(jaxpr: jex_core.Jaxpr, modules: ModuleMap, eqns: Iterable[int],
                   relations: Sequence[Relation]) -> tuple[Approximation, ...]:
     """``'sample-mixing'``: operations among ``eqns`` that combine samples of a batch.
 
@@ -73,8 +85,12 @@ def sample_mixing(jaxpr: jex_core.Jaxpr, eqns: Iterable[int],
         return ()
     return (Approximation(
         "sample-mixing", params,
-        f"{_names(jaxpr, mixing)} combine the samples of the batch (e.g. batch statistics); "
-        "traces are kept per sample, so the coupling between samples over time is dropped"),)
+        f"{eqn_names(jaxpr, mixing)} combine the samples of the batch (e.g. batch statistics); "
+        "traces are kept per sample, so the coupling between samples over time is dropped",
+        f"{operations(jaxpr, modules, mixing, ('combines', 'combine'))} the samples of a batch "
+        "(batch statistics), but traces are kept per sample, so the credit over time of "
+        f"{params_phrase(params)} through that coupling is dropped; normalise per sample "
+        "(nnx.LayerNorm) or use BatchNorm's running averages (use_running_average=True)."),)
 
 
 def coupling_equations(jaxpr: jex_core.Jaxpr, layout: StepLayout,
@@ -85,15 +101,10 @@ def coupling_equations(jaxpr: jex_core.Jaxpr, layout: StepLayout,
     return {i for i in stops if any(is_var(v) and v in from_hidden for v in jaxpr.eqns[i].invars)}
 
 
-def _names(jaxpr: jex_core.Jaxpr, eqns: Iterable[int], limit: int = 4) -> str:
-    listed = list(dict.fromkeys(f"'{jaxpr.eqns[i].primitive.name}' (eqn {i})" for i in eqns))
-    more = f" and {len(listed) - limit} more" if len(listed) > limit else ""
-    return ", ".join(listed[:limit]) + more
-
-
 def find_approximations(
     jaxpr: jex_core.Jaxpr,
     layout: StepLayout,
+    modules: ModuleMap,
     *,
     groups: Sequence[HiddenGroup],
     relations: Sequence[Relation],
@@ -106,6 +117,7 @@ def find_approximations(
     Args:
         jaxpr: The flat step.
         layout: Its leaf layout.
+        modules: The modules its equations run in (for the summaries).
         groups: The hidden groups.
         relations: The traced relations.
         exclusions: ETP operations (or targets) not traced.
@@ -113,33 +125,49 @@ def find_approximations(
             from ``D`` (see :func:`coupling_equations`).
         output_mixing: ``{ETP eqn: mixing equations on the way from its output}``.
     """
-    hidden_out = layout.hidden_outvars(jaxpr)
-    feeds_hidden = feeding(jaxpr, hidden_out)
+    feeds_hidden = feeding(jaxpr, layout.hidden_outvars(jaxpr))
     group_params: dict[int, set[str]] = {}
     for r in relations:
         group_params.setdefault(r.group, set()).update(r.all_param_paths)
-    found = [*_coupling(jaxpr, layout, groups, group_params, coupling_eqns, feeds_hidden)]
-    for g in groups:
-        if g.colours is not None and group_params.get(g.index):
-            found.append(Approximation(
-                "moved-positions", tuple(sorted(group_params[g.index])),
-                f"the step moves values of hidden group {list(g.paths)} between positions; D "
-                "keeps only the same-position part"))
+    found = [*_coupling(jaxpr, layout, modules, groups, group_params, coupling_eqns,
+                        feeds_hidden)]
+    found.extend(_moved_positions(jaxpr, layout, modules, groups, group_params))
     for r in relations:
         mixing = [i for i in output_mixing.get(r.eqn_index, ())
                   if any(is_var(v) and v in feeds_hidden for v in jaxpr.eqns[i].outvars)]
         if mixing:
-            found.append(Approximation(
-                "output-mixing", r.all_param_paths,
-                f"the output of '{r.primitive.name}' (eqn {r.eqn_index}) reaches hidden group "
-                f"{list(groups[r.group].paths)} also through {_names(jaxpr, mixing)}, which mix "
-                "units; Df keeps only the elementwise part of ∂h/∂y"))
-    found.extend(_untraced_paths(jaxpr, layout, relations, exclusions, feeds_hidden))
-    found.extend(_carried_state(jaxpr, layout, relations))
+            found.append(_output_mixing(jaxpr, modules, groups[r.group], r, mixing))
+    found.extend(_untraced_paths(jaxpr, layout, modules, relations, exclusions, feeds_hidden))
+    found.extend(_carried_state(jaxpr, layout, modules, relations))
     return tuple(dict.fromkeys(found))
 
 
-def _coupling(jaxpr, layout, groups, group_params, coupling_eqns, feeds_hidden):
+def find_full_approximations(jaxpr: jex_core.Jaxpr, layout: StepLayout, modules: ModuleMap, *,
+                             relations: Sequence[Relation],
+                             exclusions: Sequence[Exclusion]) -> tuple[Approximation, ...]:
+    """The approximations of the full scope (exact RTRL's influence ``∂h^t/∂θ``).
+
+    Its traces follow every path of the step, so only ``'untraced-path'``,
+    ``'carried-state'`` and, for a batched step, ``'sample-mixing'`` remain:
+    the operations from ``h^{t-1}`` or a traced output to ``h^t`` that combine
+    the samples of the batch.
+    """
+    feeds_hidden = feeding(jaxpr, layout.hidden_outvars(jaxpr))
+    found = [*_untraced_paths(jaxpr, layout, modules, relations, exclusions, feeds_hidden),
+             *_carried_state(jaxpr, layout, modules, relations)]
+    if any(r.batched for r in relations):
+        starts = [*layout.hidden_invars(jaxpr),
+                  *(jaxpr.eqns[r.eqn_index].outvars[r.primitive.y_outvar_index]
+                    for r in relations)]
+        _, on_paths = reached(jaxpr, starts)
+        found.extend(sample_mixing(
+            jaxpr, modules, [i for i in on_paths if any(is_var(v) and v in feeds_hidden
+                                                        for v in jaxpr.eqns[i].outvars)],
+            relations))
+    return tuple(dict.fromkeys(found))
+
+
+def _coupling(jaxpr, layout, modules, groups, group_params, coupling_eqns, feeds_hidden):
     """``'hidden-coupling'``: cut equations between hidden state and hidden state."""
     hidden_in = layout.hidden_invars(jaxpr)
     group_of = {hidden_in[leaf]: {g.index} for g in groups for leaf in g.leaves}
@@ -149,37 +177,91 @@ def _coupling(jaxpr, layout, groups, group_params, coupling_eqns, feeds_hidden):
             for v in eqn.outvars:
                 if is_var(v):
                     group_of[v] = sources
-    by_groups: dict[frozenset[int], list[int]] = {}
+    hidden_out = layout.hidden_outvars(jaxpr)
+    blocked = {(j, k) for j in coupling_eqns for k in range(len(jaxpr.eqns[j].invars))}
+    by_groups: dict[tuple[frozenset[int], tuple[str, ...]], list[int]] = {}
     for i in sorted(coupling_eqns):
         eqn = jaxpr.eqns[i]
         if not any(is_var(v) and v in feeds_hidden for v in eqn.outvars):
             continue
         sources = frozenset().union(*(group_of.get(v, set()) for v in eqn.invars if is_var(v)))
-        by_groups.setdefault(sources, []).append(i)
-    for sources, eqns in by_groups.items():
+        fed = reached(jaxpr, [v for v in eqn.outvars if is_var(v)], blocked)[0]
+        fed_paths = tuple(p for g in groups for k, p in zip(g.leaves, g.paths)
+                          if hidden_out[k] in fed)
+        by_groups.setdefault((sources, fed_paths), []).append(i)
+    for (sources, fed_paths), eqns in by_groups.items():
         params = sorted(set().union(*(group_params.get(g, set()) for g in sources)))
         if not params:
             continue
         paths = [p for g in sorted(sources) for p in groups[g].paths]
+        if set(fed_paths) <= set(paths):
+            verb, what = ("couples", "couple"), f"different units of {states_phrase(modules, paths)}"
+        else:
+            verb = ("carries", "carry")
+            what = (f"{states_phrase(modules, paths)} into "
+                    f"{states_phrase(modules, [p for p in fed_paths if p not in paths])}")
         yield Approximation(
             "hidden-coupling", tuple(params),
-            f"{_names(jaxpr, eqns)} read hidden state {paths} and feed hidden state without "
-            "being elementwise; D keeps only the elementwise part of ∂h^t/∂h^{t-1}")
+            f"{eqn_names(jaxpr, eqns)} read hidden state {paths} and feed hidden state without "
+            "being elementwise; D keeps only the elementwise part of ∂h^t/∂h^{t-1}",
+            f"{operations(jaxpr, modules, eqns, verb)} {what} from one step to the next (recurrent "
+            "weights, a matrix or a reduction), but the diagonal traces keep only each unit's "
+            f"own recurrence, so the credit over time of {params_phrase(params)} through that "
+            f"coupling is dropped; {EXACT_ALTERNATIVES}, or use a layer with an elementwise "
+            "recurrence (MinGRUCell, MinLSTMCell, LRU).")
 
 
-def _untraced_paths(jaxpr, layout, relations, exclusions, feeds_hidden):
+def _moved_positions(jaxpr, layout, modules, groups, group_params):
+    """``'moved-positions'``: groups whose step moves values between positions."""
+    del jaxpr, layout
+    for g in groups:
+        params = tuple(sorted(group_params.get(g.index, ())))
+        if g.colours is None or not params:
+            continue
+        yield Approximation(
+            "moved-positions", params,
+            f"the step moves values of hidden group {list(g.paths)} between positions; D "
+            "keeps only the same-position part",
+            f"The step moves values of {states_phrase(modules, g.paths)} between positions (a "
+            "roll or a flip), but the diagonal traces keep only each position's own "
+            f"recurrence, so the credit over time of {params_phrase(params)} that moves is "
+            f"dropped; {EXACT_ALTERNATIVES}.")
+
+
+def _output_mixing(jaxpr, modules, group, r, mixing):
+    """``'output-mixing'``: a traced output reaches hidden state through mixing operations."""
+    op = modules.eqn_label(r.eqn_index, f"'{r.primitive.name}'")
+    return Approximation(
+        "output-mixing", r.all_param_paths,
+        f"the output of '{r.primitive.name}' (eqn {r.eqn_index}) reaches hidden group "
+        f"{list(group.paths)} also through {eqn_names(jaxpr, mixing)}, which mix "
+        "units; Df keeps only the elementwise part of ∂h/∂y",
+        f"Between {op} and {states_phrase(modules, group.paths)}, "
+        f"{operations(jaxpr, modules, mixing, ('mixes', 'mix'))} units (e.g. a normalisation), "
+        "but the "
+        f"diagonal traces of {params_phrase(r.all_param_paths)} keep only the unit-to-unit part "
+        f"of that map; {EXACT_ALTERNATIVES}, or normalise before the ETP layer instead.")
+
+
+def _untraced_paths(jaxpr, layout, modules, relations, exclusions, feeds_hidden):
     """``'untraced-path'``: Params that reach hidden state other than as traced operands."""
     blocked = {(r.eqn_index, k) for r in relations for k in r.operands.values()}
     traced_eqns = {r.eqn_index for r in relations}
     reasons: dict[str, list[str]] = {}
+    excluded: dict[str, list[Exclusion]] = {}
     for x in exclusions:
         for p in x.param_paths:
             reasons.setdefault(p, []).append(f"'{x.primitive}' (eqn {x.eqn_index}): {x.reason}")
+            excluded.setdefault(p, []).append(x)
         if x.eqn_index in traced_eqns and x.param_paths:
+            op = modules.eqn_label(x.eqn_index, f"'{x.primitive}'")
             yield Approximation(
                 "untraced-path", tuple(x.param_paths),
                 f"'{x.primitive}' (eqn {x.eqn_index}) is traced into one hidden group but not "
-                f"another: {x.reason}")
+                f"another: {x.reason}",
+                f"{op} is traced into one hidden group but not into another ({x.reason}), so "
+                f"the credit over time of {params_phrase(x.param_paths)} along that path is "
+                f"dropped; {EXACT_ALTERNATIVES}.")
     targets = {v for v in layout.hidden_outvars(jaxpr) if is_var(v)}
     for var, path in zip(layout.param_invars(jaxpr), layout.param_paths):
         values, eqns = reached(jaxpr, [var], blocked)
@@ -190,11 +272,52 @@ def _untraced_paths(jaxpr, layout, relations, exclusions, feeds_hidden):
         why = "; ".join(reasons.get(path, [])) or "no traced ETP operation covers this path"
         yield Approximation(
             "untraced-path", (path,),
-            f"reaches hidden state through {_names(jaxpr, on_path)}, which no trace follows "
-            f"({why}); it gets its exact same-step gradient but no credit over time")
+            f"reaches hidden state through {eqn_names(jaxpr, on_path)}, which no trace follows "
+            f"({why}); it gets its exact same-step gradient but no credit over time",
+            _untraced_summary(jaxpr, modules, path, on_path, excluded.get(path, []),
+                              any(path in r.all_param_paths for r in relations)))
 
 
-def _carried_state(jaxpr, layout, relations):
+EXCLUDED_BECAUSE = {
+    "through-etp-only": (("the operation's output reaches hidden state only through another "
+                          "trainable ETP operation ({via}), which the traces of this scope do "
+                          "not cross"), EXACT_ALTERNATIVES),
+    "through-mixing-only": (("the operation's output reaches hidden state only through "
+                             "operations that mix units ({via})"), EXACT_ALTERNATIVES),
+    "feeds-several-units": (("each unit of the operation's output feeds several hidden units "
+                             "(a broadcast)"), EXACT_ALTERNATIVES),
+    "reads-several-outputs": ("a hidden unit reads several units of the operation's output",
+                              EXACT_ALTERNATIVES),
+    "operand-not-from-params": ("the operation {reason}", "compute its weights from Params only"),
+    "opaque-body": (("the operation runs inside a custom_jvp/custom_vjp function the compiler "
+                     "cannot see into"), "call the ETP layer outside that function"),
+    "batch-mismatch": ("{reason}", "give x and y the same leading batch axis"),
+}
+"""Per exclusion kind: why an ETP operation is not traced, and what to do (summaries)."""
+
+
+def _untraced_summary(jaxpr, modules, path, on_path, excluded, traced):
+    """The summary of an untraced path: the excluded ETP operation and why, or the plain
+    operations no trace follows (``traced``: the Param is traced elsewhere)."""
+    x = next((x for x in excluded if x.kind in EXCLUDED_BECAUSE), None)
+    if x is None:
+        fix = ("use a traced weight only through its ETP operation" if traced else
+               "route the operation through an ETP layer (e.g. layers.ETPLinear for "
+               "nnx.Linear, layers.ETPElemwise for a gain)")
+        return (f"{modules.leaf_label(path)} reaches hidden state through "
+                f"{operations(jaxpr, modules, on_path)}, where no eligibility trace follows it, "
+                f"so that path gives only its same-step gradient (no credit over time); {fix}.")
+    because, fix = EXCLUDED_BECAUSE[x.kind]
+    owner = modules.module_of(path)
+    of = f" of {modules.label(owner)}" if owner is not None else f" ('{x.primitive}')"
+    via = operations(jaxpr, modules, x.via) if x.via else ""
+    one = len(x.param_paths) == 1
+    return (f"{params_phrase(x.param_paths)}{of} {'is' if one else 'are'} not traced: "
+            f"{because.format(via=via, reason=x.reason)}, so {'it learns' if one else 'they learn'}"
+            f" from the same-step gradient only (no credit over time); {fix}.")
+
+
+def _carried_state(jaxpr, layout, modules, relations):
     """``'carried-state'``: non-hidden Variables that carry gradient-bearing values."""
     outs = layout.split_outputs(jaxpr.outvars)
     read_again = feeding(jaxpr, outs.y + outs.hidden)
@@ -209,8 +332,13 @@ def _carried_state(jaxpr, layout, relations):
         if other_out in from_hidden:
             params.update(traced)
         if params:
+            module = modules.module_of(path)
+            where = "" if module is None else f" of {modules.label(module)}"
             yield Approximation(
                 "carried-state", tuple(sorted(params)),
                 f"'{path}' is carried from step to step, depends on these Params (or on hidden "
                 "state) and is read again, but it is not a HiddenState, so no trace follows it "
-                "(declare it braintrace.HiddenState)")
+                "(declare it braintrace.HiddenState)",
+                f"`{path}`{where} is carried from step to step and depends on "
+                f"{params_phrase(sorted(params))} (or on hidden state), but it is not a "
+                "HiddenState, so no trace follows it; declare it braintrace.HiddenState.")

@@ -2,28 +2,41 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from flax import nnx
 
+from braintrace._compiler._alternatives import exact_alternatives
 from braintrace._compiler._build import build_graph
 from braintrace._compiler._graph import ETraceGraph
 from braintrace._compiler._layout import StepLayout
+from braintrace._compiler._records import Approximation
 from braintrace._compiler._step import TracedStep, trace_function_step, trace_model_step
 from braintrace._primitives import ETPPrimitive
 
-__all__ = ["compile_graph"]
+__all__ = ["AlgorithmLike", "compile_graph", "refuse_approximations"]
+
+
+class AlgorithmLike(Protocol):
+    """What the compiler asks of an algorithm (``braintrace.AbstractAlgorithm`` is one)."""
+
+    name: str
+    scope: str
+
+    def approximations(self, graph: ETraceGraph) -> Sequence[Approximation]:
+        """What the algorithm approximates by construction on ``graph``."""
 
 
 def compile_graph(
     model: nnx.Module | Callable[..., Any],
     example_x: Any,
     *,
-    scope: str = "diagonal",
+    scope: str | None = None,
     params: Any = None,
     hidden: Any = None,
     strict: bool = False,
+    algorithm: AlgorithmLike | None = None,
 ) -> ETraceGraph:
     """Compiles one time step of ``model`` into an eligibility-trace graph.
 
@@ -40,13 +53,19 @@ def compile_graph(
     Args:
         model: A stateful NNX module, or a pure step function.
         example_x: An input of one step (any pytree of arrays).
-        scope: ``'diagonal'`` (default): the hidden Jacobian ignores operations
-            that mix positions; ``'coupled'``: keep their per-position blocks
-            (used by OSTL); ``'full'``: the full Jacobian (used by exact RTRL).
+        scope: ``'diagonal'`` (the default without ``algorithm``): the hidden
+            Jacobian ignores operations that mix positions; ``'coupled'``: keep
+            their per-position blocks (used by OSTL); ``'full'``: the full
+            Jacobian through every path of the step (used by RTRL, SnAp, UORO).
+            ``None``: the scope of ``algorithm``.
         params: The trainable parameters of a pure step function.
         hidden: The hidden state of a pure step function.
-        strict: Refuse a model whose traces would be approximate
-            (``graph.approximations`` not empty), so that D-RTRL equals BPTT.
+        strict: Refuse a model whose gradient would not be BPTT's: any
+            approximation of the graph's traces (``graph.approximations``) or,
+            with ``algorithm``, of the algorithm on this model
+            (``algorithm.approximations(graph)``).
+        algorithm: The algorithm the graph is compiled for (e.g.
+            ``braintrace.SnAp(2)``): its scope, and what ``strict`` checks.
 
     Returns:
         The graph; ``print(graph.report())`` describes it.
@@ -56,7 +75,8 @@ def compile_graph(
             written in the step; a step that changes a hidden state's shape; an
             ETP primitive whose declared layout (``x_invar_index``,
             ``y_outvar_index``, trainable inputs) does not fit its equation;
-            with ``strict=True``, any approximation of the traces.
+            ``scope`` is not the scope of ``algorithm``; with ``strict=True``,
+            any approximation of the traces or of the algorithm.
             Errors of the model itself (a layer's input-shape check) propagate
             with a note naming the example's shapes and the hidden states.
 
@@ -107,17 +127,44 @@ def compile_graph(
             f"compile_graph: expected an nnx.Module or a step function, got "
             f"{type(model).__name__}.")
     _check_layouts(name, step)
-    graph = _build(step, scope)
+    graph = _build(step, _scope(scope, algorithm))
     _check_traceable(name, graph)
-    if strict and graph.approximations:
-        listing = "\n".join(f"  - {a.describe()}" for a in graph.approximations)
-        raise ValueError(
-            f"{name}: strict=True, but the eligibility traces of this model are approximate "
-            f"(the same-step gradient stays exact; the credit over time does not):\n{listing}\n"
-            "Change these parts of the model (route trainable operations through ETP layers, "
-            "keep recurrent coupling elementwise), or compile with strict=False to accept the "
-            "approximation.")
+    if strict:
+        refuse_approximations(name, graph, algorithm)
     return graph
+
+
+def _scope(scope: str | None, algorithm: AlgorithmLike | None) -> str:
+    if algorithm is None:
+        return "diagonal" if scope is None else scope
+    if scope is not None and scope != algorithm.scope:
+        raise ValueError(
+            f"compile_graph: scope={scope!r}, but algorithm '{algorithm.name}' runs in the "
+            f"{algorithm.scope!r} scope; leave scope=None to use the algorithm's.")
+    return algorithm.scope
+
+
+def refuse_approximations(name: str, graph: ETraceGraph,
+                          algorithm: AlgorithmLike | None = None) -> None:
+    """Raises the ``strict=True`` error if the graph's traces or ``algorithm`` approximate.
+
+    The message names the algorithm, gives one plain sentence per
+    approximation (what is approximate, what to do) and the details after.
+    """
+    found = (*graph.approximations,
+             *(algorithm.approximations(graph) if algorithm is not None else ()))
+    if not found:
+        return
+    who = ("the eligibility traces of this model are" if algorithm is None
+           else f"the gradient of algorithm '{algorithm.name}' ({type(algorithm).__name__}) "
+           "on this model is")
+    sentences = "\n".join(f"  - {s}" for s in dict.fromkeys(a.summary for a in found))
+    details = "\n".join(f"  - {a.describe()}" for a in found)
+    raise ValueError(
+        f"{name}: strict=True, but {who} approximate:\n{sentences}\n"
+        f"{exact_alternatives(graph)}Details:\n"
+        f"{details}\nChange these parts of the model or the algorithm, or compile with "
+        "strict=False to accept the approximation.")
 
 
 def _check_layouts(name: str, step: TracedStep) -> None:
@@ -134,8 +181,8 @@ def _build(step: TracedStep, scope: str) -> ETraceGraph:
     layout = StepLayout(param_paths=step.param_paths, hidden_paths=step.hidden_paths,
                         other_paths=step.other_paths, num_outputs=step.num_outputs,
                         out_treedef=step.out_treedef)
-    return build_graph(step.closed_jaxpr, layout, scope=scope, notes=step.notes,
-                       warnings=step.warnings)
+    return build_graph(step.closed_jaxpr, layout, scope=scope, modules=step.modules,
+                       notes=step.notes, warnings=step.warnings)
 
 
 def _check_traceable(name: str, graph: ETraceGraph) -> None:

@@ -58,6 +58,8 @@ import numpy as np
 from jax import lax
 from jax.extend import source_info_util
 
+from braintrace._compiler._modules import SCOPE_PREFIX
+
 __all__ = ["FlatJaxpr", "flatten_jaxpr"]
 
 INLINE_PRIMITIVES = frozenset(
@@ -93,6 +95,7 @@ def flatten_jaxpr(
     *,
     max_unroll: int = 32,
     invar_names: Sequence[str] | None = None,
+    module_label: Callable[[str], str] | None = None,
 ) -> FlatJaxpr:
     """Inlines calls and removes control flow that touches tracked inputs.
 
@@ -102,6 +105,9 @@ def flatten_jaxpr(
         max_unroll: Longest ``scan`` over tracked inputs that is unrolled.
         invar_names: Optional names of the invars (e.g. ``"cell.kernel"``),
             used in error messages.
+        module_label: Names a module path for the notes (e.g. ``'`rnn.neuron`
+            (LIF)'``); equations traced in a module scope (see ``_modules.py``)
+            are then located by module too.
 
     Returns:
         The flattened program and notes on what was converted.
@@ -124,7 +130,8 @@ def flatten_jaxpr(
             f"{num_invars} invar(s); pass one name per invar.")
     if max_unroll < 0:
         raise ValueError(f"flatten_jaxpr: max_unroll must be >= 0, got {max_unroll}.")
-    flattener = _Flattener(max_unroll=max_unroll, invar_names=invar_names)
+    flattener = _Flattener(max_unroll=max_unroll, invar_names=invar_names,
+                           module_label=module_label)
     taints = [frozenset({i}) if t else _EMPTY for i, t in enumerate(tracked)]
 
     def fun(*args):
@@ -212,10 +219,22 @@ def _call_name(eqn: jex_core.JaxprEqn) -> str:
 class _Flattener:
     """Interpreter that re-binds a jaxpr while applying the rewrite rules."""
 
-    def __init__(self, *, max_unroll: int, invar_names: Sequence[str] | None):
+    def __init__(self, *, max_unroll: int, invar_names: Sequence[str] | None,
+                 module_label: Callable[[str], str] | None):
         self.max_unroll = max_unroll
         self.invar_names = invar_names
+        self.module_label = module_label
         self.notes: list[str] = []
+
+    def _where(self, path: tuple[str, ...], index: int) -> str:
+        """``'eqn 3 in jit 'f'``, and the module it runs in (from the current name stack)."""
+        where = _where(path, index)
+        if self.module_label is None:
+            return where
+        scopes = [s[len(SCOPE_PREFIX):]
+                  for s in str(source_info_util.current_name_stack()).split("/")
+                  if s.startswith(SCOPE_PREFIX)]
+        return f"{where} in {self.module_label(scopes[-1])}" if scopes else where
 
     def _names(self, taint: frozenset[int]) -> str:
         if self.invar_names is None:
@@ -267,7 +286,7 @@ class _Flattener:
 
     def _eqn(self, eqn, index, invals, intaints, path):
         name = eqn.primitive.name
-        where = _where(path, index)
+        where = self._where(path, index)
         if name in INLINE_PRIMITIVES:
             inner, consts = _split_closed(_inner_jaxpr(eqn.params))
             self.notes.append(f"{_call_name(eqn)} at {where} inlined")
@@ -321,7 +340,7 @@ class _Flattener:
     def _cond_to_select(self, eqn, index, invals, intaints, path):
         branches = eqn.params["branches"]
         num = len(branches)
-        where = _where(path, index)
+        where = self._where(path, index)
         self.notes.append(f"cond at {where} converted to select of {num} branches")
         if any(branch.effects for branch in branches):
             self.notes.append(
@@ -351,7 +370,7 @@ class _Flattener:
         params = eqn.params
         length, reverse = params["length"], params["reverse"]
         num_consts, num_carry = params["num_consts"], params["num_carry"]
-        where = _where(path, index)
+        where = self._where(path, index)
         if length > self.max_unroll:
             raise ValueError(
                 f"scan at {where} has length {length} > max_unroll={self.max_unroll} and "

@@ -14,6 +14,7 @@ from typing import Any
 import jax.extend.core as jex_core
 
 from braintrace._compiler._layout import StepLayout
+from braintrace._compiler._modules import ModuleMap
 from braintrace._compiler._records import (
     Approximation,
     Exclusion,
@@ -21,7 +22,6 @@ from braintrace._compiler._records import (
     InputRelation,
     Relation,
 )
-from braintrace._compiler._report import graph_report
 
 __all__ = ["ETraceGraph"]
 
@@ -60,7 +60,9 @@ class ETraceGraph:
         etp_eqns: Every ETP equation.
         approximations: Where the traces are not the exact influence of a
             Param on the hidden state; empty when D-RTRL equals BPTT.
-        scope: ``'diagonal'`` or ``'coupled'``.
+        scope: ``'diagonal'``, ``'coupled'`` or ``'full'``.
+        modules: The module each equation runs in and the modules' classes
+            (empty for a pure step function): the report's terms.
         notes: What the normalisation pass changed.
         warnings: What tracing the step warned about (e.g. a vmapped primitive).
     """
@@ -75,12 +77,23 @@ class ETraceGraph:
     etp_eqns: frozenset[int]
     approximations: tuple[Approximation, ...]
     scope: str
+    modules: ModuleMap
     notes: tuple[str, ...]
     warnings: tuple[str, ...]
 
-    def report(self) -> str:
-        """A person-readable summary: groups, traced Params, same-step Params, approximations."""
-        return graph_report(self)
+    def report(self, algorithm: Any = None) -> str:
+        """A person-readable report in the model's module terms: a summary (one sentence per
+        approximation, what to do), then the details (groups, traced operations, same-step
+        Params and why, equations).
+
+        Args:
+            algorithm: The algorithm the graph is compiled for (e.g.
+                ``braintrace.UORO()``): the report then also lists what it
+                approximates by construction on this model.
+        """
+        from braintrace._compiler._report import graph_report  # the report builds other scopes
+
+        return graph_report(self, algorithm)
 
     def __str__(self) -> str:
         return self.report()

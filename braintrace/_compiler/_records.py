@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Union
+from typing import Any
 
 import jax
 import numpy as np
@@ -85,7 +85,9 @@ class InputRelation:
         group_shape: Shape ``V`` of the group it feeds.
         x_shape: Shape of the input ``x``.
         y_to_hidden: Flat ``y`` position -> flat group position, ``-1`` where
-            the unit feeds nothing.
+            the unit feeds nothing. In the full scope (exact RTRL, SnAp, UORO)
+            a relation has no unit map: ``-1`` throughout, and ``group`` is the
+            first group its output reaches (see ``_full_relations.py``).
         colours: Flat ``y`` position -> colour; units of one colour feed
             distinct hidden units, so one JVP per colour gives ``Df``.
     """
@@ -158,7 +160,7 @@ class ElementwiseRelation:
         y_shape: Shape of the output ``y``.
         group_shape: Shape ``V`` of the group it feeds.
         hidden_to_y: Flat group position -> the flat ``y`` position it reads,
-            ``-1`` for none.
+            ``-1`` for none (throughout in the full scope, as ``InputRelation``).
     """
 
     index: int
@@ -191,8 +193,9 @@ class ElementwiseRelation:
         return self.y_map.sum_into(value.reshape(-1)).reshape(self.y_shape)
 
 
-Relation = Union[InputRelation, ElementwiseRelation]
-"""A traced ETP operation feeding one hidden group: one of the two final kinds."""
+Relation = InputRelation | ElementwiseRelation
+"""A traced ETP operation feeding one hidden group (in the full scope: the hidden state as a
+whole): one of the two final kinds."""
 
 
 EXCLUSION_KINDS = ("operand-not-from-params", "reads-several-outputs", "feeds-several-units",
@@ -212,6 +215,8 @@ class Exclusion:
         param_paths: The Params it reads.
         kind: Why, as data: one of :data:`EXCLUSION_KINDS`.
         detail: The specifics for a person (the operation, group or operand).
+        via: For ``'through-etp-only'`` and ``'through-mixing-only'``: the
+            operations the output reaches hidden state through (empty otherwise).
     """
 
     eqn_index: int
@@ -219,6 +224,7 @@ class Exclusion:
     param_paths: tuple[str, ...]
     kind: str
     detail: str
+    via: tuple[int, ...] = ()
 
     @property
     def reason(self) -> str:
@@ -228,18 +234,24 @@ class Exclusion:
 
 @dataclasses.dataclass(frozen=True)
 class Approximation:
-    """A place where the traces are not the exact influence of a Param on the hidden state.
+    """A place where a gradient is not BPTT's: the traces of the graph, or the algorithm.
 
     Attributes:
-        kind: ``'hidden-coupling'``, ``'moved-positions'``, ``'output-mixing'``,
-            ``'untraced-path'`` or ``'carried-state'`` (see ``_approximations.py``).
-        param_paths: The Params whose temporal credit it affects.
-        detail: Which operations and states, for a person.
+        kind: Of the graph: ``'hidden-coupling'``, ``'moved-positions'``,
+            ``'output-mixing'``, ``'untraced-path'``, ``'carried-state'``,
+            ``'sample-mixing'`` (see ``_approximations.py``); of an algorithm
+            that approximates by construction: its own kind (e.g.
+            ``'factorised-traces'``, ``'random-estimate'``).
+        param_paths: The Params whose gradient it affects.
+        detail: Which operations (equation numbers) and states, for the details.
+        summary: One plain sentence in module terms: what is approximate and
+            what to do (a strict-exact alternative).
     """
 
     kind: str
     param_paths: tuple[str, ...]
     detail: str
+    summary: str
 
     def describe(self) -> str:
         """One line: the Params, the kind and the detail."""

@@ -35,7 +35,7 @@ from braintrace._compiler._records import (
 from braintrace._compiler._walk import producers, sources_of
 from braintrace._primitives import ETPPrimitive
 
-__all__ = ["find_relations", "opaque_exclusions"]
+__all__ = ["find_relations", "opaque_exclusions", "trace_operands"]
 
 
 def find_relations(
@@ -51,7 +51,7 @@ def find_relations(
     for e in sorted(etp_eqns):
         eqn = jaxpr.eqns[e]
         prim: ETPPrimitive = eqn.primitive
-        origin, problem = _trace_operands(jaxpr, e, producer, invar_kinds)
+        origin, problem = trace_operands(jaxpr, e, producer, invar_kinds)
         all_paths = tuple(sorted({p for ps in origin.values() for p in ps}))
         if problem is not None:
             exclusions.append(Exclusion(e, prim.name, all_paths, "operand-not-from-params",
@@ -114,11 +114,11 @@ def _unreached(jaxpr, e, all_paths, crossings, mixing) -> Exclusion:
     if crossings:
         return Exclusion(e, name, all_paths, "through-etp-only",
                          "reaches hidden state only through another trainable ETP operation "
-                         f"({listing(crossings)})")
+                         f"({listing(crossings)})", tuple(sorted(set(crossings))))
     if mixing:
         return Exclusion(e, name, all_paths, "through-mixing-only",
                          "reaches hidden state only through operations that mix positions "
-                         f"({listing(mixing)})")
+                         f"({listing(mixing)})", tuple(sorted(set(mixing))))
     return Exclusion(e, name, all_paths, "readout", "reaches no hidden state (a readout)")
 
 
@@ -131,9 +131,9 @@ def make_relation(index: int, eqn: jex_core.JaxprEqn, e: int, g: HiddenGroup,
     """
     prim: ETPPrimitive = eqn.primitive
     y_shape = tuple(eqn.outvars[prim.y_outvar_index].aval.shape)
-    common = dict(index=index, eqn_index=e, primitive=prim, params=dict(eqn.params),
-                  group=g.index, operands=dict(prim.trainable_invars(eqn.params)),
-                  param_paths=origin, y_shape=y_shape, group_shape=g.shape)
+    common = {"index": index, "eqn_index": e, "primitive": prim, "params": dict(eqn.params),
+              "group": g.index, "operands": dict(prim.trainable_invars(eqn.params)),
+              "param_paths": origin, "y_shape": y_shape, "group_shape": g.shape}
     if prim.x_invar_index is None:
         if sources.shape[-1] > 1:
             return ("reads-several-outputs",
@@ -144,8 +144,8 @@ def make_relation(index: int, eqn: jex_core.JaxprEqn, e: int, g: HiddenGroup,
     valid = sources >= 0
     if np.any(np.bincount(sources[valid], minlength=y_size) > 1):
         return ("feeds-several-units",
-                "an output unit feeds several hidden units (e.g. a broadcast), so its trace "
-                "cannot follow one hidden unit")
+                ("an output unit feeds several hidden units (e.g. a broadcast), so its trace "
+                 "cannot follow one hidden unit"))
     if prim.batched and x_shape and y_shape and x_shape[0] != y_shape[0]:
         return "batch-mismatch", "the batched primitive's x and y disagree on the batch size"
     y_to_hidden = np.full(y_size, -1, np.int64)
@@ -156,7 +156,7 @@ def make_relation(index: int, eqn: jex_core.JaxprEqn, e: int, g: HiddenGroup,
     return InputRelation(**common, x_shape=x_shape, y_to_hidden=y_to_hidden, colours=colours)
 
 
-def _trace_operands(jaxpr, e, producer, invar_kinds):
+def trace_operands(jaxpr, e, producer, invar_kinds):
     """``({key: Param paths}, problem)`` for each trainable operand of equation ``e``.
 
     ``problem`` says why an operand cannot be traced: it depends on a value

@@ -12,6 +12,13 @@ import jax.extend.core as jex_core
 from flax import nnx
 
 from braintrace._compiler._flatten import flatten_jaxpr
+from braintrace._compiler._modules import (
+    NO_MODULES,
+    ModuleMap,
+    eqn_module_paths,
+    module_classes,
+    module_scopes,
+)
 from braintrace._hidden import HiddenState
 
 __all__ = ["TracedStep", "split_model", "trace_function_step", "trace_model_step"]
@@ -29,6 +36,7 @@ class TracedStep:
         out_treedef: Tree structure of the step output.
         notes: What the normalisation pass changed.
         warnings: Warnings raised while tracing (e.g. a vmapped ETP primitive).
+        modules: The module each equation was traced in, and the modules' classes.
     """
 
     closed_jaxpr: jex_core.ClosedJaxpr
@@ -40,6 +48,7 @@ class TracedStep:
     out_treedef: Any
     notes: tuple[str, ...]
     warnings: tuple[str, ...]
+    modules: ModuleMap
 
 
 def differentiable_hidden(path: Any, node: Any) -> bool:
@@ -104,7 +113,8 @@ def trace_model_step(model: nnx.Module, example_x: Any) -> TracedStep:
 
     def step(params, hidden, other, x):
         m = nnx.merge(graphdef, params, hidden, other, copy=True)
-        y = m(x)
+        with module_scopes(m):  # each equation records the module it runs in
+            y = m(x)
         _, p2, h2, o2 = split_model(m)
         return y, p2, h2, o2
 
@@ -115,7 +125,7 @@ def trace_model_step(model: nnx.Module, example_x: Any) -> TracedStep:
     n_out = len(out_leaves)
     _check_hidden_out(name, hidden_paths, hidden, out_shape[2])
     traced = _flatten(closed, graphdef, param_paths, hidden_paths, other_paths, n_out,
-                      out_treedef, example_x, caught_messages)
+                      out_treedef, example_x, caught_messages, module_classes(model))
     # After inlining (nnx.jit, nnx.remat pass Params through a call and out again).
     jaxpr = traced.closed_jaxpr.jaxpr
     for k, path in enumerate(param_paths):
@@ -217,14 +227,17 @@ def _trace(step, args, name, hidden_paths, hidden):
 
 
 def _flatten(closed, graphdef, param_paths, hidden_paths, other_paths, n_out, out_treedef,
-             example_x, caught_messages) -> TracedStep:
+             example_x, caught_messages, classes=None) -> TracedStep:
     n_p, n_h = len(param_paths), len(hidden_paths)
     x_leaves = jax.tree_util.tree_leaves(example_x)
     tracked = [True] * (n_p + n_h) + [False] * (len(other_paths) + len(x_leaves))
     names = [*param_paths, *hidden_paths, *other_paths,
              *(f"x[{i}]" for i in range(len(x_leaves)))]
-    flat = flatten_jaxpr(closed, tracked, invar_names=names)
+    label = None if classes is None else ModuleMap(classes=classes, eqn_modules=()).label
+    flat = flatten_jaxpr(closed, tracked, invar_names=names, module_label=label)
+    modules = NO_MODULES if classes is None else ModuleMap(
+        classes=classes, eqn_modules=eqn_module_paths(flat.closed_jaxpr.jaxpr))
     return TracedStep(
         closed_jaxpr=flat.closed_jaxpr, graphdef=graphdef, param_paths=param_paths,
         hidden_paths=hidden_paths, other_paths=other_paths, num_outputs=n_out,
-        out_treedef=out_treedef, notes=flat.notes, warnings=caught_messages)
+        out_treedef=out_treedef, notes=flat.notes, warnings=caught_messages, modules=modules)

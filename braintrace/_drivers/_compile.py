@@ -40,9 +40,10 @@ def compile(
         example_x: The input of one step (with its batch axis, if batched).
         batch_size: Batch size to initialise hidden states for; ``None`` keeps
             the states as they are.
-        strict: Refuse a model whose eligibility traces would be approximate
-            (``learner.graph.approximations``; the report lists them), so that
-            D-RTRL equals BPTT. The same-step gradient is exact either way.
+        strict: Refuse a model whose gradient under ``algorithm`` would not be
+            BPTT's: an approximation of the graph's traces
+            (``learner.graph.approximations``) or of the algorithm itself
+            (``algorithm.approximations(graph)``); ``learner.report()`` lists both.
         mesh: Data parallel over the devices of this mesh: the batch axis of
             inputs, targets, hidden states and traces is split over its axis
             ``data_axis``; Params are replicated and XLA sums the gradients over

@@ -132,7 +132,7 @@ class CompiledModel:
                     f"{err}). Nothing was changed.") from err
 
     def _compile(self, model: nnx.Module, example_x: Any, batch_size: int | None) -> Entry:
-        graph = compile_graph(model, example_x, scope=self.algorithm.scope, strict=self.strict)
+        graph = compile_graph(model, example_x, strict=self.strict, algorithm=self.algorithm)
         rules = self.algorithm.rules(graph)
         example = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)),
                                example_x)

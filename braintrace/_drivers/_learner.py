@@ -351,8 +351,9 @@ class OnlineLearner:
         self.load_state(state_from_arrays(self.graph, self.traces, arrays))
 
     def report(self) -> str:
-        """The compiled graph's report: groups, traced Params, same-step Params, warnings."""
-        return f"algorithm: {self.algorithm.name}\n{self.graph.report()}"
+        """The compiled graph's report for this algorithm: what is approximate (the graph's
+        traces and the algorithm's own approximations) and what to do, then the details."""
+        return self.graph.report(self.algorithm)
 
     # -- running -------------------------------------------------------------
 

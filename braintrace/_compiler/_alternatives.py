@@ -1,0 +1,61 @@
+"""The strict-exact alternatives on a compiled model: what reports and errors advise.
+
+A graph knows its own scope's approximations; whether another algorithm is
+exact on the same model is a question for the graph of *its* scope, built
+here from the same step (no retracing) when a report or an error asks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.extend.core as jex_core
+
+from braintrace._compiler._build import build_graph
+from braintrace._compiler._graph import ETraceGraph
+
+__all__ = ["exact_algorithms", "exact_alternatives", "rescope"]
+
+
+def rescope(graph: ETraceGraph, scope: str) -> ETraceGraph:
+    """The same step compiled in another scope (``graph`` itself for its own scope)."""
+    if graph.scope == scope:
+        return graph
+    return build_graph(jex_core.ClosedJaxpr(graph.jaxpr, list(graph.consts)), graph.layout,
+                       scope=scope, modules=graph.modules, notes=graph.notes,
+                       warnings=graph.warnings)
+
+
+def _influence_bytes(graph: ETraceGraph) -> int:
+    """Roughly RTRL's influence memory: batch × hidden units × traced operand sizes."""
+    hidden = graph.layout.hidden_invars(graph.jaxpr)
+    batched = any(r.batched for r in graph.relations)
+    batch = hidden[0].aval.shape[0] if batched and hidden and hidden[0].aval.shape else 1
+    units = sum(math.prod(v.aval.shape[1 if batched else 0:]) for v in hidden)
+    jaxpr = graph.jaxpr
+    size = sum(math.prod(jaxpr.eqns[r.eqn_index].invars[k].aval.shape)
+               * jaxpr.eqns[r.eqn_index].invars[k].aval.dtype.itemsize
+               for r in graph.relations for k in r.operands.values())
+    return batch * units * size
+
+
+def exact_algorithms(graph: ETraceGraph) -> list[str]:
+    """The algorithms whose gradient equals BPTT on this model (``strict=True`` accepts
+    them): ``D_RTRL()`` without approximations in the diagonal scope, ``RTRL()`` without
+    any in the full scope (with its influence memory)."""
+    found = []
+    if not rescope(graph, "diagonal").approximations:
+        found.append("D_RTRL()")
+    full = rescope(graph, "full")
+    if not full.approximations:
+        mib = _influence_bytes(full) / 2 ** 20
+        found.append(f"RTRL() (influence memory about {mib:.3g} MiB at this batch size)")
+    return found
+
+
+def exact_alternatives(graph: ETraceGraph) -> str:
+    """One line naming :func:`exact_algorithms` (empty when there is none)."""
+    names = exact_algorithms(graph)
+    if not names:
+        return ""
+    return f"Exact on this model (strict=True accepts them): {', '.join(names)}.\n"
