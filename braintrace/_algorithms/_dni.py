@@ -131,9 +131,6 @@ class DNI(AbstractAlgorithm):
     def relation_rules(self, graph: ETraceGraph) -> tuple[RelationRule, ...]:
         return self.base.relation_rules(graph)
 
-    def approximations(self, graph):
-        return self.base.approximations(graph)
-
     def relation_signal(self, graph, delta, relation):
         return self.base.relation_signal(graph, delta, relation)
 
