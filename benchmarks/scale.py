@@ -148,20 +148,21 @@ def method_parts(method: str) -> tuple[str, int | None, bool]:
     return name, (int(block) if block else None), donate == "donate"
 
 
-def _donating_program(learner, block_size: int | None):
+def _donating_program(learner, length: int, block_size: int | None):
     """The learner's ``etrace_grad`` program, jitted again with its hidden state and traces
     donated: the measurement of a proposed driver change (outputs reuse the inputs' buffers)."""
     import functools
 
     import jax
 
-    from braintrace._driver_programs import grad_program
+    from braintrace._drivers._programs import grad_program
+    from braintrace._loops import choose_loop
 
-    program = functools.partial(grad_program, learner.graph, learner.algorithm, layout=None)
-    jitted = jax.jit(program, static_argnames=("loss_fn", "chunk_size", "block_size"),
-                     donate_argnums=(1, 3))
-    return functools.partial(jitted.lower, loss_fn=cross_entropy, chunk_size=None,
-                             block_size=learner._block_size(block_size))
+    entry = learner.compiled.entry_of(learner.model, learner.batch_size)
+    spec = choose_loop(entry.rules, length=length, chunk_size=None, block_size=block_size)
+    jitted = jax.jit(grad_program, static_argnames=("entry", "loss_fn", "spec"),
+                     donate_argnames=("hidden", "traces"))
+    return functools.partial(jitted.lower, entry, cross_entropy, spec)
 
 
 def program(model, method: str, xs, ys, mask):
@@ -182,7 +183,7 @@ def program(model, method: str, xs, ys, mask):
         return (learner.lower_etrace_grad(xs, ys, cross_entropy, mask=mask,
                                           block_size=block_size), args)
     fresh = lambda: jax.tree.map(jnp.copy, args)
-    return _donating_program(learner, block_size)(*args), fresh
+    return _donating_program(learner, xs.shape[0], block_size)(*args), fresh
 
 
 # -- child: one configuration in a fresh process ---------------------------------------------

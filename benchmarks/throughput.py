@@ -117,7 +117,7 @@ def profile_step(model_name: str, method: str, cfg: dict, xs, ys, repeats: int) 
     """Where the time of one online step goes, measured inside the fused scan.
 
     Four scans over the same ``T`` steps, each adding one part of
-    ``online_step`` (``braintrace/_algorithms/_scan.py``): (1) forward pass and
+    ``online_step`` (``braintrace/_loops/_per_step.py``): (1) forward pass and
     learning signal (VJP), (2) + hidden Jacobians ``D``, ``Df``, (3) + trace
     update, (4) + gradient contribution (= the full step). The differences are
     each part's marginal cost per step (microseconds). Every stage keeps its
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> dict:
             ("online passes go through learner.etrace_grad (includes its Python-side checks and "
              "the NaN check that syncs on the losses); BPTT calls the compiled program directly."),
             ("'d_rtrl'/'es_d_rtrl' run the default time-blocked form (block_size=32, "
-             "braintrace/_algorithms/_blocked.py); 'name@1' the per-step form."),
+             "braintrace/_loops/_blocked.py); 'name@1' the per-step form."),
             ("targets (issue 19): d_rtrl <= 1.3x BPTT (gru, snn), alif <= 2.5x, es_d_rtrl <= "
              "0.6x, demo es_d_rtrl <= 1.2x."),
             ("profile_us: marginal cost per step of each part of online_step, from four scans "

@@ -1,7 +1,7 @@
 """Time-blocked traces (``etrace_grad(block_size=K)``) equal the per-step form (float64).
 
 The blocked form regroups the per-step recursion ``ε_k = d_k ε_{k-1} + f_k ⊗ x_k``
-(``braintrace/_algorithms/_blocked.py``); it must give the very same gradients,
+(``braintrace/_loops/_blocked.py``); it must give the very same gradients,
 traces and hidden state: for dense, LoRA and elementwise (learned time
 constant) relations, one and two states per unit, models where D-RTRL is exact
 and where it is not (the regrouping is exact either way), and a sequence

@@ -1,6 +1,6 @@
 """Approximations pass: where the traces of a graph are not the exact influence ``∂h^t/∂θ``.
 
-The same-step gradient is always exact (see ``_algorithms/_scan.py``); what
+The same-step gradient is always exact (see ``_loops/_per_step.py``); what
 the compiler can get wrong is the *temporal* credit carried by the traces. A
 trace is the exact influence of a traced Param on the hidden state (and
 D-RTRL then equals BPTT) unless one of these holds, each reported as an

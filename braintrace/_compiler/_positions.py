@@ -89,8 +89,20 @@ def _normalise(m: PositionMap) -> PositionMap:
 
 
 def union(maps: Sequence[PositionMap], shape: Sequence[int]) -> PositionMap:
-    """The element-wise union of position maps, broadcast to ``shape``."""
-    parts = [np.broadcast_to(m, (*shape, m.shape[-1])) for m in maps]
+    """The element-wise union of position maps, broadcast to ``shape``.
+
+    Maps equal to an earlier one are skipped (an operation reading one value
+    twice, or values of one layout), and a single remaining map of the output
+    shape is returned as it is: at 131k neurons concatenating and sorting copies
+    of one map was most of ``compile``'s memory (``benchmarks/README.md``, Scale).
+    """
+    distinct: list[PositionMap] = []
+    for m in maps:
+        if not any(m is o or (m.shape == o.shape and np.array_equal(m, o)) for o in distinct):
+            distinct.append(m)
+    if len(distinct) == 1 and distinct[0].shape[:-1] == tuple(shape):
+        return distinct[0]
+    parts = [np.broadcast_to(m, (*shape, m.shape[-1])) for m in distinct]
     return _normalise(np.concatenate(parts, axis=-1))
 
 
