@@ -123,9 +123,8 @@ def profile_step(model_name: str, method: str, cfg: dict, xs, ys, repeats: int) 
     each part's marginal cost per step (microseconds). Every stage keeps its
     results alive (summed into the carry) so XLA cannot drop them.
     """
+    from braintrace._compiler import StepLeaves, programs
     from braintrace._loops import LoopContext, init_carry, step_jacobians
-    from braintrace._compiler import StepLeaves
-    from braintrace._compiler import programs
 
     H, I, O, B = cfg["hidden"], cfg["inputs"], cfg["outputs"], cfg["batch"]
     learner = braintrace.compile(build(model_name, I, H, O, B), method_parts(method)[0], xs[0],

@@ -13,12 +13,12 @@ from braintrace import primitives as primitives
 from braintrace import tasks as tasks
 from braintrace._algorithms import BPTT as BPTT
 from braintrace._algorithms import DNI as DNI
+from braintrace._algorithms import DRTRL as DRTRL
+from braintrace._algorithms import ESDRTRL as ESDRTRL
 from braintrace._algorithms import RTRL as RTRL
 from braintrace._algorithms import UORO as UORO
 from braintrace._algorithms import AbstractAlgorithm as AbstractAlgorithm
-from braintrace._algorithms import DRTRL as DRTRL
 from braintrace._algorithms import EProp as EProp
-from braintrace._algorithms import ESDRTRL as ESDRTRL
 from braintrace._algorithms import LinearSynthesizer as LinearSynthesizer
 from braintrace._algorithms import OSTLFeedforward as OSTLFeedforward
 from braintrace._algorithms import OSTLRecurrent as OSTLRecurrent

@@ -10,8 +10,66 @@ from typing import Any
 
 import jax
 import jax.extend.core as jex_core
+import jax.numpy as jnp
+from flax import nnx
 
-__all__ = ["compilations", "primitive_names"]
+__all__ = ["bptt_grads", "compilations", "mse", "primitive_names", "sequence_loss"]
+
+
+def mse(y: jax.Array, t: jax.Array) -> jax.Array:
+    """Mean squared error of one step."""
+    return jnp.mean((y - t) ** 2)
+
+
+# -- the BPTT oracle: the one reference every gradient test compares with ----------------------
+
+
+def sequence_loss(model: nnx.Module, xs: Any, ys: Any,
+                  loss_fn: Callable[[Any, Any], jax.Array] = mse
+                  ) -> tuple[Callable[[nnx.State, jax.Array], jax.Array], nnx.State]:
+    """``(f, params)``: ``f(params, w) = Σ_t w_t L_t`` by ``jax.lax.scan`` of the pure step.
+
+    Written with Flax alone (no braintrace code): each step is
+    ``nnx.merge(graphdef, params, rest, copy=True)(x_t)``, and every Variable
+    that is not a Param (hidden states, RNG counters, statistics) is carried
+    from step to step, starting from the model's current values; nothing of the
+    model is mutated.
+
+    Example:
+        >>> model = nnx.Linear(2, 1, rngs=nnx.Rngs(0))
+        >>> f, params = sequence_loss(model, jnp.ones((3, 2)), jnp.zeros((3, 1)))
+        >>> bool(f(params, jnp.ones(3)) == 3 * mse(model(jnp.ones(2)), jnp.zeros(1)))
+        True
+    """
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def total(params: nnx.State, weights: jax.Array) -> jax.Array:
+        def body(rest, inputs):
+            x, y, w = inputs
+            m = nnx.merge(graphdef, params, rest, copy=True)
+            out = m(x)
+            return nnx.split(m, nnx.Param, ...)[2], w * loss_fn(out, y)
+
+        return jnp.sum(jax.lax.scan(body, rest, (xs, ys, weights))[1])
+
+    return total, params
+
+
+def bptt_grads(model: nnx.Module, xs: Any, ys: Any, weights: jax.Array | None = None,
+               loss_fn: Callable[[Any, Any], jax.Array] = mse) -> nnx.State:
+    """The oracle ``∇_θ Σ_t w_t L_t`` (default ``w_t = 1``), shaped like the model's Params.
+
+    Example:
+        >>> model = nnx.Linear(2, 1, rngs=nnx.Rngs(0))
+        >>> grads = bptt_grads(model, jnp.ones((3, 2)), jnp.zeros((3, 1)))
+        >>> grads['kernel'][...].shape
+        (2, 1)
+    """
+    total, params = sequence_loss(model, xs, ys, loss_fn)
+    length = jax.tree.leaves(xs)[0].shape[0]
+    dtype = jnp.result_type(*jax.tree.leaves(params))
+    weights = jnp.ones(length, dtype) if weights is None else weights
+    return jax.jit(jax.grad(total))(params, weights)
 
 
 @contextlib.contextmanager

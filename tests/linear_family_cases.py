@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from braintrace._primitives._einsum import split_spec
-from braintrace._primitives._sparse import Connectivity
+from braintrace import Connectivity
+from braintrace._primitives import split_spec
 
 __all__ = ["einsum_diagonal", "einsum_operands", "embed_operands", "grouped_diagonal",
            "grouped_operands", "sparse_diagonal", "sparse_operands"]

@@ -18,17 +18,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from helpers import bptt_grads, mse, sequence_loss  # noqa: F401  (the oracle, re-exported)
 
 import braintrace
 from braintrace import layers
-from braintrace._compiler import split_model
 
 F64 = jnp.float64
 I, H, O = 3, 4, 2
-
-
-def mse(y, t):
-    return jnp.mean((y - t) ** 2)
 
 
 def _normal(key, shape, scale=1.0):
@@ -180,33 +176,6 @@ def data(T, batch=None, seed=1, scale=1.0, in_features=I):
     shape_x = (T, in_features) if batch is None else (T, batch, in_features)
     shape_y = (T, O) if batch is None else (T, batch, O)
     return _normal(seed, shape_x, scale), _normal(seed + 100, shape_y)
-
-
-def sequence_loss(model, xs, ys, loss_fn=mse):
-    """``(f, params)``: ``f(params, w) = Σ_t w_t L_t`` by ``jax.lax.scan`` of the pure step.
-
-    The step is ``nnx.merge(graphdef, params, hidden, other, copy=True)(x)``
-    from the model's current hidden state; nothing of the model is mutated.
-    """
-    graphdef, params, hidden, other = split_model(model)
-
-    def total(params, weights):
-        def body(h, inputs):
-            x, y, w = inputs
-            m = nnx.merge(graphdef, params, h, other, copy=True)
-            out = m(x)
-            return split_model(m)[2], w * loss_fn(out, y)
-
-        return jnp.sum(jax.lax.scan(body, hidden, (xs, ys, weights))[1])
-
-    return total, params
-
-
-def bptt_grads(model, xs, ys, weights=None, loss_fn=mse):
-    """The oracle ``∇_θ Σ_t w_t L_t`` (default ``w_t = 1``), as an ``nnx.State``."""
-    total, params = sequence_loss(model, xs, ys, loss_fn)
-    weights = jnp.ones(xs.shape[0], F64) if weights is None else weights
-    return jax.jit(jax.grad(total))(params, weights)
 
 
 def randomize_hidden(model, seed=7, scale=0.5):

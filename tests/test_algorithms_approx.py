@@ -23,8 +23,7 @@ import braintrace
 from braintrace._algorithms import get_algorithm
 from braintrace._algorithms._eprop import feedback_equations, random_feedback_operands
 from braintrace._algorithms._es_d_rtrl import IOTrace, decay_from
-from braintrace._compiler import StepLeaves
-from braintrace._compiler import programs
+from braintrace._compiler import StepLeaves, programs
 
 
 @pytest.fixture(autouse=True)

@@ -21,10 +21,8 @@ from flax import nnx
 
 import braintrace
 from braintrace import layers
-from braintrace._compiler import StepLeaves
-from braintrace._compiler import programs
+from braintrace._compiler import StepLeaves, programs, split_model
 from braintrace._compiler._interpret import evaluate
-from braintrace._compiler import split_model
 
 B, I, H = 2, 3, 4
 TOL = 1e-6

@@ -9,9 +9,7 @@ from flax import nnx
 
 import braintrace
 from braintrace import layers
-from braintrace._compiler import StepLeaves
-from braintrace._compiler import programs
-from braintrace._compiler import split_model
+from braintrace._compiler import StepLeaves, programs, split_model
 
 B, I, H = 2, 3, 4
 

@@ -14,9 +14,7 @@ import pytest
 from flax import nnx
 
 import braintrace
-from braintrace._compiler import StepLeaves
-from braintrace._compiler import programs
-from braintrace._compiler import split_model
+from braintrace._compiler import StepLeaves, programs, split_model
 
 B, I, H = 2, 3, 4
 W_IN = jax.random.normal(jax.random.key(0), (I, H))

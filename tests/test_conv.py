@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from contract_models import randomize_hidden
 from flax import nnx
+from helpers import bptt_grads, mse
 
 import braintrace
 from braintrace import layers
-from braintrace._compiler import split_model
 
 F64 = jnp.float64
 BATCH, OUT, T_LONG = 2, 2, 5
@@ -92,25 +92,6 @@ def data(name: str, steps: int):
     return xs, ys
 
 
-def mse(y, t):
-    return jnp.mean((y - t) ** 2)
-
-
-def bptt(model, xs, ys):
-    """``∇ Σ_t L_t`` by ``jax.grad`` through a ``lax.scan`` of the pure step."""
-    graphdef, params, hidden, other = split_model(model)
-
-    def total(params):
-        def body(state, inputs):
-            m = nnx.merge(graphdef, params, *state, copy=True)
-            loss = mse(m(inputs[0]), inputs[1])
-            return split_model(m)[2:], loss
-
-        return jnp.sum(jax.lax.scan(body, (hidden, other), (xs, ys))[1])
-
-    return jax.grad(total)(params)
-
-
 def max_relative_error(got, want) -> float:
     errors = []
     for (path, g), w in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want),
@@ -124,7 +105,7 @@ def max_relative_error(got, want) -> float:
 @pytest.mark.parametrize("name", ["leaky-2d-grouped-strided", "conv-lif-1d-learn-tau"])
 def test_d_rtrl_on_a_convolution_equals_bptt_over_time(name):
     xs, ys = data(name, T_LONG)
-    want = bptt(build(name), xs, ys)
+    want = bptt_grads(build(name), xs, ys)
     learner = braintrace.compile(build(name), braintrace.D_RTRL(), xs[0], strict=True)
     assert "conv.kernel" in learner.report() and not learner.graph.approximations
     got = learner.etrace_grad(xs, ys, mse, reduction="sum")
@@ -134,7 +115,7 @@ def test_d_rtrl_on_a_convolution_equals_bptt_over_time(name):
 @pytest.mark.parametrize("name", ["conv-lif-2d"])
 def test_es_d_rtrl_on_a_convolution_equals_bptt_at_t1(name):
     xs, ys = data(name, 1)
-    want = bptt(build(name), xs, ys)
+    want = bptt_grads(build(name), xs, ys)
     learner = braintrace.compile(build(name), braintrace.ES_D_RTRL(0.7, x_decay_or_rank=0.4),
                                  xs[0])
     got = learner.etrace_grad(xs, ys, mse, reduction="sum")

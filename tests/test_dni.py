@@ -18,7 +18,6 @@ from reference_models import F64, DenseLeaky, GRUNet, bptt_grads, data, mse
 from reference_models import leaves as _leaves
 
 import braintrace
-from braintrace._compiler import split_model
 
 T, K = 6, 2
 
@@ -42,14 +41,14 @@ class Oracle(nnx.Module):
 
 def future_cotangents(model, xs, ys):
     """``∂L_{≥t}/∂h^t`` for ``t = 0..T-1`` (losses of step ``t`` on), by BPTT in float64."""
-    graphdef, params, hidden, other = split_model(model)
+    graphdef, params, hidden, other = nnx.split(model, nnx.Param, braintrace.HiddenState, ...)
 
     def total(eps):
         def body(h, inputs):
             x, y, e = inputs
             m = nnx.merge(graphdef, params, jax.tree.map(jnp.add, h, e), other, copy=True)
             out = m(x)
-            return split_model(m)[2], mse(out, y)
+            return nnx.state(m, braintrace.HiddenState), mse(out, y)
 
         return jnp.sum(jax.lax.scan(body, hidden, (xs, ys, eps))[1])
 

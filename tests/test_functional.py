@@ -16,7 +16,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from helpers import compilations
+from helpers import bptt_grads, compilations
 
 import braintrace
 from braintrace import layers
@@ -136,7 +136,7 @@ def test_a_scan_over_chunks_equals_one_call_per_chunk(algorithm):
 
             return jax.lax.scan(body, (params, opt_state, state), (xs, ys))
 
-        (params, _, state), losses = train_stream(params, tx.init(params), online.init(model),
+        (params, _, _), losses = train_stream(params, tx.init(params), online.init(model),
                                                   *chunks)
         assert losses.shape == (4, T)
         assert_params_close([np.asarray(a) for a in jax.tree.leaves(params)], want, 1e-12)
@@ -259,25 +259,19 @@ def test_evaluation_at_another_batch_size_touches_nothing_and_compiles_no_traini
 # -- BPTT -----------------------------------------------------------------------------------------
 
 
-def unrolled_bptt_grads(model, xs, ys):
+def oracle_mean_grads(model, xs, ys):
+    """The oracle of ``tests/helpers.py`` for the mean loss, from fresh states of the batch."""
     model = nnx.clone(model)
     braintrace.init_states(model, batch_size=xs.shape[1])
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-
-    def total(params):
-        m = nnx.merge(graphdef, params, rest, copy=True)
-        losses = [mse(m(xs[t]), ys[t]) for t in range(xs.shape[0])]  # unrolled
-        return sum(losses) / xs.shape[0]
-
-    return jax.grad(total)(params)
+    return bptt_grads(model, xs, ys, jnp.full(xs.shape[0], 1 / xs.shape[0], xs.dtype), mse)
 
 
-def test_bptt_equals_jax_grad_through_an_unrolled_loop():
+def test_bptt_equals_the_oracle():
     with jax.enable_x64(True):
         xs, ys = data(jnp.float64, chunks=1)
         xs, ys = xs[0], ys[0]
         model = Net(jnp.float64)
-        want = unrolled_bptt_grads(model, xs, ys)
+        want = oracle_mean_grads(model, xs, ys)
         learner = braintrace.compile(model, braintrace.BPTT(), jnp.zeros((B, IN), jnp.float64),
                                      batch_size=B)
         got = learner.etrace_grad(xs, ys, mse)

@@ -1,7 +1,12 @@
 """The gradient contract: every algorithm on every built-in model shape (float64).
 
-* ``T = 1``: every algorithm equals BPTT to ``1e-10`` relative on every model,
-  whatever its structure (no path is dropped from the same-step gradient).
+* ``T = 1``: every execution path equals BPTT to ``1e-10`` relative on every
+  model, whatever its structure (no path is dropped from the same-step
+  gradient). At ``T = 1`` every algorithm's traces start at zero, so what can
+  differ is the path the gradient takes, not the rule: the loop (per step,
+  blocked with D-RTRL's or ES-D-RTRL's block product, windowed), the scope the
+  graph is compiled in (diagonal, coupled, full) and BPTT itself. ``PATHS``
+  holds one algorithm per path; the oracle is computed once per model.
 * Over time: where the compiler finds no approximation (``strict=True``
   compiles), D-RTRL equals BPTT to ``1e-8``; where it finds one, ``strict=True``
   refuses the model, the report lists the approximation, and D-RTRL really
@@ -23,10 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from contract_models import ALGORITHMS, BATCH, IN, MODELS, OUT
-from flax import nnx
+from helpers import bptt_grads, mse
 
 import braintrace
-from braintrace._compiler import split_model
 
 T_LONG = 6
 
@@ -41,27 +45,6 @@ def data(T, scale, seed=1):
     xs = scale * jax.random.normal(jax.random.key(seed), (T, BATCH, IN), jnp.float64)
     ys = jax.random.normal(jax.random.key(seed + 100), (T, BATCH, OUT), jnp.float64)
     return xs, ys
-
-
-def mse(y, t):
-    return jnp.mean((y - t) ** 2)
-
-
-def bptt(model, xs, ys):
-    """``∇ Σ_t L_t`` by ``jax.grad`` through a ``lax.scan`` of the pure step."""
-    graphdef, params, hidden, other = split_model(model)
-
-    def total(params):
-        def body(state, inputs):
-            h, o = state
-            m = nnx.merge(graphdef, params, h, o, copy=True)
-            loss = mse(m(inputs[0]), inputs[1])
-            _, _, h, o = split_model(m)
-            return (h, o), loss
-
-        return jnp.sum(jax.lax.scan(body, (hidden, other), (xs, ys))[1])
-
-    return jax.grad(total)(params)
 
 
 def relative_errors(got, want):
@@ -84,13 +67,43 @@ def assert_live(grads):
         assert np.max(np.abs(np.asarray(v))) > 1e-10, f"BPTT gradient of {path} is zero"
 
 
-@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_every_algorithm_equals_bptt_at_t1(name, algorithm):
+PATHS = {
+    "per-step": (braintrace.DRTRL, {"block_size": 1}),
+    "blocked": (braintrace.DRTRL, {}),
+    "blocked-factorised": (ALGORITHMS["es_d_rtrl"], {}),
+    "windowed": (braintrace.DRTRL, {"chunk_size": 1}),
+    "coupled-scope": (braintrace.OSTLRecurrent, {}),
+    "full-scope": (braintrace.RTRL, {}),
+    "bptt": (braintrace.BPTT, {}),
+}
+"""One algorithm and loop per distinct execution path of the ``T = 1`` contract."""
+
+
+@functools.cache
+def _bptt_t1(name):
     case = MODELS[name]
     xs, ys = data(1, case.input_scale)
-    want = bptt(case.build(), xs, ys)
+    return xs, ys, bptt_grads(case.build(), xs, ys)
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_path_equals_bptt_at_t1(name, path):
+    case = MODELS[name]
+    xs, ys, want = _bptt_t1(name)
     assert np.max(np.abs(np.concatenate([np.ravel(v) for v in jax.tree.leaves(want)]))) > 1e-3
+    make, loop = PATHS[path]
+    learner = braintrace.compile(case.build(), make(), xs[0])
+    got = learner.etrace_grad(xs, ys, mse, reduction="sum", **loop)
+    errors = relative_errors(got, want)
+    assert max(errors.values()) <= 1e-10, errors
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_every_algorithm_equals_bptt_at_t1_on_a_recurrent_alif_layer(algorithm):
+    """Each algorithm's own rules at ``T = 1`` (initial traces, contributions of zero)."""
+    case = MODELS["recurrent-alif"]
+    xs, ys, want = _bptt_t1("recurrent-alif")
     _, got = online(case, ALGORITHMS[algorithm](), xs, ys)
     errors = relative_errors(got, want)
     assert max(errors.values()) <= 1e-10, errors
@@ -100,7 +113,7 @@ def test_every_algorithm_equals_bptt_at_t1(name, algorithm):
 def test_d_rtrl_equals_bptt_over_time_exactly_where_strict_compiles(name):
     case = MODELS[name]
     xs, ys = data(T_LONG, case.input_scale)
-    want = bptt(case.build(), xs, ys)
+    want = bptt_grads(case.build(), xs, ys)
     assert_live(want)
     if case.exact:
         learner, got = online(case, braintrace.D_RTRL(), xs, ys, strict=True)
@@ -137,7 +150,7 @@ def test_rtrl_equals_bptt_over_time_wherever_every_trainable_operation_is_traced
         with pytest.raises(ValueError, match="strict"):
             braintrace.compile(case.build(), braintrace.RTRL(), x, strict=True)
         return
-    want = bptt(case.build(), xs, ys)
+    want = bptt_grads(case.build(), xs, ys)
     assert_live(want)
     _, got = online(case, braintrace.RTRL(), xs, ys, strict=True)
     errors = relative_errors(got, want)
@@ -187,7 +200,7 @@ D-RTRL is exact, a dense recurrence with one state per unit and one with two."""
 def _bptt_long(name):
     case = MODELS[name]
     xs, ys = data(T_LONG, case.input_scale)
-    return bptt(case.build(), xs, ys)
+    return bptt_grads(case.build(), xs, ys)
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))

@@ -10,9 +10,9 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from helpers import compilations
 
 import braintrace
-from helpers import compilations
 from braintrace import layers
 
 B, I, H, O = 3, 4, 5, 2

@@ -17,10 +17,8 @@ from flax import nnx
 import braintrace
 from braintrace import layers
 from braintrace._algorithms._uoro import uoro_update
-from braintrace._compiler import StepLeaves
+from braintrace._compiler import StepLeaves, programs, split_model
 from braintrace._loops import LoopContext, init_carry, param_gradients, step_jacobians
-from braintrace._compiler import programs
-from braintrace._compiler import split_model
 
 F64 = jnp.float64
 T, IN, HID = 3, 1, 2

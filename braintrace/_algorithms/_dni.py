@@ -70,8 +70,8 @@ from flax import nnx
 
 from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
 from braintrace._algorithms._d_rtrl import DRTRL
-from braintrace._hidden import state_batch_size
 from braintrace._compiler import ETraceGraph, leaf_paths, split_model
+from braintrace._hidden import state_batch_size
 
 __all__ = ["DNI", "LinearSynthesizer", "SyntheticGradients"]
 

@@ -50,7 +50,6 @@ from braintrace._compiler import (
     ElementwiseRelation,
     ETraceGraph,
     InputRelation,
-    Relation,
     eqn_names,
     is_var,
     operations,

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
 from braintrace._algorithms._graph_rules import GraphRules
 from braintrace._algorithms._trace_algebra import is_batched, operand_structs, param_dtypes
-from braintrace._compiler import ElementwiseRelation, ETraceGraph, InputRelation
+from braintrace._compiler import ElementwiseRelation, ETraceGraph, InputRelation, Relation
 
 __all__ = ["RTRL", "RTRL_ELEMENTWISE", "RTRL_INPUT", "flat_signal", "hidden_size",
            "rtrl_trace_bytes"]

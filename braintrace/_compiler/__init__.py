@@ -13,10 +13,10 @@ from braintrace._compiler._compile import compile_graph as compile_graph
 from braintrace._compiler._graph import ETraceGraph as ETraceGraph
 from braintrace._compiler._layout import StepLeaves as StepLeaves
 from braintrace._compiler._patterns import reach as reach
+from braintrace._compiler._patterns import unit_patterns as unit_patterns
 from braintrace._compiler._phrases import eqn_names as eqn_names
 from braintrace._compiler._phrases import operations as operations
 from braintrace._compiler._phrases import params_phrase as params_phrase
-from braintrace._compiler._patterns import unit_patterns as unit_patterns
 from braintrace._compiler._records import Approximation as Approximation
 from braintrace._compiler._records import ElementwiseRelation as ElementwiseRelation
 from braintrace._compiler._records import Exclusion as Exclusion

@@ -24,9 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from braintrace._compiler import ETraceGraph, split_model
 from braintrace._drivers._checkpoint import leaf_names
-from braintrace._compiler import ETraceGraph
-from braintrace._compiler import split_model
 from braintrace._hidden import state_batch_size as state_batch_size
 
 __all__ = [
