@@ -26,7 +26,10 @@ from braintrace._algorithms import SnAp as SnAp
 from braintrace._algorithms import ThreeFactor as ThreeFactor
 from braintrace._compiler import ETraceGraph as ETraceGraph
 from braintrace._compiler import compile_graph as compile_graph
+from braintrace._drivers import Callback as Callback
+from braintrace._drivers import EarlyStopping as EarlyStopping
 from braintrace._drivers import GradStats as GradStats
+from braintrace._drivers import History as History
 from braintrace._drivers import OnlineGradient as OnlineGradient
 from braintrace._drivers import OnlineLearner as OnlineLearner
 from braintrace._drivers import OnlineState as OnlineState
@@ -63,13 +66,16 @@ __all__ = [
     "RTRL",
     "UORO",
     "AbstractAlgorithm",
+    "Callback",
     "Connectivity",
+    "EarlyStopping",
     "EProp",
     "ETPPrimitive",
     "ETPRules",
     "ETraceGraph",
     "GradStats",
     "HiddenState",
+    "History",
     "LinearSynthesizer",
     "MissingRuleError",
     "OSTLFeedforward",

@@ -9,11 +9,15 @@ functions (``_functional``: :func:`online_grad`, :func:`online_update`,
 programs: the shells add host-side checks, clear errors, and writing results
 back into the model. Helpers: ``_inputs`` (argument checks), ``_model_state``
 (a model's arrays as flat lists and back), ``_states`` (hidden-state
-initialisation), ``_sharding`` (data parallel), ``_checkpoint`` (orbax).
+initialisation), ``_sharding`` (data parallel), ``_checkpoint`` (orbax), and
+``_fit`` (the streaming training loop of ``OnlineTrainer.fit``).
 """
 
 from braintrace._drivers._compile import compile as compile
 from braintrace._drivers._evaluate import evaluate as evaluate
+from braintrace._drivers._fit import Callback as Callback
+from braintrace._drivers._fit import EarlyStopping as EarlyStopping
+from braintrace._drivers._fit import History as History
 from braintrace._drivers._functional import GradStats as GradStats
 from braintrace._drivers._functional import OnlineGradient as OnlineGradient
 from braintrace._drivers._functional import OnlineState as OnlineState
@@ -26,6 +30,6 @@ from braintrace._drivers._model_state import model_leaves as model_leaves
 from braintrace._drivers._states import init_states as init_states
 from braintrace._drivers._trainer import OnlineTrainer as OnlineTrainer
 
-__all__ = ["GradStats", "OnlineGradient", "OnlineLearner", "OnlineState", "OnlineTrainer",
+__all__ = ["Callback", "EarlyStopping", "GradStats", "History", "OnlineGradient", "OnlineLearner", "OnlineState", "OnlineTrainer",
            "OnlineUpdate", "UpdateStats", "compile", "evaluate", "init_states", "model_leaves",
            "online_grad", "online_update"]

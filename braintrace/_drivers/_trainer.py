@@ -8,7 +8,7 @@ runs the program under ``jax.jit`` and writes the results back with
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
@@ -18,6 +18,7 @@ import optax
 from flax import nnx
 
 from braintrace._drivers._checkpoint import leaf_names, restore_arrays, save_arrays
+from braintrace._drivers._fit import Callback, History, Metric, fit
 from braintrace._drivers._functional import window_loop
 from braintrace._drivers._inputs import check_signal_inputs, step_weights
 from braintrace._drivers._learner import OnlineLearner, refuse_traced
@@ -191,44 +192,61 @@ class OnlineTrainer:
         learner.load_state(state_from_arrays(learner.graph, learner.traces, leaves[:split]))
         self.opt_state = jax.tree.unflatten(jax.tree.structure(self.opt_state), leaves[split:])
 
-    def fit(self, batches: Iterable[tuple[Any, Any]], *, epochs: int = 1,
-            reset_each_batch: bool = True, progress: bool = True) -> list[float]:
-        """Trains over an iterable of ``(xs, ys)`` batches for ``epochs`` passes.
+    def fit(self, batches: Iterable[Any], *, epochs: int = 1, steps: int | None = None,
+            validation: Any = None, eval_every: int | None = None,
+            metrics: dict[str, Metric] | None = None, callbacks: Sequence[Callback] = (),
+            reset_each_batch: bool = True, progress: bool = True) -> History:
+        """Trains on a stream of batches, with validation, metrics, callbacks, early stopping.
 
         Args:
-            batches: ``(xs, ys)`` or ``(xs, ys, mask)`` tuples (e.g. the
-                :class:`braintrace.tasks.Batch` of a built-in task), time axis
-                leading.
-            epochs: Number of passes.
+            batches: Any iterable of ``(xs, ys)`` or ``(xs, ys, mask)`` batches (a
+                :class:`braintrace.tasks.Batch` is one), time axis leading: a
+                list, a data loader, a generator that never ends.
+            epochs: Passes over ``batches`` (a generator can be passed over once).
+            steps: At most this many batches in all (``None``: no budget).
+            validation: A batch or a list of batches to evaluate on, with the
+                model in evaluation mode (``model.eval()``, then ``model.train()``),
+                from fresh hidden states.
+            eval_every: Evaluate every this many batches (``None``: after each
+                epoch). The last batch is always followed by an evaluation.
+            metrics: ``{name: metric(outputs, batch) -> scalar}`` evaluated on
+                the validation batches besides the built-in ``val_loss`` and
+                (integer labels) ``val_accuracy``; recorded as ``val_<name>``.
+            callbacks: :class:`~braintrace.Callback` objects (e.g.
+                :class:`~braintrace.EarlyStopping`); ``on_step`` or
+                ``on_evaluation`` returning ``True`` stops the training.
             reset_each_batch: Start every batch from fresh hidden state and traces
-                (independent sequences).
-            progress: Show a tqdm progress bar with the running loss.
+                (independent sequences); ``False`` carries them on (one stream).
+            progress: A tqdm progress bar with the loss and the last evaluation.
 
         Returns:
-            The mean loss of every batch, in order.
+            A :class:`~braintrace.History`: per batch its loss averaged over the
+            scored steps (``Σ_t m_t L_t / Σ_t m_t``), per evaluation its
+            metrics; it is also the sequence of the batches' losses.
 
         Raises:
             ValueError, FloatingPointError: As :meth:`step`, with a note naming
                 the epoch and batch. The batches before it stay learnt; the
                 failing batch is discarded.
-        """
-        from tqdm.auto import tqdm
 
-        history: list[float] = []
-        batches = list(batches)
-        with tqdm(total=epochs * len(batches), disable=not progress,
-                  desc="online training") as bar:
-            for epoch in range(epochs):
-                for i, batch in enumerate(batches):
-                    if reset_each_batch:
-                        self.learner.reset()
-                    try:
-                        losses = self.step(*batch)
-                    except (ValueError, FloatingPointError) as err:
-                        err.add_note(f"OnlineTrainer.fit: epoch {epoch}, batch {i}; "
-                                     f"{len(history)} earlier batch(es) stay learnt.")
-                        raise
-                    history.append(float(jnp.mean(losses)))
-                    bar.set_postfix(loss=f"{history[-1]:.4g}")
-                    bar.update()
-        return history
+        Example:
+            >>> import itertools, jax, jax.numpy as jnp, optax
+            >>> from flax import nnx
+            >>> import braintrace
+            >>> from braintrace import layers
+            >>> model = nnx.Sequential(layers.ETPLinear(2, 3, rngs=nnx.Rngs(0)), layers.LIF(3))
+            >>> learner = braintrace.compile(model, 'd_rtrl', jnp.ones((4, 2)), batch_size=4)
+            >>> trainer = braintrace.OnlineTrainer(
+            ...     learner, optax.adam(1e-2), loss_fn=lambda y, t: jnp.mean((y - t) ** 2))
+            >>> def stream():                       # never ends
+            ...     for i in itertools.count():
+            ...         xs = jax.random.uniform(jax.random.key(i), (6, 4, 2))
+            ...         yield xs, jnp.zeros((6, 4, 3))
+            >>> history = trainer.fit(stream(), steps=6, eval_every=3, progress=False,
+            ...                       validation=next(stream()))
+            >>> len(history), [r['step'] for r in history.evaluations]
+            (6, [3, 6])
+        """
+        return fit(self, batches, epochs=epochs, steps=steps, validation=validation,
+                   eval_every=eval_every, metrics=metrics, callbacks=callbacks,
+                   reset_each_batch=reset_each_batch, progress=progress)
