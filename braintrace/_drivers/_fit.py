@@ -165,6 +165,9 @@ def unpack(batch: Any) -> tuple[Any, Any, Any]:
 def scored_mean(values: jax.Array, mask: Any) -> float:
     """``Σ_t m_t v_t / Σ_t m_t`` over the steps (the plain mean without a mask).
 
+    A ``(T, B)`` mask weighs per-sample values ``(T, B)`` alike, and per-step
+    values ``(T,)`` (each the mean of its scored samples) by ``Σ_b m_tb``.
+
     Example:
         >>> scored_mean(jnp.array([4.0, 2.0, 1.0]), jnp.array([0.0, 1.0, 1.0]))
         1.5
@@ -172,8 +175,11 @@ def scored_mean(values: jax.Array, mask: Any) -> float:
     values = np.asarray(values, np.float64)
     if mask is None:
         return float(np.mean(values))
-    mask = np.broadcast_to(np.asarray(mask, np.float64).reshape(
-        np.shape(mask) + (1,) * (values.ndim - np.ndim(mask))), values.shape)
+    mask = np.asarray(mask, np.float64)
+    if mask.ndim == values.ndim + 1:  # a (T, B) mask and per-step values: weigh each step
+        mask = mask.sum(axis=-1)      # by its scored samples (values are their mean)
+    mask = np.broadcast_to(mask.reshape(mask.shape + (1,) * (values.ndim - mask.ndim)),
+                           values.shape)
     return float(np.sum(values * mask) / max(np.sum(mask), 1e-300))
 
 
@@ -193,7 +199,9 @@ def validation_metrics(trainer: Any, batches: Sequence[Any],
         for batch in batches:
             xs, ys, mask = unpack(batch)
             outputs = trainer.learner.evaluate(xs)
-            losses = jax.vmap(trainer.loss_fn)(outputs, ys)
+            per_sample = mask is not None and np.ndim(mask) == 2  # losses per (step, sample)
+            loss_fn = jax.vmap(trainer.loss_fn) if per_sample else trainer.loss_fn
+            losses = jax.vmap(loss_fn)(outputs, ys)
             totals.setdefault("val_loss", []).append(scored_mean(losses, mask))
             if jnp.issubdtype(jnp.result_type(ys), jnp.integer) and \
                     np.ndim(outputs) == np.ndim(ys) + 1:

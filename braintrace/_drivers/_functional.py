@@ -114,15 +114,29 @@ class OnlineUpdate(NamedTuple):
     update: Callable[..., tuple[nnx.State, Any, OnlineState, UpdateStats]]
 
 
-def trace_weights(mask: Any, length: int, reduction: str, dtype: Any) -> jax.Array:
-    """The ``(T,)`` weights ``w_t`` of ``Σ_t w_t L_t`` from a (possibly traced) mask.
+def trace_weights(mask: Any, length: int, reduction: str, dtype: Any,
+                  batch_size: int | None = None) -> jax.Array:
+    """The weights ``w_t`` of ``Σ_t w_t L_t`` from a (possibly traced) mask.
 
-    ``'mean'`` divides by the mask's sum (by ``T`` without a mask); an all-zero
-    mask gives zero weights (nothing is scored, the gradient is zero).
+    A ``(T,)`` mask weighs steps; a ``(T, B)`` mask (batched learners) weighs
+    each step of each sample, divided by ``B`` (see the stateful learner's
+    ``step_weights``). ``'mean'`` divides by the weights' sum (by ``T``
+    without a mask), so that it is the mean over the scored (step, sample)
+    pairs; an all-zero mask gives zero weights (the gradient is zero).
+
+    Example:
+        >>> trace_weights(jnp.array([[1., 0.], [1., 1.]]), 2, 'mean', jnp.float32, 2).tolist()
+        [[0.3333333432674255, 0.0], [0.3333333432674255, 0.3333333432674255]]
     """
+    if mask is not None and jnp.iscomplexobj(mask):
+        raise ValueError(f"mask must be real, got a complex array of dtype {mask.dtype}.")
     weights = jnp.ones((length,), dtype) if mask is None else jnp.asarray(mask, dtype)
-    if weights.shape != (length,):
-        raise ValueError(f"mask must have shape ({length},), got {weights.shape}.")
+    shapes = [(length,)] + ([] if batch_size is None else [(length, batch_size)])
+    if weights.shape not in shapes:
+        per_sample = "" if batch_size is None else f" or ({length}, {batch_size}) per sample"
+        raise ValueError(f"mask must have shape ({length},){per_sample}, got {weights.shape}.")
+    if weights.ndim == 2:
+        weights = weights / batch_size
     if reduction == "mean":
         total = jnp.sum(weights)
         weights = jnp.where(total != 0, weights / jnp.where(total != 0, total, 1), 0)
@@ -208,7 +222,8 @@ def online_grad(learner: Any, loss_fn: Callable[[Any, Any], jax.Array], *,
         check_targets(ys, length)
         spec = choose_loop(entry.rules, length=length, chunk_size=chunk_size,
                            block_size=block_size)
-        weights = trace_weights(mask, length, reduction, jnp.result_type(*leaves.params))
+        weights = trace_weights(mask, length, reduction, jnp.result_type(*leaves.params),
+                                entry.batch_size)
         inputs = check_signal_inputs(entry.rules, leaves.hidden, signal_inputs, length)
         out = grad_program(entry, loss_fn, spec, leaves.params, leaves.hidden, leaves.other,
                            state.traces, xs, ys, weights, inputs)
@@ -278,7 +293,8 @@ def online_update(learner: Any, loss_fn: Callable[[Any, Any], jax.Array],
             raise ValueError(f"The sequence length {length} must be a multiple of "
                              f"update_every={update_every}.")
         spec = window_loop(entry, update_every, block_size)
-        weights = trace_weights(mask, length, "sum", jnp.result_type(*leaves.params))
+        weights = trace_weights(mask, length, "sum", jnp.result_type(*leaves.params),
+                                entry.batch_size)
         inputs = check_signal_inputs(entry.rules, leaves.hidden, signal_inputs, length)
         out = train_program(entry, tx, loss_fn, update_every, spec,
                             jax.tree.structure(nnx.state(model, nnx.Param)), leaves.params,

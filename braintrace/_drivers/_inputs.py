@@ -91,43 +91,62 @@ def check_chunk_size(chunk_size: Any, length: int) -> None:
             f"{chunk_size!r}. Use None for single-step mode.")
 
 
-def step_weights(mask: Any, length: int) -> np.ndarray:
-    """The host ``(T,)`` float64 weights of a mask (all ones for ``None``), checked.
+def step_weights(mask: Any, length: int, batch_size: int | None = None) -> np.ndarray:
+    """The host float64 weights of a mask (all ones for ``None``), checked.
+
+    A mask is ``(T,)`` (one weight per step) or, for a batched learner,
+    ``(T, B)`` (one weight per step and sample: padded steps of shorter
+    sequences get 0). A ``(T, B)`` mask is returned divided by ``B``, so that
+    with a mean-reducing ``loss_fn`` it weighs a step as a ``(T,)`` mask does
+    (``Σ_b m_tb ℓ_tb / B``; all ones give ``Σ_t L_t``).
 
     Raises:
-        ValueError: The mask is traced, is not ``(length,)``, or has a value
-            that is not finite.
+        ValueError: The mask is traced, has another shape, is complex, or has a
+            value that is not finite.
+
+    Example:
+        >>> step_weights([[1.0, 0.0], [1.0, 1.0]], 2, batch_size=2).tolist()
+        [[0.5, 0.0], [0.5, 0.5]]
     """
     if mask is None:
         return np.ones((length,))
+    if np.iscomplexobj(mask):
+        raise ValueError("mask must be real: one weight per step (or per step and sample), "
+                         f"got a complex array of dtype {getattr(mask, 'dtype', 'complex')}.")
     try:
         weights = np.asarray(mask, dtype=np.float64)
     except jax.errors.TracerArrayConversionError as err:
         raise ValueError("mask must be a concrete array (its values are checked on the "
                          "host), not a traced value.") from err
-    if weights.shape != (length,):
-        raise ValueError(f"mask must have shape ({length},), got {weights.shape}.")
-    bad = np.flatnonzero(~np.isfinite(weights))
+    shapes = [(length,)] + ([] if batch_size is None else [(length, batch_size)])
+    if weights.shape not in shapes:
+        per_sample = "" if batch_size is None else f" or ({length}, {batch_size}) per sample"
+        raise ValueError(f"mask must have shape ({length},){per_sample}, got {weights.shape}.")
+    bad = np.argwhere(~np.isfinite(weights))
     if bad.size:
-        raise ValueError(f"mask[{int(bad[0])}] is {weights[bad[0]]}; every step's weight must "
-                         "be finite.")
-    return weights
+        where = ", ".join(str(int(i)) for i in bad[0])
+        raise ValueError(f"mask[{where}] is {weights[tuple(bad[0])]}; every weight must be "
+                         "finite.")
+    return weights / batch_size if weights.ndim == 2 else weights
 
 
 def loss_weights(xs: Any, ys: Any, example: Any, mask: Any, chunk_size: Any,
-                 reduction: str) -> np.ndarray:
+                 reduction: str, batch_size: int | None = None) -> np.ndarray:
     """The host ``(T,)`` weights ``w_t`` of the loss ``Σ_t w_t L_t``, every argument checked.
 
     ``w_t`` is the mask (all ones for ``None``), divided by its sum for
-    ``reduction='mean'``.
+    ``reduction='mean'``; a ``(T, B)`` mask gives ``(T, B)`` weights ``w_tb``
+    (``'mean'``: the mean over the scored (step, sample) pairs).
 
     Args:
         xs: Inputs, time axis leading, checked against ``example`` (one step).
         ys: Targets, one per step of ``xs``.
         example: The compiled input of one step (``jax.ShapeDtypeStruct`` leaves).
-        mask: ``None`` or finite ``(T,)`` step weights.
+        mask: ``None``, finite ``(T,)`` step weights or ``(T, B)`` weights per step
+            and sample.
         chunk_size: ``None`` or a positive int dividing ``T``.
         reduction: One of :data:`REDUCTIONS`.
+        batch_size: The learner's batch size (``None``: per sample).
 
     Raises:
         ValueError: ``reduction`` is unknown; ``xs`` is invalid (see
@@ -149,7 +168,7 @@ def loss_weights(xs: Any, ys: Any, example: Any, mask: Any, chunk_size: Any,
                          "Give at least one step.")
     check_targets(ys, length)
     check_chunk_size(chunk_size, length)
-    weights = step_weights(mask, length)
+    weights = step_weights(mask, length, batch_size)
     if reduction == "mean":
         if not weights.sum():
             raise ValueError(

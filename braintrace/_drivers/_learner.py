@@ -549,7 +549,8 @@ class OnlineLearner:
         """The entry, the loop and the checked arguments of an ``etrace_grad`` call."""
         entry = self._entry()
         xs, ys = self._place_inputs(entry, xs), self._place_inputs(entry, ys)
-        weights = loss_weights(xs, ys, entry.example, mask, chunk_size, reduction)
+        weights = loss_weights(xs, ys, entry.example, mask, chunk_size, reduction,
+                               entry.batch_size)
         length = len(weights)
         spec = choose_loop(entry.rules, length=length, chunk_size=chunk_size,
                            block_size=None if block_size is None

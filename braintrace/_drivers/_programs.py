@@ -188,7 +188,8 @@ def _train_window(entry: Entry, tx: optax.GradientTransformationExtraArgs,
     step_carry, losses = run(ctx, spec, init_carry(ctx, carry.hidden, carry.other, carry.traces),
                              xw, yw, ww, sw)
     grads = param_gradients(ctx, step_carry)
-    value = jnp.sum(losses * ww.astype(losses.dtype))
+    step_weights = ww if ww.ndim == 1 else jnp.sum(ww, axis=-1)  # a (T, B) mask: per step
+    value = jnp.sum(losses * step_weights.astype(losses.dtype))
     tree = lambda leaves: jax.tree.unflatten(params_def, leaves)
     updates, opt_state = tx.update(tree(grads), carry.opt_state, tree(carry.params),
                                    value=value)

@@ -128,7 +128,7 @@ class OnlineTrainer:
                 f"{self.update_every}.")
         params, hidden, other = learner._leaves(entry)
         inputs = check_signal_inputs(entry.rules, hidden, signal_inputs, length)
-        weights = jnp.asarray(step_weights(mask, length) / self.update_every,
+        weights = jnp.asarray(step_weights(mask, length, entry.batch_size) / self.update_every,
                               jnp.result_type(*params))
         if entry.layout is not None:
             weights = place(weights, entry.layout.replicated)

@@ -20,7 +20,7 @@ share in their block product). :func:`step_jacobians` is 3.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -89,17 +89,54 @@ def _reverse_pass(ctx: LoopContext, leaves: StepLeaves, y_t: Any, weight_t: jax.
     def weighted_loss(params, hidden, probes):
         outs, rel_x = programs.forward(graph, leaves._replace(params=params, hidden=hidden),
                                        ctx.rules.feedback, probes)
-        loss = loss_fn(jax.tree.unflatten(graph.out_treedef, outs.y), y_t)
-        if jnp.ndim(loss) != 0:
-            raise ValueError(
-                f"loss_fn must return a scalar per time step, got shape {jnp.shape(loss)}. "
-                "Reduce over the batch and feature axes inside loss_fn.")
+        y = jax.tree.unflatten(graph.out_treedef, outs.y)
+        if jnp.ndim(weight_t) == 1:  # per-sample weights: a (T, B) mask
+            weighted, reported = per_sample_loss(loss_fn, y, y_t, weight_t)
+            return weighted, (reported, outs, rel_x)
+        loss = loss_fn(y, y_t)
+        _check_scalar(loss)
         return loss * weight_t, (loss, outs, rel_x)
 
     weighted, pullback, (loss, outs, rel_x) = jax.vjp(
         weighted_loss, leaves.params, leaves.hidden, probes, has_aux=True)
     same_step, signal, dy = pullback(jnp.ones_like(weighted))  # w_t may be wider than L_t
     return outs, list(rel_x), loss, same_step, signal, dy
+
+
+def _check_scalar(loss: jax.Array) -> None:
+    if jnp.ndim(loss) != 0:
+        raise ValueError(
+            f"loss_fn must return a scalar per time step, got shape {jnp.shape(loss)}. "
+            "Reduce over the batch and feature axes inside loss_fn.")
+
+
+def per_sample_loss(loss_fn: Callable[[Any, Any], jax.Array], y: Any, y_t: Any,
+                    weight_t: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(Σ_b w_b ℓ_b, reported)`` for per-sample weights ``w`` of one step (a ``(T, B)`` mask).
+
+    ``ℓ_b = loss_fn(y[b], y_t[b])`` is each sample's loss (``loss_fn`` on one
+    sample, without the batch axis: a mean-reducing ``loss_fn`` then gives the
+    batch's loss as the mean of the samples'). The reported loss is the mean
+    over the step's scored samples, ``Σ_b w_b ℓ_b / Σ_b w_b`` (the plain mean
+    when none is scored).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> mse = lambda y, t: jnp.mean((y - t) ** 2)
+        >>> y, t = jnp.array([[1.0], [3.0]]), jnp.zeros((2, 1))
+        >>> weighted, reported = per_sample_loss(mse, y, t, jnp.array([0.0, 0.5]))
+        >>> float(weighted), float(reported)
+        (4.5, 9.0)
+    """
+    losses = jax.vmap(loss_fn)(y, y_t)
+    if jnp.shape(losses) != jnp.shape(weight_t):
+        raise ValueError(
+            f"With a per-sample mask, loss_fn runs on one sample (no batch axis) and must "
+            f"return a scalar; it returned shape {jnp.shape(losses)[1:]} per sample.")
+    total = jnp.sum(weight_t)
+    reported = jnp.where(total > 0, jnp.sum(weight_t * losses) / jnp.where(total > 0, total, 1),
+                         jnp.mean(losses))
+    return jnp.sum(weight_t * losses), jax.lax.stop_gradient(reported)
 
 
 def loss_terms(ctx: LoopContext, leaves: StepLeaves, y_t: Any,

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from braintrace._compiler import StepLeaves, programs
 from braintrace._loops._context import LoopContext
 from braintrace._loops._per_step import ScanCarry
-from braintrace._loops._step import step_jacobians, step_leaves
+from braintrace._loops._step import per_sample_loss, step_jacobians, step_leaves
 
 __all__ = ["run_windowed"]
 
@@ -82,12 +82,17 @@ def _window_loss(ctx: LoopContext, params, hidden, other, xw, yw, ww,
 
     def body(state, inputs):
         h, o = state
-        outs, _ = programs.forward(graph, StepLeaves(params, h, o, jax.tree.leaves(inputs[0])))
-        return (outs.hidden, outs.other), ctx.loss_fn(
-            jax.tree.unflatten(graph.out_treedef, outs.y), inputs[1])
+        x_t, y_t, w_t = inputs
+        outs, _ = programs.forward(graph, StepLeaves(params, h, o, jax.tree.leaves(x_t)))
+        y = jax.tree.unflatten(graph.out_treedef, outs.y)
+        if jnp.ndim(w_t) == 1:  # per-sample weights: a (T, B) mask
+            return (outs.hidden, outs.other), per_sample_loss(ctx.loss_fn, y, y_t, w_t)
+        loss = ctx.loss_fn(y, y_t)
+        return (outs.hidden, outs.other), (loss * w_t, loss)
 
-    (h_end, o_end), losses = jax.lax.scan(body, (list(hidden), list(other)), (xw, yw))
-    total = jnp.sum(losses * ww)
+    (h_end, o_end), (weighted, losses) = jax.lax.scan(body, (list(hidden), list(other)),
+                                                      (xw, yw, ww))
+    total = jnp.sum(weighted)
     if ctx.rules.window is not None:
         total = total + ctx.rules.window.injected(params, h_end, t_end)
     return total, (losses, h_end, o_end)
