@@ -92,7 +92,10 @@ def module_page(module_name: str) -> str:
         lines += ["Modules", "-------", ""]
         for name in groups["Modules"]:
             summary = inspect.getdoc(getattr(module, name)) or ""
-            lines.append(f"* :doc:`{module_name}.{name}`: {summary.splitlines()[0] if summary else ''}")
+            first = summary.splitlines()[0] if summary else ""
+            full = f"{module_name}.{name}"
+            link = f":doc:`{full}`" if full in MODULES else f"``{full}``"
+            lines.append(f"* {link}: {first}")
         lines.append("")
     for kind in ("Classes", "Functions"):
         if groups[kind]:
