@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -61,6 +62,7 @@ class SpikingNet(nnx.Module):
         self.readout = layers.LeakyReadout(hidden, num_classes, tau=10.0, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        """One time step: spikes in, class logits out."""
         return self.readout(self.recurrent(x))
 
 
@@ -117,6 +119,7 @@ def _memory(compiled: Any) -> int:
 
 
 def _shape(a: jax.Array) -> jax.ShapeDtypeStruct:
+    """The shape and dtype of ``a``: what lowering a program needs, without the data."""
     return jax.ShapeDtypeStruct(a.shape, a.dtype)
 
 
@@ -150,17 +153,24 @@ def _scores(outputs: jax.Array, batch: Batch) -> tuple[jax.Array, jax.Array]:
     return accuracy(outputs, batch), jnp.sum(losses * batch.mask) / jnp.sum(batch.mask)
 
 
-def _test(model: nnx.Module, test: Sequence[Batch]) -> tuple[float, float]:
-    """Test accuracy and loss (the mean over the test batches), from fresh hidden states."""
+def _test(model: nnx.Module, test: Callable[[int], Batch], count: int) -> tuple[float, float]:
+    """Test accuracy and loss (means over ``count`` test batches), from fresh hidden states.
+
+    The batches are drawn again for each model, one at a time: a long test set is
+    never held in memory whole.
+    """
     model.eval()
-    scores = [_scores(braintrace.evaluate(model, batch.xs, batch_size=batch.xs.shape[1]),
-                      batch) for batch in test]
-    return tuple(float(statistics.fmean(float(s[k]) for s in scores)) for k in (0, 1))
+    scores = []
+    for j in range(count):
+        batch = test(j)
+        outputs = braintrace.evaluate(model, batch.xs, batch_size=batch.xs.shape[1])
+        scores.append([float(s) for s in _scores(outputs, batch)])
+    return statistics.fmean(s[0] for s in scores), statistics.fmean(s[1] for s in scores)
 
 
 def run_method(algorithm: str | braintrace.AbstractAlgorithm, length: int,
                args: argparse.Namespace, batches: Callable[[int], Batch],
-               test: Sequence[Batch]) -> Result:
+               test: Callable[[int], Batch]) -> Result:
     """Compiles, measures, trains (within the memory budget) and tests one method."""
     task = make_task(length, args.seed)
     model = SpikingNet(task.num_inputs, args.hidden, task.num_classes,
@@ -183,25 +193,27 @@ def run_method(algorithm: str | braintrace.AbstractAlgorithm, length: int,
         return result
     step_s = _train(train_step, model, optimizer, online, batches, args.steps,
                     f"T={length} {result.method}")
-    return result._replace(step_s=step_s, **dict(zip(("accuracy", "loss"),
-                                                      _test(model, test))))
+    test_accuracy, test_loss = _test(model, test, -(-TEST_SIZE // args.batch_size))
+    return result._replace(step_s=step_s, accuracy=test_accuracy, loss=test_loss)
 
 
 def run_length(length: int, args: argparse.Namespace) -> list[Result]:
     """Both methods at one length, on the same batches and the same test set."""
     sample = jax.jit(make_task(length, args.seed).sample, static_argnums=1)
     train_key, test_key = jax.random.split(jax.random.key(args.seed))
-    test = [sample(jax.random.fold_in(test_key, j), args.batch_size)
-            for j in range(-(-TEST_SIZE // args.batch_size))]
 
     def batches(i: int) -> Batch:
         return sample(jax.random.fold_in(train_key, i), args.batch_size)
+
+    def test(j: int) -> Batch:
+        return sample(jax.random.fold_in(test_key, j), args.batch_size)
 
     return [run_method(algorithm, length, args, batches, test)
             for algorithm in (args.algorithm, braintrace.BPTT())]
 
 
 def _format_bytes(n: float) -> str:
+    """``n`` bytes in B, KiB, MiB or GiB."""
     for unit in ("B", "KiB", "MiB"):
         if n < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -221,7 +233,7 @@ def format_row(r: Result) -> str:
     step = f"{r.step_s * 1e3:.1f} ms" if trained else "-"
     row = (f"{r.length:>6}  {r.method:<11}{acc:>9}{loss:>11}{_format_bytes(r.memory):>12}"
            f"{_format_bytes(r.data):>12}{step:>12}{r.compile_s:>8.1f} s")
-    return row if trained else row + "  over budget: not trained"
+    return row if trained else row + "  (over budget)"
 
 
 def summary(results: Sequence[Result], budget_mib: float) -> str:
@@ -230,8 +242,9 @@ def summary(results: Sequence[Result], budget_mib: float) -> str:
     bptt = [r for r in results if r.method == "bptt"]
     first, last = online[0], online[-1]
     over = [r.length for r in bptt if r.step_s is None]
-    fits = (f"beyond the {budget_mib:g} MiB budget from T={over[0]} on, where it was not "
-            "trained" if over else f"within the {budget_mib:g} MiB budget at every length")
+    where = f"at T={over[0]}" if len(over) == 1 else f"from T={over[0]} on" if over else ""
+    fits = (f"beyond the {budget_mib:g} MiB budget {where}, where it was not trained" if over
+            else f"within the {budget_mib:g} MiB budget at every length")
     return (f"From T={first.length} to T={last.length}, {first.method}'s train step grows "
             f"from {_format_bytes(first.memory)} to {_format_bytes(last.memory)}, in step with "
             f"the batch's data ({_format_bytes(first.data)} to {_format_bytes(last.data)}), "
@@ -261,6 +274,8 @@ def plot(results: Sequence[Result], budget_mib: float, path: str) -> None:
             memory_ax.plot([r.length for r in skipped], [r.memory / 2**20 for r in skipped],
                            "o", markerfacecolor="white", color=line.get_color(),
                            label=f"{method}: over budget, not trained")
+    data = {r.length: r.data / 2**20 for r in results}
+    memory_ax.plot(list(data), list(data.values()), ":", color="gray", label="batch data")
     memory_ax.axhline(budget_mib, color="gray", linestyle="--", label="memory budget")
     memory_ax.set(xscale="log", yscale="log", xlabel="sequence length T",
                   ylabel="memory of the train step (MiB)", title="memory")
@@ -272,7 +287,7 @@ def plot(results: Sequence[Result], budget_mib: float, path: str) -> None:
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.yaxis.set_minor_formatter(NullFormatter())
-        ax.legend(fontsize="small")
+        ax.legend(fontsize="small", loc="upper left")
         ax.grid(True, which="both", alpha=0.3)
     figure.savefig(path, dpi=120)
 
@@ -292,6 +307,7 @@ def _lengths(text: str) -> tuple[int, ...]:
 
 
 def _sizes(key: str) -> str:
+    """The full and ``--quick`` defaults of an option, for its help."""
     full, quick = FULL[key], QUICK[key]
     if key == "lengths":
         full, quick = ",".join(map(str, full)), ",".join(map(str, quick))
@@ -363,9 +379,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(format_row(result), flush=True)
     plot(results, args.memory_budget, args.plot)
     print(f"chance accuracy {1 / task.num_classes:.3f}; memory: every buffer of the compiled "
-          "train step; time/step: after compilation; plot: "
-          f"{args.plot}")
-    print(summary(results, args.memory_budget))
+          "train step; time/step: after compilation")
+    print(f"plot: {args.plot}")
+    print(textwrap.fill(summary(results, args.memory_budget), width=100))
 
 
 if __name__ == "__main__":
