@@ -1,14 +1,24 @@
-"""``python -m braintrace``: train a spiking network online and compare it with BPTT.
+"""``python -m braintrace``: online learning against BPTT as the sequences grow.
 
 A recurrent layer of adaptive LIF neurons with a leaky readout learns the
-built-in :class:`~braintrace.tasks.SpikePatterns` task twice from the same
-initialisation and the same batches: once with an online eligibility-trace
-algorithm (``braintrace.compile`` + ``etrace_grad``), once with
-backpropagation through time (``jax.grad`` through ``jax.lax.scan``). Both
-take one Adam step per batch. The script prints each one's test accuracy and
-loss, and the memory of one compiled training pass (every buffer XLA
-allocates: the batch, Params, states, traces and temporaries). BPTT's grows
-with the sequence length; an online algorithm's grows only by the batch's data.
+built-in :class:`~braintrace.tasks.SpikePatterns` task at several sequence
+lengths ``T`` (100, 1,000 and 10,000 steps by default). At each length the
+same network, from the same initialisation, sees the same batches twice: once
+trained with an online eligibility-trace algorithm (ES-D-RTRL by default),
+once with backpropagation through time (``braintrace.BPTT()``). Both go
+through the code a Flax user writes: ``braintrace.compile``, then
+``braintrace.online_grad`` inside one ``@nnx.jit`` train step with an
+``nnx.Optimizer`` (Adam), then ``braintrace.evaluate`` on a test set.
+
+Per length and method the job prints the test accuracy and loss, the memory
+of the compiled train step (every buffer XLA allocates for it: the batch,
+Params, Adam's state, hidden states, traces and temporaries), the time of one
+training step after compilation, and the compilation time apart. The online
+algorithm's memory grows only by the batch's data; BPTT's grows with ``T``,
+because it stores every step for the backward pass. Where BPTT's train step
+would exceed the memory budget (``--memory-budget``), it is compiled (to
+measure it; lowering needs no data) but not trained. A log-log plot of memory
+and time per step against ``T`` is written as a PNG.
 
 Run ``python -m braintrace --help`` for the options.
 """
@@ -16,9 +26,11 @@ Run ``python -m braintrace --help`` for the options.
 from __future__ import annotations
 
 import argparse
+import statistics
+import textwrap
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,12 +40,17 @@ from flax import nnx
 import braintrace
 from braintrace import layers
 from braintrace._algorithms import ALGORITHMS
-from braintrace._compiler import split_model
 from braintrace.tasks import Batch, SpikePatterns, accuracy
 
-FULL = {"seq_len": 100, "hidden": 64, "steps": 150, "batch_size": 32}
-QUICK = {"seq_len": 20, "hidden": 16, "steps": 4, "batch_size": 8}
-EVAL_BATCH = 256
+FULL = {"lengths": (100, 1_000, 10_000), "hidden": 64, "steps": 40, "batch_size": 32,
+        "memory_budget": 256.0}
+QUICK = {"lengths": (32, 640), "hidden": 16, "steps": 3, "batch_size": 8,
+         "memory_budget": 1.5}
+RESPONSE_STEPS = 20
+"""Steps at the end of each sequence in which the class is scored (fewer for short T)."""
+TEST_SIZE = 256
+"""Sequences in the test set (at least; in batches of the training batch size)."""
+MIN_LENGTH = 12
 
 
 class SpikingNet(nnx.Module):
@@ -45,6 +62,7 @@ class SpikingNet(nnx.Module):
         self.readout = layers.LeakyReadout(hidden, num_classes, tau=10.0, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        """One time step: spikes in, class logits out."""
         return self.readout(self.recurrent(x))
 
 
@@ -53,53 +71,149 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
-def _scan_model(model: nnx.Module, batch_size: int) -> Callable:
-    """``run(params, xs) -> outputs``: the model from fresh hidden state over ``xs``."""
-    model = nnx.clone(model)
-    braintrace.init_states(model, batch_size)
-    graphdef, _, hidden, other = split_model(model)
+def make_train_step(online: braintrace.OnlineGradient) -> Callable:
+    """The user's train step: ``online.grad`` of a batch, then one optimizer update.
 
-    def run(params, xs):
-        def body(h, x):
-            m = nnx.merge(graphdef, params, h, other, copy=True)
-            y = m(x)
-            return split_model(m)[2], y
+    The same code serves every algorithm, BPTT included; only ``online`` differs.
+    """
 
-        return jax.lax.scan(body, hidden, xs)[1]
+    @nnx.jit
+    def train_step(model, optimizer, state, xs, ys, mask):
+        grads, state, stats = online.grad(model, state, xs, ys, mask=mask)
+        optimizer.update(model, grads)
+        return state, stats.losses
 
-    return run
+    return train_step
 
 
-def _masked_loss(outputs: jax.Array, batch: Batch) -> jax.Array:
-    losses = jax.vmap(cross_entropy)(outputs, batch.ys)
-    return jnp.sum(losses * batch.mask) / jnp.sum(batch.mask)
+class Result(NamedTuple):
+    """One method at one length.
+
+    Attributes:
+        length: The sequence length ``T``.
+        method: The algorithm's name.
+        memory: Bytes of every buffer of the compiled train step.
+        data: Bytes of one batch (inputs, labels and mask).
+        compile_s: Seconds to lower and compile the train step.
+        step_s: Median seconds of one training step after compilation (``None``: not
+            trained, over the memory budget).
+        accuracy: Test accuracy (``None``: not trained).
+        loss: Test loss (``None``: not trained).
+    """
+
+    length: int
+    method: str
+    memory: int
+    data: int
+    compile_s: float
+    step_s: float | None = None
+    accuracy: float | None = None
+    loss: float | None = None
 
 
-def _bptt_grad_fn(model: nnx.Module, batch_size: int) -> Callable:
-    """``grad(params, batch)`` of the masked sequence loss by BPTT, jitted."""
-    run = _scan_model(model, batch_size)
-    return jax.jit(jax.grad(lambda params, batch: _masked_loss(run(params, batch.xs), batch)))
-
-
-def _memory(lowered: jax.stages.Lowered) -> int:
-    """Bytes of every buffer of the compiled program: arguments, outputs and temporaries."""
-    m = lowered.compile().memory_analysis()
+def _memory(compiled: Any) -> int:
+    """Bytes of every buffer of a compiled program: arguments, outputs and temporaries."""
+    m = compiled.memory_analysis()
     return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
                - m.alias_size_in_bytes)
 
 
-def _train(name: str, model: nnx.Module, batches: Callable[[int], Batch], steps: int,
-           grad_step: Callable[[Batch], Any], lr: float) -> float:
+def _shape(a: jax.Array) -> jax.ShapeDtypeStruct:
+    """The shape and dtype of ``a``: what lowering a program needs, without the data."""
+    return jax.ShapeDtypeStruct(a.shape, a.dtype)
+
+
+def make_task(length: int, seed: int) -> SpikePatterns:
+    """The spike-pattern task at one length (the same class templates at every length)."""
+    response = min(RESPONSE_STEPS, max(length // 6, 2))
+    return SpikePatterns(num_classes=10, num_inputs=20, seq_len=length,
+                         response_steps=response, density=0.2, seed=seed)
+
+
+def _train(train_step: Callable, model: nnx.Module, optimizer: nnx.Optimizer,
+           online: braintrace.OnlineGradient, batches: Callable[[int], Batch], steps: int,
+           desc: str) -> float:
+    """Trains for ``steps`` batches; the median seconds of one step (compiled already)."""
     from tqdm.auto import tqdm
 
-    optimizer = nnx.Optimizer(model, optax.adam(lr), wrt=nnx.Param)
+    seconds = []
+    for i in tqdm(range(steps), desc=desc, leave=False):
+        batch = batches(i)
+        state = online.init(model)  # each batch holds independent sequences: fresh state
+        start = time.perf_counter()
+        jax.block_until_ready(train_step(model, optimizer, state, *batch))
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+@jax.jit
+def _scores(outputs: jax.Array, batch: Batch) -> tuple[jax.Array, jax.Array]:
+    """Accuracy and masked mean cross-entropy of one batch's outputs."""
+    losses = jax.vmap(cross_entropy)(outputs, batch.ys)
+    return accuracy(outputs, batch), jnp.sum(losses * batch.mask) / jnp.sum(batch.mask)
+
+
+def _test(model: nnx.Module, test: Callable[[int], Batch], count: int) -> tuple[float, float]:
+    """Test accuracy and loss (means over ``count`` test batches), from fresh hidden states.
+
+    The batches are drawn again for each model, one at a time: a long test set is
+    never held in memory whole.
+    """
+    model.eval()
+    scores = []
+    for j in range(count):
+        batch = test(j)
+        outputs = braintrace.evaluate(model, batch.xs, batch_size=batch.xs.shape[1])
+        scores.append([float(s) for s in _scores(outputs, batch)])
+    return statistics.fmean(s[0] for s in scores), statistics.fmean(s[1] for s in scores)
+
+
+def run_method(algorithm: str | braintrace.AbstractAlgorithm, length: int,
+               args: argparse.Namespace, batches: Callable[[int], Batch],
+               test: Callable[[int], Batch]) -> Result:
+    """Compiles, measures, trains (within the memory budget) and tests one method."""
+    task = make_task(length, args.seed)
+    model = SpikingNet(task.num_inputs, args.hidden, task.num_classes,
+                       rngs=nnx.Rngs(args.seed))
+    example = jnp.zeros((args.batch_size, task.num_inputs))
+    learner = braintrace.compile(model, algorithm, example, batch_size=args.batch_size)
+    online = braintrace.online_grad(learner, cross_entropy)
+    optimizer = nnx.Optimizer(model, optax.adam(args.lr), wrt=nnx.Param)
+    train_step = make_train_step(online)
+
+    # Lowering needs only shapes: BPTT's memory is known before any data is made.
+    shapes = jax.eval_shape(lambda: task.sample(jax.random.key(0), args.batch_size))
     start = time.perf_counter()
-    for i in tqdm(range(steps), desc=f"{name:>16}", leave=False):
-        optimizer.update(model, grad_step(batches(i)))
-    return time.perf_counter() - start
+    compiled = train_step.lower(model, optimizer, online.init(model),
+                                *map(_shape, shapes)).compile()
+    result = Result(length, learner.algorithm.name, _memory(compiled),
+                    sum(a.size * a.dtype.itemsize for a in shapes),
+                    time.perf_counter() - start)
+    if result.memory > args.memory_budget * 2**20:
+        return result
+    step_s = _train(train_step, model, optimizer, online, batches, args.steps,
+                    f"T={length} {result.method}")
+    test_accuracy, test_loss = _test(model, test, -(-TEST_SIZE // args.batch_size))
+    return result._replace(step_s=step_s, accuracy=test_accuracy, loss=test_loss)
 
 
-def _format_bytes(n: int) -> str:
+def run_length(length: int, args: argparse.Namespace) -> list[Result]:
+    """Both methods at one length, on the same batches and the same test set."""
+    sample = jax.jit(make_task(length, args.seed).sample, static_argnums=1)
+    train_key, test_key = jax.random.split(jax.random.key(args.seed))
+
+    def batches(i: int) -> Batch:
+        return sample(jax.random.fold_in(train_key, i), args.batch_size)
+
+    def test(j: int) -> Batch:
+        return sample(jax.random.fold_in(test_key, j), args.batch_size)
+
+    return [run_method(algorithm, length, args, batches, test)
+            for algorithm in (args.algorithm, braintrace.BPTT())]
+
+
+def _format_bytes(n: float) -> str:
+    """``n`` bytes in B, KiB, MiB or GiB."""
     for unit in ("B", "KiB", "MiB"):
         if n < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -107,102 +221,167 @@ def _format_bytes(n: int) -> str:
     return f"{n:.1f} GiB"
 
 
+HEADER = (f"{'T':>6}  {'method':<11}{'test acc':>9}{'test loss':>11}{'memory':>12}"
+          f"{'batch data':>12}{'time/step':>12}{'compile':>10}")
+
+
+def format_row(r: Result) -> str:
+    """One line of the table (``-`` where the method was not trained)."""
+    trained = r.step_s is not None
+    acc = f"{r.accuracy:.3f}" if trained else "-"
+    loss = f"{r.loss:.3f}" if trained else "-"
+    step = f"{r.step_s * 1e3:.1f} ms" if trained else "-"
+    row = (f"{r.length:>6}  {r.method:<11}{acc:>9}{loss:>11}{_format_bytes(r.memory):>12}"
+           f"{_format_bytes(r.data):>12}{step:>12}{r.compile_s:>8.1f} s")
+    return row if trained else row + "  (over budget)"
+
+
+def summary(results: Sequence[Result], budget_mib: float) -> str:
+    """The closing sentence: what the numbers mean."""
+    online = [r for r in results if r.method != "bptt"]
+    bptt = [r for r in results if r.method == "bptt"]
+    first, last = online[0], online[-1]
+    over = [r.length for r in bptt if r.step_s is None]
+    where = f"at T={over[0]}" if len(over) == 1 else f"from T={over[0]} on" if over else ""
+    fits = (f"beyond the {budget_mib:g} MiB budget {where}, where it was not trained" if over
+            else f"within the {budget_mib:g} MiB budget at every length")
+    return (f"From T={first.length} to T={last.length}, {first.method}'s train step grows "
+            f"from {_format_bytes(first.memory)} to {_format_bytes(last.memory)}, in step with "
+            f"the batch's data ({_format_bytes(first.data)} to {_format_bytes(last.data)}), "
+            "while BPTT's, which "
+            f"keeps every step for the backward pass, grows from "
+            f"{_format_bytes(bptt[0].memory)} to {_format_bytes(bptt[-1].memory)}, {fits}; "
+            "the time of a step grows with T for both, and compilation is paid once per "
+            "length and method.")
+
+
+def plot(results: Sequence[Result], budget_mib: float, path: str) -> None:
+    """Writes memory and time per step against T, both methods, log-log, as a PNG."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    figure = Figure(figsize=(9, 3.6), layout="constrained")
+    memory_ax, time_ax = figure.subplots(1, 2)
+    for method in dict.fromkeys(r.method for r in results):
+        rows = [r for r in results if r.method == method]
+        line, = memory_ax.plot([r.length for r in rows], [r.memory / 2**20 for r in rows],
+                               "o-", label=method)
+        trained = [r for r in rows if r.step_s is not None]
+        time_ax.plot([r.length for r in trained], [r.step_s * 1e3 for r in trained], "o-",
+                     color=line.get_color(), label=method)
+        skipped = [r for r in rows if r.step_s is None]
+        if skipped:
+            memory_ax.plot([r.length for r in skipped], [r.memory / 2**20 for r in skipped],
+                           "o", markerfacecolor="white", color=line.get_color(),
+                           label=f"{method}: over budget, not trained")
+    data = {r.length: r.data / 2**20 for r in results}
+    memory_ax.plot(list(data), list(data.values()), ":", color="gray", label="batch data")
+    memory_ax.axhline(budget_mib, color="gray", linestyle="--", label="memory budget")
+    memory_ax.set(xscale="log", yscale="log", xlabel="sequence length T",
+                  ylabel="memory of the train step (MiB)", title="memory")
+    time_ax.set(xscale="log", yscale="log", xlabel="sequence length T",
+                ylabel="time per training step (ms)", title="time per step (compiled)")
+    lengths = sorted({r.length for r in results})
+    for ax in (memory_ax, time_ax):
+        ax.set_xticks(lengths, labels=[f"{t:,}" for t in lengths])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.legend(fontsize="small", loc="upper left")
+        ax.grid(True, which="both", alpha=0.3)
+    figure.savefig(path, dpi=120)
+
+
+def _lengths(text: str) -> tuple[int, ...]:
+    """``'100,1000'`` -> ``(100, 1000)``, sorted, without repeats."""
+    try:
+        values = {int(part) for part in text.split(",")}
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}") from None
+    if min(values) < MIN_LENGTH:
+        raise argparse.ArgumentTypeError(
+            f"every length must be at least {MIN_LENGTH} (a pattern period and a response "
+            f"period), got {text!r}")
+    return tuple(sorted(values))
+
+
+def _sizes(key: str) -> str:
+    """The full and ``--quick`` defaults of an option, for its help."""
+    full, quick = FULL[key], QUICK[key]
+    if key == "lengths":
+        full, quick = ",".join(map(str, full)), ",".join(map(str, quick))
+    return f"(default: {full}, --quick: {quick})"
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line's options, with the full or ``--quick`` sizes as defaults."""
     parser = argparse.ArgumentParser(
         prog="python -m braintrace",
-        description="Train a recurrent spiking network online on a built-in spike-pattern "
-                    "task and compare it with BPTT (same initialisation, same batches).")
-    parser.add_argument("--algorithm", default="es_d_rtrl", choices=sorted(ALGORITHMS),
+        description="Train a recurrent spiking network on a built-in spike-pattern task online "
+                    "and with BPTT (same initialisation, same batches) at growing sequence "
+                    "lengths; print accuracy, memory and time per step, and plot them.")
+    parser.add_argument("--algorithm", default="es_d_rtrl",
+                        choices=sorted(set(ALGORITHMS) - {"bptt"}),
                         help="online learning algorithm (default: %(default)s)")
-    parser.add_argument("--seq-len", type=int, help=f"sequence length T (default: "
-                        f"{FULL['seq_len']}, --quick: {QUICK['seq_len']})")
-    parser.add_argument("--hidden", type=int, help=f"number of spiking neurons (default: "
-                        f"{FULL['hidden']}, --quick: {QUICK['hidden']})")
-    parser.add_argument("--steps", type=int, help=f"training steps, one batch each (default: "
-                        f"{FULL['steps']}, --quick: {QUICK['steps']})")
-    parser.add_argument("--batch-size", type=int, help=f"sequences per batch (default: "
-                        f"{FULL['batch_size']}, --quick: {QUICK['batch_size']})")
+    parser.add_argument("--lengths", type=_lengths,
+                        help=f"comma-separated sequence lengths T {_sizes('lengths')}")
+    parser.add_argument("--hidden", type=int, help=f"number of spiking neurons {_sizes('hidden')}")
+    parser.add_argument("--steps", type=int,
+                        help=f"training steps per length, one batch each {_sizes('steps')}")
+    parser.add_argument("--batch-size", type=int,
+                        help=f"sequences per batch {_sizes('batch_size')}")
+    parser.add_argument("--memory-budget", type=float, metavar="MIB",
+                        help="MiB a train step may take; BPTT is not trained beyond it "
+                             f"{_sizes('memory_budget')}")
     parser.add_argument("--lr", type=float, default=1e-2,
                         help="Adam learning rate (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the task, the weights and the batches (default: "
                              "%(default)s)")
+    parser.add_argument("--plot", default="braintrace_main.png", metavar="PATH",
+                        help="where to write the plot, a PNG (default: %(default)s)")
     parser.add_argument("--quick", action="store_true",
-                        help="tiny sizes for a smoke test (a few seconds after compilation)")
+                        help="tiny sizes for a smoke test (seconds after compilation)")
     args = parser.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    for key in FULL:
+    for key in ("hidden", "steps", "batch_size"):
         if getattr(args, key) < 1:
             parser.error(f"--{key.replace('_', '-')} must be a positive integer.")
-    if args.seq_len < 12:
-        parser.error("--seq-len must be at least 12 (a pattern period and a response period).")
+    if not args.memory_budget > 0:
+        parser.error("--memory-budget must be positive (MiB).")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Runs the comparison and prints a table of the results."""
+    """Runs the comparison, prints the table and the closing sentence, writes the plot."""
     args = parse_args(argv)
-    response = max(args.seq_len // 6, 2)
-    task = SpikePatterns(num_classes=10, num_inputs=20, seq_len=args.seq_len,
-                         response_steps=response, density=0.2, seed=args.seed)
-    train_key, test_key = jax.random.split(jax.random.key(args.seed))
-
-    def batches(i: int) -> Batch:
-        return task.sample(jax.random.fold_in(train_key, i), args.batch_size)
-
-    test = task.sample(test_key, EVAL_BATCH)
-
-    def new_model() -> SpikingNet:
-        return SpikingNet(task.num_inputs, args.hidden, task.num_classes,
-                          rngs=nnx.Rngs(args.seed))
-
-    print(f"braintrace {braintrace.__version__}: online learning vs BPTT")
-    print(f"task:  SpikePatterns, {task.num_classes} classes of {task.num_inputs}-channel spike "
-          f"trains, T={task.seq_len}, answer in the last {task.response_steps} steps")
+    task = make_task(args.lengths[0], args.seed)
+    lengths = ", ".join(f"{t:,}" for t in args.lengths)
+    print(f"braintrace {braintrace.__version__}: online learning ({args.algorithm}) vs BPTT "
+          f"as the sequences grow")
+    print(f"task:  SpikePatterns, {task.num_classes} classes of {task.num_inputs}-channel "
+          f"spike trains, T = {lengths}, answer in the last {RESPONSE_STEPS} steps (T/6 if "
+          "shorter)")
     print(f"model: RecurrentSpiking(ALIF, {args.hidden} neurons) -> LeakyReadout"
-          f"({task.num_classes}); {args.steps} Adam steps (lr {args.lr}) on batches of "
-          f"{args.batch_size}, seed {args.seed}")
-
-    results = {}
-
-    # Online: eligibility traces, one forward pass, memory independent of T.
-    model = new_model()
-    example = jnp.zeros((args.batch_size, task.num_inputs))
-    learner = braintrace.compile(model, args.algorithm, example, batch_size=args.batch_size)
-
-    def online_grad(batch: Batch) -> nnx.State:
-        learner.reset()
-        return learner.etrace_grad(batch.xs, batch.ys, cross_entropy, mask=batch.mask)
-
-    seconds = _train(learner.algorithm.name, model, batches, args.steps, online_grad, args.lr)
-    first = batches(0)
-    memory = _memory(learner.lower_etrace_grad(first.xs, first.ys, cross_entropy,
-                                               mask=first.mask))
-    results[learner.algorithm.name] = (model, memory, seconds)
-
-    # BPTT: the exact gradient, storing every step for the backward pass.
-    model = new_model()
-    bptt_grad = _bptt_grad_fn(model, args.batch_size)
-
-    def offline_grad(batch: Batch) -> nnx.State:
-        return bptt_grad(nnx.state(model, nnx.Param), batch)
-
-    seconds = _train("bptt", model, batches, args.steps, offline_grad, args.lr)
-    memory = _memory(bptt_grad.lower(nnx.state(model, nnx.Param), first))
-    results["bptt"] = (model, memory, seconds)
-
-    print(f"{'method':<16}{'test accuracy':>15}{'test loss':>11}{'memory':>12}{'time':>9}")
-    for name, (model, memory, seconds) in results.items():
-        outputs = jax.jit(_scan_model(model, EVAL_BATCH))(nnx.state(model, nnx.Param), test.xs)
-        print(f"{name:<16}{float(accuracy(outputs, test)):>15.3f}"
-              f"{float(_masked_loss(outputs, test)):>11.3f}{_format_bytes(memory):>12}"
-              f"{seconds:>8.1f}s")
-    data = sum(a.nbytes for a in first)
-    print(f"chance accuracy {1 / task.num_classes:.3f}; memory: all buffers of one compiled "
-          f"training pass (the gradient of one batch, whose data take {_format_bytes(data)}); "
-          "time: training including compilation")
+          f"({task.num_classes}); {args.steps} Adam steps (lr {args.lr}) per length and "
+          f"method on batches of {args.batch_size}, seed {args.seed}; test set "
+          f"{-(-TEST_SIZE // args.batch_size) * args.batch_size}")
+    print(f"memory budget: {args.memory_budget:g} MiB per train step (BPTT is not trained "
+          "beyond it)")
+    print(HEADER)
+    results = []
+    for length in args.lengths:
+        for result in run_length(length, args):
+            results.append(result)
+            print(format_row(result), flush=True)
+    plot(results, args.memory_budget, args.plot)
+    print(f"chance accuracy {1 / task.num_classes:.3f}; memory: every buffer of the compiled "
+          "train step; time/step: after compilation")
+    print(f"plot: {args.plot}")
+    print(textwrap.fill(summary(results, args.memory_budget), width=100))
 
 
 if __name__ == "__main__":
