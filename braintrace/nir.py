@@ -88,7 +88,7 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.typing import Dtype
 
-from braintrace import _nir
+import braintrace._nir as _nir
 
 __all__ = ["from_nir", "to_nir"]
 

@@ -28,6 +28,7 @@ LAYERS = {
     "braintrace.primitives": 5,
     "braintrace.tasks": 5,
     "braintrace.layers": 5,
+    "braintrace._nir": 6,
     "braintrace.nir": 6,
     "braintrace": 7,
     "braintrace.__main__": 7,

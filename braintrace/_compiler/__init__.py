@@ -29,6 +29,11 @@ from braintrace._compiler._walk import feeding as feeding
 from braintrace._compiler._walk import is_var as is_var
 from braintrace._compiler._walk import reached as reached
 
+from braintrace._compiler._graph import REPORTER as _REPORTER
+from braintrace._compiler._report import graph_report as _graph_report
+
+_REPORTER.append(_graph_report)
+
 __all__ = ["Approximation", "ETraceGraph", "ElementwiseRelation", "Exclusion", "HiddenGroup",
            "InputRelation", "Relation", "StepLeaves", "compile_graph", "eqn_names", "feeding",
            "is_var", "leaf_paths", "operations", "params_phrase", "programs", "reach", "reached",

@@ -9,6 +9,7 @@ hidden groups, the traced relations, the exclusions and the approximations
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax.extend.core as jex_core
@@ -24,6 +25,12 @@ from braintrace._compiler._records import (
 )
 
 __all__ = ["ETraceGraph"]
+
+
+REPORTER: list[Callable[[Any, Any], str]] = []
+"""The report writer (``_report.graph_report``, set by the package): the report compiles the
+model in other scopes (``_alternatives``), which builds graphs, so this module does not import
+it; the package's face joins the two."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -91,9 +98,7 @@ class ETraceGraph:
                 ``braintrace.UORO()``): the report then also lists what it
                 approximates by construction on this model.
         """
-        from braintrace._compiler._report import graph_report  # the report builds other scopes
-
-        return graph_report(self, algorithm)
+        return REPORTER[0](self, algorithm)
 
     def __str__(self) -> str:
         return self.report()
