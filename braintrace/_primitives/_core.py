@@ -46,7 +46,7 @@ class ETPPrimitive(jex_core.Primitive):
 
     Create one with :func:`~braintrace.register_primitive`, then attach its
     trace rules with :meth:`register_etp_rules` (a whole
-    :class:`~braintrace._primitives.ETPRules` record, or single rules by
+    :class:`~braintrace.ETPRules` record, or single rules by
     keyword) or the single-rule ``register_*`` methods.
 
     Attributes:
@@ -225,11 +225,11 @@ class ETPPrimitive(jex_core.Primitive):
         """Registers several ETP rules at once; ``None`` leaves a rule unchanged.
 
         Args:
-            rules: A whole :class:`~braintrace._primitives.ETPRules` record
+            rules: A whole :class:`~braintrace.ETPRules` record
                 (its unset fields leave rules unchanged).
             dt_to_t, xy_to_dw, init_drtrl, init_pp, xy_to_trace, trace_to_dw, contract:
                 Single rules, registered after ``rules``; see
-                :class:`~braintrace._primitives.ETPRules` for their signatures.
+                :class:`~braintrace.ETPRules` for their signatures.
 
         Raises:
             TypeError: A rule is not callable; the message names the primitive
