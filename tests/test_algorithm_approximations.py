@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from contract_models import BATCH, F64, IN, MODELS, OUT, ModelCase, _linear
 from flax import nnx
-from test_gradient_contract import bptt, data, online, relative_errors
+from helpers import bptt_grads as bptt
+from test_gradient_contract import data, online, relative_errors
 
 import braintrace
 
@@ -71,7 +72,7 @@ def test_the_strict_error_gives_the_sentence_the_alternatives_and_then_the_detai
     with pytest.raises(ValueError) as error:
         braintrace.compile(MODELS["lif"].build(), braintrace.ES_D_RTRL(0.7), x, strict=True)
     message = str(error.value)
-    sentence = message.index("ES_D_RTRL ('es_d_rtrl') replaces D-RTRL's traces")
+    sentence = message.index("ESDRTRL ('es_d_rtrl') replaces D-RTRL's traces")
     alternatives = message.index("Exact on this model (strict=True accepts them): D_RTRL(), "
                                  "RTRL()")
     details = message.index("Details:\n  - modules.0.bias, modules.0.kernel: factorised-traces:")
