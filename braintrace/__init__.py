@@ -26,6 +26,7 @@ from braintrace._algorithms import SnAp as SnAp
 from braintrace._algorithms import ThreeFactor as ThreeFactor
 from braintrace._compiler import ETraceGraph as ETraceGraph
 from braintrace._compiler import compile_graph as compile_graph
+from braintrace._drivers import CheckpointManager as CheckpointManager
 from braintrace._drivers import GradStats as GradStats
 from braintrace._drivers import OnlineGradient as OnlineGradient
 from braintrace._drivers import OnlineLearner as OnlineLearner
@@ -63,6 +64,7 @@ __all__ = [
     "RTRL",
     "UORO",
     "AbstractAlgorithm",
+    "CheckpointManager",
     "Connectivity",
     "EProp",
     "ETPPrimitive",
