@@ -24,7 +24,7 @@ import braintrace
 from braintrace import layers
 
 B, I, H = 2, 3, 4
-mse = lambda y, t: jnp.mean((y - t) ** 2)  # noqa: E731
+mse = lambda y, t: jnp.mean((y - t) ** 2)
 
 
 def make_model(seed=0, hidden=H):
@@ -260,8 +260,8 @@ def test_restore_of_other_shapes_is_a_clear_error_and_changes_nothing(saved):
 def test_restore_of_a_damaged_step_is_a_clear_error_and_changes_nothing(saved, damage):
     step_dir = saved / "0"
     if damage == "flipped byte":
-        victim = sorted(f for f in (step_dir / "params").rglob("*")
-                        if f.is_file() and f.parent.name == "d")[0]
+        victim = min(f for f in (step_dir / "params").rglob("*")
+                     if f.is_file() and f.parent.name == "d")
         content = victim.read_bytes()
         victim.write_bytes(bytes([content[0] ^ 1]) + content[1:])
         match = r"is damaged: its file .*params.* has another SHA-256 digest"

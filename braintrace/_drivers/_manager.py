@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 import jax
 import numpy as np
@@ -211,10 +211,10 @@ class CheckpointManager:
         self._manager.wait_until_finished()
         self._manager.close()
 
-    def __enter__(self) -> CheckpointManager:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
