@@ -78,8 +78,12 @@ def save_steps(directory, losses, **options):
 
 # -- keep-N, keep-best -------------------------------------------------------------------------
 
-def test_only_the_last_n_step_directories_remain(tmp_path):
-    kept, _ = save_steps(tmp_path, [5.0, 4.0, 3.0, 2.0, 1.0], max_to_keep=2)
+@pytest.mark.parametrize("how", ["max_to_keep", "orbax options, async"])
+def test_only_the_last_n_step_directories_remain(tmp_path, how):
+    options = ({"max_to_keep": 2} if how == "max_to_keep" else
+               {"options": ocp.CheckpointManagerOptions(max_to_keep=2,
+                                                        enable_async_checkpointing=True)})
+    kept, _ = save_steps(tmp_path, [5.0, 4.0, 3.0, 2.0, 1.0], **options)
     assert kept == [3, 4] == steps_on_disk(tmp_path)
     for step in kept:
         assert os.path.isfile(tmp_path / str(step) / "braintrace.sha256.json")
@@ -143,6 +147,19 @@ def test_trainer_resumes_from_the_latest_step_bit_identically(tmp_path):
     assert_same(got, expected)
     assert_same(snapshot(resumed.learner, resumed.opt_state),
                 snapshot(straight.learner, straight.opt_state))
+
+
+def test_resume_skips_a_step_whose_save_was_interrupted_before_its_manifest(tmp_path):
+    learner = make_learner()
+    with braintrace.CheckpointManager(tmp_path) as manager:
+        for step in range(2):
+            learner.etrace_grad(*batch(step, T=2), mse)
+            manager.save(step, learner)
+        (tmp_path / "1" / "braintrace.sha256.json").unlink()  # as if killed before it
+        fresh = make_learner(seed=2)
+        assert manager.restore(fresh) == 0
+        with pytest.raises(ValueError, match="manifest .* is missing"):
+            manager.restore(fresh, 1)
 
 
 def test_learner_save_takes_an_nnx_optimizer_too(tmp_path):

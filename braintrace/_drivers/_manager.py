@@ -21,6 +21,7 @@ import numpy as np
 from flax import nnx
 
 from braintrace._drivers._checkpoint import (
+    MANIFEST,
     damaged,
     restore_args,
     save_args,
@@ -167,7 +168,10 @@ class CheckpointManager:
 
     def restore(self, target: Target, step: int | None = None, *,
                 optimizer: nnx.Optimizer | None = None) -> int:
-        """Restores ``step`` (default: the latest) into ``target`` (and ``optimizer``).
+        """Restores ``step`` (default: the latest complete) into ``target`` (and ``optimizer``).
+
+        By default the latest step whose manifest was written: a save
+        interrupted after orbax finished but before the manifest is skipped.
 
         The arrays are read onto ``target``'s devices (another mesh restores
         too); a run resumed from step ``s`` continues exactly as the run saved
@@ -187,9 +191,11 @@ class CheckpointManager:
         target = _target(target)
         steps = self.all_steps()
         if step is None:
-            step = self.latest_step()
-            if step is None:
+            if not steps:
                 raise ValueError(f"{self.directory} holds no checkpoint to restore.")
+            complete = [s for s in steps
+                        if os.path.isfile(os.path.join(self.step_directory(s), MANIFEST))]
+            step = complete[-1] if complete else steps[-1]  # the error then says it
         elif step not in steps:
             raise ValueError(f"Step {step} is not saved in {self.directory}; saved: {steps}.")
         where = self.step_directory(step)
