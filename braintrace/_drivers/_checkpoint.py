@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["FORMAT", "MANIFEST", "RECORD", "Item", "check_files", "leaf_names",
+__all__ = ["FORMAT", "MANIFEST", "RECORD", "Item", "check_files", "damaged", "leaf_names",
            "restore_args", "restore_checkpoint", "save_args", "save_checkpoint", "unpack",
            "write_manifest"]
 
