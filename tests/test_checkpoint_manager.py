@@ -315,3 +315,48 @@ def test_restore_asks_for_what_was_saved(saved):
     with braintrace.CheckpointManager(saved / "empty") as empty, pytest.raises(
             ValueError, match="holds no checkpoint"):
         empty.restore(learner)
+
+
+def save_previous_format(path, trainer):
+    """A trainer's checkpoint as the previous braintrace wrote it (``braintrace-ckpt/2``)."""
+    import hashlib
+
+    state = trainer.learner.state()
+    graph = trainer.learner.graph
+    names = [*(f"params/{p}" for p in graph.param_paths),
+             *(f"hidden/{p}" for p in graph.hidden_paths),
+             *(f"other/{p}" for p in graph.other_paths),
+             *(f"traces{jax.tree_util.keystr(k)}" for k, _ in
+               jax.tree_util.tree_flatten_with_path(state["traces"])[0]),
+             *(f"opt_state{jax.tree_util.keystr(k)}" for k, _ in
+               jax.tree_util.tree_flatten_with_path(trainer.opt_state)[0])]
+    leaves = [*state["params"], *state["hidden"], *state["other"],
+              *jax.tree.leaves(state["traces"]), *jax.tree.leaves(trainer.opt_state)]
+    meta = {"format": "braintrace-ckpt/2",
+            "leaves": [{"name": n, "impl": "", "shape": list(a.shape), "dtype": str(a.dtype)}
+                       for n, a in zip(names, leaves, strict=True)]}
+    with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
+        checkpointer.save(path, args=ocp.args.Composite(
+            arrays=ocp.args.StandardSave({f"{i:06d}": a for i, a in enumerate(leaves)}),
+            meta=ocp.args.JsonSave(meta)))
+    digests = {str(f.relative_to(path)): hashlib.sha256(f.read_bytes()).hexdigest()
+               for f in path.rglob("*") if f.is_file()}
+    (path / "braintrace.sha256.json").write_text(json.dumps(digests))
+
+
+def test_a_checkpoint_of_the_previous_format_still_restores(tmp_path):
+    first = make_trainer()
+    first.step(*batch(0))
+    save_previous_format(tmp_path / "old.ckpt", first)
+    expected = first.step(*batch(1))
+    resumed = make_trainer(seed=3)
+    resumed.restore(str(tmp_path / "old.ckpt"))
+    assert_same(resumed.step(*batch(1)), expected)
+    assert_same(snapshot(resumed.learner, resumed.opt_state),
+                snapshot(first.learner, first.opt_state))
+    other = braintrace.OnlineTrainer(make_learner(seed=3, hidden=H + 1), optax.adam(1e-2),
+                                     loss_fn=mse, update_every=2)
+    before = flat(snapshot(other.learner, other.opt_state))
+    with pytest.raises(ValueError, match=r"old\.ckpt does not match at 'params/"):
+        other.restore(str(tmp_path / "old.ckpt"))
+    assert_same(before, snapshot(other.learner, other.opt_state))

@@ -25,7 +25,9 @@ Restoring checks every file against its digest (an error names the damaged
 file), then checks the record's names, shapes and dtypes against a template,
 then lets orbax read the arrays straight onto the template's shardings (so a
 checkpoint restores onto another mesh or another number of devices), all
-before returning anything: a failed restore changes nothing.
+before returning anything: a failed restore changes nothing. Checkpoints of the
+previous format (``braintrace-ckpt/2``: every leaf under an index in one item
+``arrays``, the record in ``meta``) still restore.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ __all__ = ["FORMAT", "MANIFEST", "RECORD", "Item", "check_files", "damaged", "le
 FORMAT = "braintrace-ckpt/3"
 MANIFEST = "braintrace.sha256.json"
 RECORD = "braintrace"
+_PREVIOUS = "braintrace-ckpt/2"  # every leaf under an index in one item 'arrays'; 'meta'
 _SHOWN = 3
 
 
@@ -177,10 +180,14 @@ def restore_args(path: str | os.PathLike, template: dict[str, Item]) -> dict[str
             "model, algorithm or optimiser?")
     for name, (item_name, leaf) in expected.items():
         entry = stored[name]
-        if entry["item"] != item_name:
+        if entry["item"] not in (None, item_name):
             raise ValueError(f"The checkpoint {where} stores '{name}' in its item "
                              f"'{entry['item']}', but '{item_name}' is expected here.")
         _check(where, name, entry, leaf)
+    if any(entry["item"] is None for entry in stored.values()):  # the previous format
+        return {"arrays": ocp.args.StandardRestore(
+            {f"{stored[name]['index']:06d}": _abstract(leaf)
+             for name, (_, leaf) in expected.items()})}
     args = {}
     for item_name, item in template.items():
         leaves = jax.tree.leaves(item.tree)
@@ -209,8 +216,9 @@ def unpack(path: str | os.PathLike, template: dict[str, Item],
         if not leaves:
             out[item_name] = item.tree
             continue
-        got = restored[item_name]
-        values = (jax.tree.leaves(got) if item.flax else
+        legacy = stored[item.names[0]]["item"] is None
+        got = restored["arrays" if legacy else item_name]
+        values = (jax.tree.leaves(got) if item.flax and not legacy else
                   [got[f"{stored[n]['index']:06d}"] for n in item.names])
         if len(values) != len(leaves):
             raise ValueError(f"The checkpoint {os.fspath(path)} is damaged: its item "
@@ -295,16 +303,28 @@ def check_files(path: str) -> None:
 
 
 def _read_record(path: str) -> dict[str, dict[str, Any]]:
-    """The stored leaves by name: their item, index in it, impl, shape and dtype."""
+    """The stored leaves by name: their item, index in it, impl, shape and dtype.
+
+    A checkpoint of the previous format (its record in ``meta``, every leaf in
+    the one item ``arrays``) has item ``None`` and its index in ``arrays``.
+    """
     record_file = os.path.join(path, RECORD, "metadata")
+    previous = os.path.join(path, "meta", "metadata")
+    if not os.path.exists(record_file) and os.path.exists(previous):
+        record_file = previous
     try:
         with open(record_file) as f:
             record = json.load(f)
-        if record["format"] != FORMAT:
-            raise ValueError(f"format {record['format']!r}, this braintrace reads {FORMAT!r}")
+        if record["format"] == _PREVIOUS and record_file == previous:
+            items = {None: {"leaves": record["leaves"]}}
+        elif record["format"] == FORMAT:
+            items = record["items"]
+        else:
+            raise ValueError(f"format {record['format']!r}, this braintrace reads {FORMAT!r} "
+                             f"and {_PREVIOUS!r}")
         return {e["name"]: {"item": item_name, "index": i, "impl": e["impl"],
                             "shape": tuple(e["shape"]), "dtype": np.dtype(e["dtype"])}
-                for item_name, item in record["items"].items()
+                for item_name, item in items.items()
                 for i, e in enumerate(item["leaves"])}
     except Exception as err:  # a missing, unreadable or foreign record means the same thing
         raise ValueError(
