@@ -27,6 +27,7 @@ from braintrace._algorithms import ThreeFactor as ThreeFactor
 from braintrace._compiler import ETraceGraph as ETraceGraph
 from braintrace._compiler import compile_graph as compile_graph
 from braintrace._drivers import Callback as Callback
+from braintrace._drivers import CheckpointManager as CheckpointManager
 from braintrace._drivers import EarlyStopping as EarlyStopping
 from braintrace._drivers import GradStats as GradStats
 from braintrace._drivers import History as History
@@ -67,6 +68,7 @@ __all__ = [
     "UORO",
     "AbstractAlgorithm",
     "Callback",
+    "CheckpointManager",
     "Connectivity",
     "EarlyStopping",
     "EProp",

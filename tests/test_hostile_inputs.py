@@ -274,10 +274,10 @@ DAMAGE = {
 
 
 def _checkpoint_files(path, part):
-    """The files of an orbax checkpoint directory: its JSON record, or its array data."""
+    """The files of an orbax checkpoint directory: its JSON record, or the Params' array data."""
     if part == "record":
-        return [path / "meta" / "metadata"]
-    return sorted(f for f in (path / "arrays").rglob("*") if f.is_file() and f.parent.name == "d")
+        return [path / "braintrace" / "metadata"]
+    return sorted(f for f in (path / "params").rglob("*") if f.is_file() and f.parent.name == "d")
 
 
 @pytest.mark.parametrize("part", ["record", "arrays"])

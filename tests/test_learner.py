@@ -169,7 +169,7 @@ def test_checkpoint_of_another_model_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["d_rtrl", "es_d_rtrl", "pp_prop", "eprop", "ostl_recurrent",
-                                  "ostl_feedforward"])
+                                  "ostl_feedforward", "bptt"])
 def test_algorithm_names_compile(name):
     xs, ys = data(2)
     learner = braintrace.compile(LeakyNet(nnx.Rngs(0)), name, xs[0], batch_size=B)
@@ -181,8 +181,8 @@ def test_algorithm_names_compile(name):
 
 def test_bad_input_errors():
     xs, ys = data(4)
-    with pytest.raises(ValueError, match="Unknown algorithm 'bptt'"):
-        braintrace.compile(LeakyNet(nnx.Rngs(0)), "bptt", xs[0], batch_size=B)
+    with pytest.raises(ValueError, match="Unknown algorithm 'bppt'.*'bptt'"):
+        braintrace.compile(LeakyNet(nnx.Rngs(0)), "bppt", xs[0], batch_size=B)
     learner = braintrace.compile(LeakyNet(nnx.Rngs(0)), "d_rtrl", xs[0], batch_size=B)
     with pytest.raises(ValueError, match="4 time steps but ys has"):
         learner.etrace_grad(xs, ys[:3], mse)

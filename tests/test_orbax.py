@@ -1,5 +1,7 @@
 """Orbax checkpoints of sharded learners: save on 4 devices, restore on 4 or 2, continue.
 
+(``learner.save`` / ``trainer.save`` and ``braintrace.CheckpointManager``.)
+
 (``tests/test_multihost.py`` restores a checkpoint of two processes on one device.) One subprocess with ``jax_num_cpu_devices=4`` runs every scenario and reports
 as JSON whether the resumed runs equal the uninterrupted ones bit for bit.
 """
@@ -73,6 +75,8 @@ SCRIPT = textwrap.dedent("""
     first = trainer(4)
     first.step(xs[:3], ys[:3])
     first.save(f"{tmp}/trainer")
+    with braintrace.CheckpointManager(f"{tmp}/managed", max_to_keep=1) as manager:
+        manager.save(3, first)
     live = (first.learner.state(), first.opt_state)
     continued = trainer(2, seed=7)
     continued.learner.load_state(live[0])
@@ -86,6 +90,10 @@ SCRIPT = textwrap.dedent("""
         out[f"trainer_{n}"] = {"losses": same(got, expected),
                                "state": same(resumed.learner.state(), runs[n].learner.state()),
                                "opt_state": same(resumed.opt_state, runs[n].opt_state)}
+        managed = trainer(n, seed=6)
+        with braintrace.CheckpointManager(f"{tmp}/managed", max_to_keep=1) as manager:
+            manager.restore(managed)
+        out[f"managed_{n}"] = same(managed.step(xs[3:], ys[3:]), expected)
     # A checkpoint of another batch size is refused on a mesh, and nothing changes.
     other = braintrace.compile(
         nnx.Sequential(layers.Stateful(layers.GRUCell(3, 8, rngs=nnx.Rngs(0))),
@@ -123,6 +131,7 @@ def test_learner_saved_on_four_devices_resumes_on_two_bit_identically(resumed):
 def test_trainer_saved_on_four_devices_resumes_bit_identically(resumed, devices):
     r = resumed[f"trainer_{devices}"]
     assert r["losses"] and r["state"] and r["opt_state"]
+    assert resumed[f"managed_{devices}"]  # through braintrace.CheckpointManager
 
 
 def test_checkpoint_of_another_batch_size_on_a_mesh_names_the_leaf_and_changes_nothing(

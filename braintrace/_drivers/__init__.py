@@ -9,8 +9,9 @@ functions (``_functional``: :func:`online_grad`, :func:`online_update`,
 programs: the shells add host-side checks, clear errors, and writing results
 back into the model. Helpers: ``_inputs`` (argument checks), ``_model_state``
 (a model's arrays as flat lists and back), ``_states`` (hidden-state
-initialisation), ``_sharding`` (data parallel), ``_checkpoint`` (orbax), and
-``_fit`` (the streaming training loop of ``OnlineTrainer.fit``).
+initialisation), ``_sharding`` (data parallel), ``_checkpoint`` (orbax items and
+digests), ``_manager`` (:class:`CheckpointManager`: numbered steps over orbax's
+manager), and ``_fit`` (the streaming training loop of ``OnlineTrainer.fit``).
 """
 
 from braintrace._drivers._compile import compile as compile
@@ -26,10 +27,12 @@ from braintrace._drivers._functional import UpdateStats as UpdateStats
 from braintrace._drivers._functional import online_grad as online_grad
 from braintrace._drivers._functional import online_update as online_update
 from braintrace._drivers._learner import OnlineLearner as OnlineLearner
+from braintrace._drivers._manager import CheckpointManager as CheckpointManager
 from braintrace._drivers._model_state import model_leaves as model_leaves
 from braintrace._drivers._states import init_states as init_states
 from braintrace._drivers._trainer import OnlineTrainer as OnlineTrainer
 
-__all__ = ["Callback", "EarlyStopping", "GradStats", "History", "OnlineGradient", "OnlineLearner", "OnlineState", "OnlineTrainer",
+__all__ = ["Callback", "CheckpointManager", "EarlyStopping", "GradStats", "History",
+           "OnlineGradient", "OnlineLearner", "OnlineState", "OnlineTrainer",
            "OnlineUpdate", "UpdateStats", "compile", "evaluate", "init_states", "model_leaves",
            "online_grad", "online_update"]

@@ -1,18 +1,33 @@
-"""Checkpoints: named arrays in an orbax checkpoint directory, with SHA-256 digests.
+"""Checkpoints: named orbax items, the Params under their Flax paths, with SHA-256 digests.
 
-A checkpoint is an orbax directory of two items: ``arrays``, the leaves under
-zero-padded indices (written by orbax, sharded arrays included, from every
-process), and ``meta``, a JSON record of each leaf's name, shape, dtype and
-PRNG implementation. Typed PRNG keys (``jax.random.key``, e.g. inside
-``nnx.Rngs``) are stored as their ``jax.random.key_data``, with the name of
-their implementation. Once orbax has finished, :data:`MANIFEST` lists the
-SHA-256 digest of every file of the directory.
+A checkpoint is an orbax directory of named items (written by orbax from every
+process, sharded arrays included):
+
+* ``params``: ``nnx.state(model, nnx.Param)`` as it is, under its Flax paths,
+  so that plain orbax and Flax restore it without braintrace
+  (``ocp.StandardCheckpointer().restore(path / 'params', nnx.state(abstract_model,
+  nnx.Param))``);
+* ``hidden`` and ``other``: the model's hidden states and other Variables (RNG
+  keys, counters), also under their Flax paths;
+* ``traces``, ``opt_state`` (an :class:`~braintrace.OnlineTrainer`'s optax state):
+  their leaves under zero-padded indices (arbitrary pytrees);
+* ``optimizer``: ``nnx.state(optimizer)`` of a user's ``nnx.Optimizer``, under its
+  Flax paths, when one is saved;
+* ``braintrace``: a JSON record of every item's leaves (name, shape, dtype and
+  PRNG implementation).
+
+Typed PRNG keys (``jax.random.key``, e.g. inside ``nnx.Rngs``) are stored as
+their ``jax.random.key_data``, with the name of their implementation in the
+record. An item without leaves is not written. Once orbax has finished,
+:data:`MANIFEST` lists the SHA-256 digest of every file of the directory.
 
 Restoring checks every file against its digest (an error names the damaged
 file), then checks the record's names, shapes and dtypes against a template,
 then lets orbax read the arrays straight onto the template's shardings (so a
 checkpoint restores onto another mesh or another number of devices), all
-before returning anything: a failed restore changes nothing.
+before returning anything: a failed restore changes nothing. Checkpoints of the
+previous format (``braintrace-ckpt/2``: every leaf under an index in one item
+``arrays``, the record in ``meta``) still restore.
 """
 
 from __future__ import annotations
@@ -21,17 +36,36 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["FORMAT", "MANIFEST", "leaf_names", "restore_arrays", "save_arrays"]
+__all__ = ["FORMAT", "MANIFEST", "RECORD", "Item", "check_files", "damaged", "leaf_names",
+           "restore_args", "restore_checkpoint", "save_args", "save_checkpoint", "unpack",
+           "write_manifest"]
 
-FORMAT = "braintrace-ckpt/2"
+FORMAT = "braintrace-ckpt/3"
 MANIFEST = "braintrace.sha256.json"
+RECORD = "braintrace"
+_PREVIOUS = "braintrace-ckpt/2"  # every leaf under an index in one item 'arrays'; 'meta'
 _SHOWN = 3
+
+
+class Item(NamedTuple):
+    """One named item of a checkpoint.
+
+    Attributes:
+        tree: A pytree of arrays (typed PRNG keys allowed), e.g. an ``nnx.State``.
+        names: One name per leaf, in leaf order (for the record and error messages).
+        flax: Store the tree as it is, under its own paths (an ``nnx.State``);
+            ``False`` stores its leaves under zero-padded indices (any pytree).
+    """
+
+    tree: Any
+    names: Sequence[str]
+    flax: bool = True
 
 
 def leaf_names(prefix: str, tree: Any) -> list[str]:
@@ -40,8 +74,36 @@ def leaf_names(prefix: str, tree: Any) -> list[str]:
     return [prefix + jax.tree_util.keystr(path) for path, _ in flat]
 
 
-def save_arrays(path: str | os.PathLike, arrays: dict[str, Any]) -> None:
-    """Writes named arrays as an orbax checkpoint directory at ``path`` (replacing one there).
+def save_args(items: dict[str, Item]) -> dict[str, Any]:
+    """The orbax ``Composite`` items that store ``items`` and their record.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> sorted(save_args({'w': Item({'a': jnp.ones(2)}, ['w/a'])}))
+        ['braintrace', 'w']
+    """
+    import orbax.checkpoint as ocp
+
+    record: dict[str, Any] = {"format": FORMAT, "items": {}}
+    args: dict[str, Any] = {}
+    for name, item in items.items():
+        leaves = jax.tree.leaves(item.tree)
+        if len(leaves) != len(item.names):
+            raise ValueError(f"item {name!r}: {len(leaves)} leaves but {len(item.names)} names")
+        record["items"][name] = {
+            "layout": "flax" if item.flax else "indexed",
+            "leaves": [{"name": n, "impl": _impl(leaf), "shape": list(_data(leaf).shape),
+                        "dtype": str(_data(leaf).dtype)} for n, leaf in zip(item.names, leaves)]}
+        if leaves:
+            tree = (jax.tree.map(_data, item.tree) if item.flax else
+                    {f"{i:06d}": _data(leaf) for i, leaf in enumerate(leaves)})
+            args[name] = ocp.args.StandardSave(tree)
+    args[RECORD] = ocp.args.JsonSave(record)
+    return args
+
+
+def save_checkpoint(path: str | os.PathLike, items: dict[str, Item]) -> None:
+    """Writes ``items`` as an orbax checkpoint directory at ``path`` (replacing one there).
 
     On several processes every process calls this with the same global arrays;
     the first writes the manifest of digests once every process has written.
@@ -53,9 +115,13 @@ def save_arrays(path: str | os.PathLike, arrays: dict[str, Any]) -> None:
     Example:
         >>> import os, tempfile, jax, jax.numpy as jnp
         >>> path = os.path.join(tempfile.mkdtemp(), 'arrays.ckpt')
-        >>> save_arrays(path, {'w': jnp.ones(2), 'key': jax.random.key(0)})
-        >>> restored = restore_arrays(path, {'w': jnp.zeros(2), 'key': jax.random.key(1)})
-        >>> restored[0].tolist(), bool(restored[1] == jax.random.key(0))
+        >>> items = {'w': Item({'a': jnp.ones(2)}, ['w/a']),
+        ...          'keys': Item([jax.random.key(0)], ['keys[0]'], flax=False)}
+        >>> save_checkpoint(path, items)
+        >>> template = {'w': Item({'a': jnp.zeros(2)}, ['w/a']),
+        ...             'keys': Item([jax.random.key(1)], ['keys[0]'], flax=False)}
+        >>> restored = restore_checkpoint(path, template)
+        >>> restored['w']['a'].tolist(), bool(restored['keys'][0] == jax.random.key(0))
         ([1.0, 1.0], True)
     """
     import orbax.checkpoint as ocp
@@ -65,35 +131,114 @@ def save_arrays(path: str | os.PathLike, arrays: dict[str, Any]) -> None:
         raise ValueError(
             f"{where} exists and is not a braintrace checkpoint (it has no {MANIFEST}); save "
             "replaces only a checkpoint. Choose another path, or delete it first.")
-    entries = [(name, _impl(leaf), _data(leaf)) for name, leaf in arrays.items()]
-    meta = {"format": FORMAT,
-            "leaves": [{"name": name, "impl": impl, "shape": list(data.shape),
-                        "dtype": str(data.dtype)} for name, impl, data in entries]}
-    tree = {f"{i:06d}": data for i, (_, _, data) in enumerate(entries)}
+    args = save_args(items)
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
-        checkpointer.save(where, force=True, args=ocp.args.Composite(
-            arrays=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)))
+        checkpointer.save(where, force=True, args=ocp.args.Composite(**args))
+    write_manifest(where)
+
+
+def write_manifest(where: str | os.PathLike) -> None:
+    """Writes the SHA-256 digest of every file under ``where`` (process 0), then syncs."""
+    where = os.fspath(where)
     if jax.process_index() == 0:
         files = {os.path.relpath(f, where): _file_digest(f) for f in _files(where)}
-        with open(os.path.join(where, MANIFEST), "w") as f:
+        partial = os.path.join(where, MANIFEST + ".partial")
+        with open(partial, "w") as f:
             json.dump(files, f, indent=0, sort_keys=True)
+        os.replace(partial, os.path.join(where, MANIFEST))
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(f"braintrace checkpoint {where}")
 
 
-def restore_arrays(path: str | os.PathLike, template: dict[str, Any]) -> list[jax.Array]:
-    """Reads arrays written by :func:`save_arrays`, checked against ``template``.
+def restore_args(path: str | os.PathLike, template: dict[str, Item]) -> dict[str, Any]:
+    """The orbax ``Composite`` restore items for ``template``, after every check.
+
+    Checks the files against the manifest's digests, then the record's names,
+    shapes and dtypes against ``template`` (each leaf's sharding is where its
+    stored value is put).
+
+    Raises:
+        ValueError: ``path`` is not a checkpoint, is damaged (a file's digest
+            does not match), or does not match ``template`` (a name, shape or
+            dtype); the message names the path and the first offending leaf.
+    """
+    import orbax.checkpoint as ocp
+
+    where = os.fspath(path)
+    check_files(where)
+    stored = _read_record(where)
+    expected = {name: (item_name, leaf) for item_name, item in template.items()
+                for name, leaf in zip(item.names, jax.tree.leaves(item.tree), strict=True)}
+    missing = [name for name in expected if name not in stored]
+    extra = [name for name in stored if name not in expected]
+    if missing or extra:
+        raise ValueError(
+            f"The checkpoint {where} does not match: it lacks {_few(missing)}, "
+            f"expected here, and holds {_few(extra)}, unknown here. Was it saved by another "
+            "model, algorithm or optimiser?")
+    for name, (item_name, leaf) in expected.items():
+        entry = stored[name]
+        if entry["item"] not in (None, item_name):
+            raise ValueError(f"The checkpoint {where} stores '{name}' in its item "
+                             f"'{entry['item']}', but '{item_name}' is expected here.")
+        _check(where, name, entry, leaf)
+    if any(entry["item"] is None for entry in stored.values()):  # the previous format
+        return {"arrays": ocp.args.StandardRestore(
+            {f"{stored[name]['index']:06d}": _abstract(leaf)
+             for name, (_, leaf) in expected.items()})}
+    args = {}
+    for item_name, item in template.items():
+        leaves = jax.tree.leaves(item.tree)
+        if not leaves:
+            continue
+        if item.flax:
+            if [stored[n]["index"] for n in item.names] != list(range(len(leaves))):
+                raise ValueError(
+                    f"The checkpoint {where} stores the leaves of its item '{item_name}' in "
+                    "another order than expected here. Was it saved by another model?")
+            abstract = jax.tree.map(_abstract, item.tree)
+        else:
+            abstract = {f"{stored[n]['index']:06d}": _abstract(leaf)
+                        for n, leaf in zip(item.names, leaves)}
+        args[item_name] = ocp.args.StandardRestore(abstract)
+    return args
+
+
+def unpack(path: str | os.PathLike, template: dict[str, Item],
+           restored: Any) -> dict[str, Any]:
+    """The trees of ``template`` with the values orbax ``restored`` (PRNG keys re-wrapped)."""
+    stored = _read_record(os.fspath(path))
+    out = {}
+    for item_name, item in template.items():
+        leaves = jax.tree.leaves(item.tree)
+        if not leaves:
+            out[item_name] = item.tree
+            continue
+        legacy = stored[item.names[0]]["item"] is None
+        got = restored["arrays" if legacy else item_name]
+        values = (jax.tree.leaves(got) if item.flax and not legacy else
+                  [got[f"{stored[n]['index']:06d}"] for n in item.names])
+        if len(values) != len(leaves):
+            raise ValueError(f"The checkpoint {os.fspath(path)} is damaged: its item "
+                             f"'{item_name}' holds {len(values)} arrays, {len(leaves)} expected.")
+        out[item_name] = jax.tree.unflatten(jax.tree.structure(item.tree), [
+            _wrapped(stored[n]["impl"], v) for n, v in zip(item.names, values)])
+    return out
+
+
+def restore_checkpoint(path: str | os.PathLike, template: dict[str, Item]) -> dict[str, Any]:
+    """Reads the items written by :func:`save_checkpoint`, checked against ``template``.
 
     Args:
         path: The checkpoint directory.
-        template: The expected names, in order, with arrays of the expected
-            shapes and dtypes (typed PRNG keys of the expected implementation);
-            each array's sharding is where its stored value is put.
+        template: The expected items: trees of arrays of the expected shapes and
+            dtypes (typed PRNG keys of the expected implementation), each leaf
+            named; each array's sharding is where its stored value is put.
 
     Returns:
-        The stored arrays in the order of ``template``.
+        Each item's tree (the structure of ``template``) with the stored values.
 
     Raises:
         ValueError: ``path`` is not a checkpoint, is damaged (a file's digest
@@ -104,29 +249,21 @@ def restore_arrays(path: str | os.PathLike, template: dict[str, Any]) -> list[ja
     import orbax.checkpoint as ocp
 
     where = os.fspath(path)
-    _check_files(where)
-    stored = _read_meta(where)
-    missing = [name for name in template if name not in stored]
-    extra = [name for name in stored if name not in template]
-    if missing or extra:
-        raise ValueError(
-            f"The checkpoint {where} does not match: it lacks {_few(missing)}, "
-            f"expected here, and holds {_few(extra)}, unknown here. Was it saved by another "
-            "model, algorithm or optimiser?")
-    for name, expected in template.items():
-        _check(where, name, stored[name], expected)
-    order = list(stored)
-    abstract = {f"{order.index(name):06d}": _abstract(leaf) for name, leaf in template.items()}
+    args = restore_args(where, template)
     try:
         with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
-            restored = checkpointer.restore(os.path.abspath(where), args=ocp.args.Composite(
-                arrays=ocp.args.StandardRestore(abstract)))["arrays"]
+            restored = checkpointer.restore(os.path.abspath(where),
+                                            args=ocp.args.Composite(**args))
     except Exception as err:  # any failure to read the arrays means the same thing
-        raise ValueError(
-            f"The checkpoint {where} is damaged: orbax could not read its arrays "
-            f"({type(err).__name__}: {err}). Restore from another copy.") from err
-    return [_wrapped(stored[name]["impl"], restored[f"{order.index(name):06d}"])
-            for name in template]
+        raise damaged(where, err) from err
+    return unpack(where, template, restored)
+
+
+def damaged(path: str, err: BaseException) -> ValueError:
+    """The error of a checkpoint whose arrays orbax could not read."""
+    return ValueError(
+        f"The checkpoint {path} is damaged: orbax could not read its arrays "
+        f"({type(err).__name__}: {err}). Restore from another copy.")
 
 
 def _files(path: str) -> list[str]:
@@ -139,8 +276,13 @@ def _file_digest(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def _check_files(path: str) -> None:
-    """Checks every file of the checkpoint against the manifest's digest."""
+def check_files(path: str) -> None:
+    """Checks every file of the checkpoint against the manifest's digest.
+
+    Raises:
+        ValueError: The manifest is missing or unreadable, or a file is missing
+            or has another digest (the message names it).
+    """
     manifest = os.path.join(path, MANIFEST)
     try:
         with open(manifest) as f:
@@ -151,7 +293,7 @@ def _check_files(path: str) -> None:
             f"{path} is not a braintrace checkpoint: its manifest {manifest} is missing or "
             f"unreadable ({type(err).__name__}: {err}); another kind of file, a damaged "
             "checkpoint, or a save that was interrupted. Write checkpoints with "
-            "learner.save(path) or trainer.save(path).") from err
+            "learner.save(path), trainer.save(path) or braintrace.CheckpointManager.") from err
     for name, digest in listed.items():
         if not os.path.isfile(name) or _file_digest(name) != digest:
             what = ("is missing" if not os.path.isfile(name) else
@@ -160,21 +302,35 @@ def _check_files(path: str) -> None:
                              "Restore from another copy.")
 
 
-def _read_meta(path: str) -> dict[str, dict[str, Any]]:
-    """The stored leaves by name, in order."""
-    meta_file = os.path.join(path, "meta", "metadata")
+def _read_record(path: str) -> dict[str, dict[str, Any]]:
+    """The stored leaves by name: their item, index in it, impl, shape and dtype.
+
+    A checkpoint of the previous format (its record in ``meta``, every leaf in
+    the one item ``arrays``) has item ``None`` and its index in ``arrays``.
+    """
+    record_file = os.path.join(path, RECORD, "metadata")
+    previous = os.path.join(path, "meta", "metadata")
+    if not os.path.exists(record_file) and os.path.exists(previous):
+        record_file = previous
     try:
-        with open(meta_file) as f:
-            meta = json.load(f)
-        if meta["format"] != FORMAT:
-            raise ValueError(f"format {meta['format']!r}")
-        return {e["name"]: {"impl": e["impl"], "shape": tuple(e["shape"]),
-                            "dtype": np.dtype(e["dtype"])} for e in meta["leaves"]}
+        with open(record_file) as f:
+            record = json.load(f)
+        if record["format"] == _PREVIOUS and record_file == previous:
+            items = {None: {"leaves": record["leaves"]}}
+        elif record["format"] == FORMAT:
+            items = record["items"]
+        else:
+            raise ValueError(f"format {record['format']!r}, this braintrace reads {FORMAT!r} "
+                             f"and {_PREVIOUS!r}")
+        return {e["name"]: {"item": item_name, "index": i, "impl": e["impl"],
+                            "shape": tuple(e["shape"]), "dtype": np.dtype(e["dtype"])}
+                for item_name, item in items.items()
+                for i, e in enumerate(item["leaves"])}
     except Exception as err:  # a missing, unreadable or foreign record means the same thing
         raise ValueError(
-            f"{path} is not a braintrace checkpoint: its record {meta_file} is missing or "
-            f"unreadable ({type(err).__name__}: {err}). Write checkpoints with "
-            "learner.save(path) or trainer.save(path).") from err
+            f"{path} is not a braintrace checkpoint of this version: its record {record_file} "
+            f"is missing or unreadable ({type(err).__name__}: {err}). Write checkpoints with "
+            "learner.save(path), trainer.save(path) or braintrace.CheckpointManager.") from err
 
 
 def _check(path: str, name: str, entry: dict[str, Any], expected: Any) -> None:

@@ -20,8 +20,8 @@ import numpy as np
 from flax import nnx
 
 from braintrace._algorithms import AbstractAlgorithm, GraphRules
-from braintrace._compiler import ETraceGraph
-from braintrace._drivers._checkpoint import restore_arrays, save_arrays
+from braintrace._compiler import ETraceGraph, leaf_paths, split_model
+from braintrace._drivers._checkpoint import Item, leaf_names, restore_checkpoint, save_checkpoint
 from braintrace._drivers._compiled import CompiledModel, Entry
 from braintrace._drivers._evaluate import evaluate
 from braintrace._drivers._inputs import check_inputs, check_signal_inputs, loss_weights
@@ -29,10 +29,9 @@ from braintrace._drivers._model_state import (
     Leaves,
     check_leaves,
     model_leaves,
-    named_arrays,
     param_state,
     runs_at,
-    state_from_arrays,
+    strong,
     write_params,
     write_state,
 )
@@ -41,7 +40,7 @@ from braintrace._drivers._sharding import host_array, place, place_inputs
 from braintrace._drivers._states import check_batch_size, init_states
 from braintrace._loops import LoopSpec, check_positive, choose_loop
 
-__all__ = ["KEEP", "GradArgs", "OnlineLearner"]
+__all__ = ["KEEP", "GradArgs", "OnlineLearner", "optimizer_item"]
 
 UNCHANGED = ("the model's Params and hidden state and the learner's traces are as they were "
              "before this call")
@@ -73,6 +72,14 @@ class GradArgs(NamedTuple):
     ys: Any
     weights: jax.Array
     signal_inputs: Any = None
+
+
+def optimizer_item(optimizer: nnx.Optimizer) -> Item:
+    """The checkpoint item of a user's ``nnx.Optimizer``: ``nnx.state(optimizer)``."""
+    if not isinstance(optimizer, nnx.Optimizer):
+        raise TypeError(f"optimizer must be an nnx.Optimizer, got {type(optimizer).__name__}.")
+    state = nnx.state(optimizer)
+    return Item(state, [f"optimizer/{p}" for p in leaf_paths(state)])
 
 
 def refuse_traced(method: str, *trees: Any) -> None:
@@ -316,12 +323,24 @@ class OnlineLearner:
         write_state(self.model, state["hidden"], state["other"])
         self.traces = state["traces"]
 
-    def save(self, path: str) -> None:
+    def save(self, path: str, *, optimizer: nnx.Optimizer | None = None) -> None:
         """Saves Params, hidden and other state (RNG keys included) and traces to ``path``.
 
         ``path`` becomes an orbax checkpoint directory (replacing one there),
-        sharded arrays included; on several hosts every process calls this. It
-        carries a SHA-256 digest of its contents, checked by :meth:`restore`.
+        sharded arrays included; on several hosts every process calls this. The
+        Params are its item ``params``, ``nnx.state(model, nnx.Param)`` under its
+        Flax paths, which plain orbax and Flax restore without braintrace
+        (README: "Checkpoints"). It carries a SHA-256 digest of its files,
+        checked by :meth:`restore`. For numbered steps, keep-last-N and
+        keep-best, use :class:`braintrace.CheckpointManager`.
+
+        Args:
+            path: The checkpoint directory.
+            optimizer: A user's ``nnx.Optimizer`` (of the training loop around
+                :meth:`etrace_grad`), saved beside the Params as ``nnx.state(optimizer)``.
+
+        Raises:
+            ValueError: ``path`` exists and is not a braintrace checkpoint.
 
         Example:
             >>> import os, tempfile, jax.numpy as jnp
@@ -334,21 +353,48 @@ class OnlineLearner:
             >>> learner.save(path)
             >>> learner.restore(path)
         """
-        save_arrays(path, named_arrays(self.graph, self.state()))
+        save_checkpoint(path, self._checkpoint_items(optimizer))
 
-    def restore(self, path: str) -> None:
+    def restore(self, path: str, *, optimizer: nnx.Optimizer | None = None) -> None:
         """Restores what :meth:`save` wrote, so the run continues identically.
 
         The arrays are read onto this learner's devices: a checkpoint saved on
         another mesh (or without one) restores here.
 
+        Args:
+            path: The checkpoint directory.
+            optimizer: The ``nnx.Optimizer`` to restore too (it must have been saved).
+
         Raises:
             ValueError: The checkpoint is damaged or not one, or it does not
-                match this learner; the message names the file and the first
-                offending leaf. The model and the learner are then unchanged.
+                match this learner (or ``optimizer``); the message names the file
+                and the first offending leaf. The model, the learner and the
+                optimizer are then unchanged.
         """
-        arrays = restore_arrays(path, named_arrays(self.graph, self.state()))
-        self.load_state(state_from_arrays(self.graph, self.traces, arrays))
+        items = self._checkpoint_items(optimizer)
+        self._load_checkpoint(restore_checkpoint(path, items), optimizer)
+
+    def _checkpoint_items(self, optimizer: nnx.Optimizer | None = None) -> dict[str, Item]:
+        """What a checkpoint of this learner holds, as named items (``_checkpoint.py``)."""
+        graph = self.graph
+        _, params, hidden, other = split_model(self.model)
+        items = {"params": Item(params, [f"params/{p}" for p in graph.param_paths]),
+                 "hidden": Item(hidden, [f"hidden/{p}" for p in graph.hidden_paths]),
+                 "other": Item(other, [f"other/{p}" for p in graph.other_paths]),
+                 "traces": Item(self.traces, leaf_names("traces", self.traces), flax=False)}
+        if optimizer is not None:
+            items["optimizer"] = optimizer_item(optimizer)
+        return items
+
+    def _load_checkpoint(self, restored: dict[str, Any],
+                         optimizer: nnx.Optimizer | None = None) -> None:
+        """Writes restored items (of :meth:`_checkpoint_items`) into the model and learner."""
+        self.load_state({"params": jax.tree.leaves(restored["params"]),
+                         "hidden": [strong(h) for h in jax.tree.leaves(restored["hidden"])],
+                         "other": jax.tree.leaves(restored["other"]),
+                         "traces": restored["traces"]})
+        if optimizer is not None:
+            nnx.update(optimizer, restored["optimizer"])
 
     def report(self) -> str:
         """The compiled graph's report for this algorithm: what is approximate (the graph's

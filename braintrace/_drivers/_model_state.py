@@ -9,9 +9,7 @@ of arrays. This module converts between the two:
   ``param_paths``, ``hidden_paths`` and ``other_paths``);
 * :func:`check_leaves` checks them against the shapes and dtypes a program was
   compiled for (:func:`leaf_avals`), with an error that says what to do;
-* :func:`write_params` and :func:`write_state` put a program's results back;
-* :func:`named_arrays` and :func:`state_from_arrays` name a learner's
-  :meth:`~braintrace.OnlineLearner.state` for a checkpoint file and back.
+* :func:`write_params` and :func:`write_state` put a program's results back.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ import numpy as np
 from flax import nnx
 
 from braintrace._compiler import ETraceGraph, split_model
-from braintrace._drivers._checkpoint import leaf_names
 from braintrace._hidden import state_batch_size as state_batch_size
 
 __all__ = [
@@ -34,10 +31,8 @@ __all__ = [
     "check_leaves",
     "leaf_avals",
     "model_leaves",
-    "named_arrays",
     "param_state",
     "runs_at",
-    "state_from_arrays",
     "strong",
     "write_params",
     "write_state",
@@ -137,44 +132,6 @@ def write_state(model: nnx.Module, hidden: Sequence[jax.Array],
     _, _, hidden_state, other_state = split_model(model)
     nnx.update(model, jax.tree.unflatten(jax.tree.structure(hidden_state), list(hidden)),
                jax.tree.unflatten(jax.tree.structure(other_state), list(other)))
-
-
-def named_arrays(graph: ETraceGraph, state: dict[str, Any]) -> dict[str, Any]:
-    """A learner's ``state()`` as named leaves (``'params/w_in.kernel'``, ``'traces[0]'``).
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from flax import nnx
-        >>> import braintrace
-        >>> from braintrace import layers
-        >>> model = nnx.Sequential(layers.ETPLinear(3, 4, rngs=nnx.Rngs(0)), layers.LIF(4))
-        >>> learner = braintrace.compile(model, 'd_rtrl', jnp.ones((2, 3)), batch_size=2)
-        >>> list(named_arrays(learner.graph, learner.state()))
-        ['params/layers.0.bias', 'params/layers.0.kernel', 'hidden/layers.1.v',
-         "traces[0][0]['bias']", "traces[0][0]['kernel']"]
-    """
-    names = [*(f"params/{p}" for p in graph.param_paths),
-             *(f"hidden/{p}" for p in graph.hidden_paths),
-             *(f"other/{p}" for p in graph.other_paths), *leaf_names("traces", state["traces"])]
-    leaves = [*state["params"], *state["hidden"], *state["other"],
-              *jax.tree.leaves(state["traces"])]
-    return dict(zip(names, leaves, strict=True))
-
-
-def state_from_arrays(graph: ETraceGraph, traces: Any,
-                      arrays: Sequence[jax.Array]) -> dict[str, Any]:
-    """The inverse of :func:`named_arrays`: leaves in its order back to a ``state()`` dict.
-
-    Args:
-        graph: The learner's graph (how many Params, hidden and other leaves).
-        traces: Traces of the learner's structure (their values are not used).
-        arrays: The leaves, in the order of :func:`named_arrays`.
-    """
-    ends = np.cumsum([graph.num_params, graph.num_hidden, len(graph.other_paths)]).tolist()
-    params, hidden, other, trace_leaves = (list(arrays[a:b]) for a, b in
-                                           zip([0, *ends], [*ends, len(arrays)], strict=True))
-    return {"params": params, "hidden": hidden, "other": other,
-            "traces": jax.tree.unflatten(jax.tree.structure(traces), trace_leaves)}
 
 
 def runs_at(batch_size: int | None) -> str:

@@ -17,12 +17,11 @@ import numpy as np
 import optax
 from flax import nnx
 
-from braintrace._drivers._checkpoint import leaf_names, restore_arrays, save_arrays
+from braintrace._drivers._checkpoint import Item, leaf_names, restore_checkpoint, save_checkpoint
 from braintrace._drivers._fit import Callback, History, Metric, fit
 from braintrace._drivers._functional import window_loop
 from braintrace._drivers._inputs import check_signal_inputs, step_weights
 from braintrace._drivers._learner import OnlineLearner, refuse_traced
-from braintrace._drivers._model_state import named_arrays, state_from_arrays
 from braintrace._drivers._programs import TRAIN_PROGRAM, TrainResult
 from braintrace._drivers._sharding import host_array, place
 from braintrace._loops import check_positive
@@ -165,20 +164,18 @@ class OnlineTrainer:
                 f"not finite although every loss up to it was finite; {discarded}. Lower the "
                 "learning rate or clip the gradients (optax.clip_by_global_norm).")
 
-    def _checkpoint_template(self) -> dict[str, Any]:
-        named = named_arrays(self.learner.graph, self.learner.state())
-        names = leaf_names("opt_state", self.opt_state)
-        return {**named, **dict(zip(names, jax.tree.leaves(self.opt_state), strict=True))}
-
-    def save(self, path: str) -> None:
+    def save(self, path: str, *, optimizer: nnx.Optimizer | None = None) -> None:
         """Saves Params, hidden state, traces and the optimiser state to ``path``.
 
         ``path`` becomes an orbax checkpoint directory, as for
-        :meth:`OnlineLearner.save`, with a SHA-256 digest checked by :meth:`restore`.
+        :meth:`OnlineLearner.save` (the Params under their Flax paths, the optax
+        state as the item ``opt_state``), with a SHA-256 digest checked by
+        :meth:`restore`. ``optimizer``: an ``nnx.Optimizer`` of your own to save
+        beside them.
         """
-        save_arrays(path, self._checkpoint_template())
+        save_checkpoint(path, self._checkpoint_items(optimizer))
 
-    def restore(self, path: str) -> None:
+    def restore(self, path: str, *, optimizer: nnx.Optimizer | None = None) -> None:
         """Restores what :meth:`save` wrote; the run then continues identically.
 
         Raises:
@@ -186,11 +183,20 @@ class OnlineTrainer:
                 match this trainer; the message names the file and the first
                 offending leaf. Nothing is changed then.
         """
-        leaves = restore_arrays(path, self._checkpoint_template())
-        learner = self.learner
-        split = len(named_arrays(learner.graph, learner.state()))
-        learner.load_state(state_from_arrays(learner.graph, learner.traces, leaves[:split]))
-        self.opt_state = jax.tree.unflatten(jax.tree.structure(self.opt_state), leaves[split:])
+        items = self._checkpoint_items(optimizer)
+        self._load_checkpoint(restore_checkpoint(path, items), optimizer)
+
+    def _checkpoint_items(self, optimizer: nnx.Optimizer | None = None) -> dict[str, Item]:
+        """The learner's checkpoint items and the optax state (item ``opt_state``)."""
+        items = self.learner._checkpoint_items(optimizer)
+        items["opt_state"] = Item(self.opt_state, leaf_names("opt_state", self.opt_state),
+                                  flax=False)
+        return items
+
+    def _load_checkpoint(self, restored: dict[str, Any],
+                         optimizer: nnx.Optimizer | None = None) -> None:
+        self.learner._load_checkpoint(restored, optimizer)
+        self.opt_state = restored["opt_state"]
 
     def fit(self, batches: Iterable[Any], *, epochs: int = 1, steps: int | None = None,
             validation: Any = None, eval_every: int | None = None,
