@@ -186,7 +186,7 @@ def test_bad_input_errors():
     learner = braintrace.compile(LeakyNet(nnx.Rngs(0)), "d_rtrl", xs[0], batch_size=B)
     with pytest.raises(ValueError, match="4 time steps but ys has"):
         learner.etrace_grad(xs, ys[:3], mse)
-    with pytest.raises(ValueError, match=r"compiled for \(3, 4\)"):
+    with pytest.raises(ValueError, match=r"compiled for steps of shape \(3, 4\)"):
         learner.etrace_grad(xs[:, :2], ys[:, :2], mse)
     with pytest.raises(ValueError, match="scalar"):
         learner.etrace_grad(xs, ys, lambda y, t: (y - t) ** 2)
