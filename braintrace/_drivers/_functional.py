@@ -42,6 +42,7 @@ from braintrace._drivers._compiled import CompiledModel, Entry
 from braintrace._drivers._inputs import (
     REDUCTIONS,
     check_inputs,
+    check_mask_dtype,
     check_signal_inputs,
     check_targets,
 )
@@ -119,8 +120,13 @@ def trace_weights(mask: Any, length: int, reduction: str, dtype: Any) -> jax.Arr
 
     ``'mean'`` divides by the mask's sum (by ``T`` without a mask); an all-zero
     mask gives zero weights (nothing is scored, the gradient is zero).
+
+    Raises:
+        ValueError: The mask is not ``(length,)``, or not real (see
+            :func:`~braintrace._drivers._inputs.check_mask_dtype`).
     """
-    weights = jnp.ones((length,), dtype) if mask is None else jnp.asarray(mask, dtype)
+    weights = (jnp.ones((length,), dtype) if mask is None
+               else jnp.asarray(check_mask_dtype(jnp.asarray(mask)), dtype))
     if weights.shape != (length,):
         raise ValueError(f"mask must have shape ({length},), got {weights.shape}.")
     if reduction == "mean":
