@@ -168,6 +168,17 @@ def test_complex_mask_is_refused_naming_the_mask_and_changes_nothing():
     assert finite(learner.etrace_grad(xs, ys, mse, mask=jnp.abs(mask)))
 
 
+def test_complex_mask_is_refused_by_the_functional_api_even_traced():
+    learner, (xs, ys) = leaky(), data()
+    online = braintrace.online_grad(learner, mse)
+    state = online.init(learner.model)
+    grad = nnx.jit(lambda m, s, x, y, mask: online.grad(m, s, x, y, mask=mask)[0])
+    for call in (online.grad, grad):
+        with pytest.raises(TypeError, match=r"mask must hold real step weights .*complex64"):
+            call(learner.model, state, xs, ys, mask=jnp.ones(4, jnp.complex64))
+    assert finite(grad(learner.model, state, xs, ys, mask=jnp.ones(4)))
+
+
 def test_example_whose_batch_differs_from_batch_size_is_named_before_anything_changes():
     model = LeakyNet(nnx.Rngs(0))
     with pytest.raises(ValueError, match=r"example_x has shape \(4, 4\), but batch_size=3: the "

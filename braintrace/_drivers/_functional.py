@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
@@ -125,8 +126,9 @@ def trace_weights(mask: Any, length: int, reduction: str, dtype: Any) -> jax.Arr
         ValueError: The mask is not ``(length,)``, or not real (see
             :func:`~braintrace._drivers._inputs.check_mask_dtype`).
     """
-    weights = (jnp.ones((length,), dtype) if mask is None
-               else jnp.asarray(check_mask_dtype(jnp.asarray(mask)), dtype))
+    if mask is not None:
+        check_mask_dtype(mask if hasattr(mask, "dtype") else np.asarray(mask))
+    weights = jnp.ones((length,), dtype) if mask is None else jnp.asarray(mask, dtype)
     if weights.shape != (length,):
         raise ValueError(f"mask must have shape ({length},), got {weights.shape}.")
     if reduction == "mean":
