@@ -19,6 +19,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 LAYERS = {
     "braintrace._version": 0,
+    "braintrace._arguments": 0,
     "braintrace._hidden": 0,
     "braintrace._primitives": 0,
     "braintrace._compiler": 1,

@@ -119,5 +119,5 @@ def test_bad_per_sample_masks_are_named():
         learner.etrace_grad(xs, ys, mse, mask=mask[:, :2])
     with pytest.raises(ValueError, match=r"mask\[1, 2\] is nan"):
         learner.etrace_grad(xs, ys, mse, mask=mask.at[1, 2].set(jnp.nan))
-    with pytest.raises(ValueError, match="mask must be real"):
+    with pytest.raises(ValueError, match="mask must hold real"):
         learner.etrace_grad(xs, ys, mse, mask=mask.astype(jnp.complex128))

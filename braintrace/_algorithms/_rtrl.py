@@ -35,6 +35,7 @@ import jax.numpy as jnp
 from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
 from braintrace._algorithms._graph_rules import GraphRules
 from braintrace._algorithms._trace_algebra import is_batched, operand_structs, param_dtypes
+from braintrace._arguments import check_integer
 from braintrace._compiler import ElementwiseRelation, ETraceGraph, InputRelation, Relation
 
 __all__ = ["RTRL", "RTRL_ELEMENTWISE", "RTRL_INPUT", "flat_signal", "hidden_size",
@@ -168,7 +169,11 @@ class RTRL(AbstractAlgorithm):
 
     Args:
         max_trace_bytes: Refuse (at compile) influence matrices larger than
-            this; raise it to accept them.
+            this; raise it to accept them. A positive integer.
+
+    Raises:
+        TypeError: ``max_trace_bytes`` is not an integer.
+        ValueError: It is below 1.
 
     Example:
         >>> import braintrace
@@ -180,7 +185,8 @@ class RTRL(AbstractAlgorithm):
     scope = "full"
 
     def __init__(self, *, max_trace_bytes: int = DEFAULT_MAX_TRACE_BYTES):
-        self.max_trace_bytes = int(max_trace_bytes)
+        self.max_trace_bytes = check_integer("RTRL: max_trace_bytes", max_trace_bytes,
+                                             minimum=1)
 
     def relation_rules(self, graph: ETraceGraph) -> tuple[RelationRule, ...]:
         return tuple(RTRL_INPUT if isinstance(r, InputRelation) else RTRL_ELEMENTWISE

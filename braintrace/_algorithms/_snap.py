@@ -40,6 +40,7 @@ from braintrace._algorithms._approximations import algorithm_approximation
 from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
 from braintrace._algorithms._rtrl import RTRL_ELEMENTWISE, RTRL_INPUT, flat_signal
 from braintrace._algorithms._trace_algebra import is_batched
+from braintrace._arguments import check_integer
 from braintrace._compiler import (
     Approximation,
     ETraceGraph,
@@ -100,7 +101,12 @@ class SnAp(AbstractAlgorithm):
     """Sparse n-step approximation of RTRL: influences kept on the n-step reachable units.
 
     Args:
-        n_steps: ``n >= 1``: how many steps of reach a parameter's influence keeps.
+        n_steps: ``n >= 1``: how many steps of reach a parameter's influence keeps (a
+            Python or NumPy integer).
+
+    Raises:
+        TypeError: ``n_steps`` is not an integer (a bool or a float is not one).
+        ValueError: It is below 1.
 
     Example:
         >>> import braintrace
@@ -113,9 +119,7 @@ class SnAp(AbstractAlgorithm):
     scope = "full"
 
     def __init__(self, n_steps: int = 1):
-        if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
-            raise ValueError(f"SnAp: n_steps must be an integer >= 1, got {n_steps!r}.")
-        self.n_steps = n_steps
+        self.n_steps = check_integer("SnAp: n_steps", n_steps, minimum=1)
 
     def relation_rules(self, graph: ETraceGraph) -> tuple[RelationRule, ...]:
         """RTRL's rules, each masked by its relation's ``n_steps``-step reachable pattern."""

@@ -31,6 +31,7 @@ from braintrace._algorithms._approximations import algorithm_approximation
 from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
 from braintrace._algorithms._rtrl import RTRL_ELEMENTWISE, RTRL_INPUT, flat_signal
 from braintrace._algorithms._trace_algebra import param_dtypes
+from braintrace._arguments import check_integer
 from braintrace._compiler import Approximation, ETraceGraph, InputRelation, Relation
 
 __all__ = ["UORO", "UOROTrace", "uoro_update"]
@@ -125,7 +126,10 @@ class UORO(AbstractAlgorithm):
     """Unbiased online recurrent optimisation: a rank-one, unbiased estimate of RTRL.
 
     Args:
-        seed: Seed of the random signs (one stream per relation).
+        seed: Seed of the random signs (one stream per relation): an integer.
+
+    Raises:
+        TypeError: ``seed`` is not an integer (``1.5`` is not rounded).
 
     Example:
         >>> import braintrace
@@ -137,7 +141,7 @@ class UORO(AbstractAlgorithm):
     scope = "full"
 
     def __init__(self, seed: int = 0):
-        self.seed = int(seed)
+        self.seed = check_integer("UORO: seed", seed)
         self._rule = uoro_rule(self.seed)
 
     def relation_rules(self, graph: ETraceGraph) -> tuple[RelationRule, ...]:

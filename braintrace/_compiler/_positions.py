@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.extend.core as jex_core
 import jax.numpy as jnp
 import numpy as np
@@ -107,7 +108,17 @@ def union(maps: Sequence[PositionMap], shape: Sequence[int]) -> PositionMap:
 
 
 def _move(eqn: jex_core.JaxprEqn, maps: Sequence[PositionMap | None]) -> list[PositionMap]:
-    """Applies a data-movement primitive to integer maps, one set slot at a time."""
+    """Applies a data-movement primitive to integer maps, one set slot at a time.
+
+    Evaluated eagerly even when called under a trace (``jax.jit``,
+    ``jax.eval_shape``): the maps are NumPy arrays, never traced values.
+    """
+    with jax.ensure_compile_time_eval():
+        return _move_eagerly(eqn, maps)
+
+
+def _move_eagerly(eqn: jex_core.JaxprEqn,
+                  maps: Sequence[PositionMap | None]) -> list[PositionMap]:
     width = max(m.shape[-1] for m in maps if m is not None)
     slots = []
     for k in range(width):

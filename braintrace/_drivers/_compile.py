@@ -8,9 +8,10 @@ import jax
 from flax import nnx
 
 from braintrace._algorithms import AbstractAlgorithm, get_algorithm
+from braintrace._drivers._inputs import check_example_batch
 from braintrace._drivers._learner import OnlineLearner
 from braintrace._drivers._sharding import check_mesh
-from braintrace._drivers._states import check_batch_size, init_states
+from braintrace._drivers._states import check_batch_size, check_sample_shapes, init_states
 from braintrace._hidden import state_batch_size
 
 __all__ = ["compile"]
@@ -55,7 +56,10 @@ def compile(
 
     Raises:
         ValueError: With a ``mesh``: it has no axis ``data_axis``, or
-            ``batch_size`` is missing or not divisible by that axis's size.
+            ``batch_size`` is missing or not divisible by that axis's size; a leaf
+            of ``example_x`` does not lead with the batch size; a hidden state was
+            declared with a batch axis (see :func:`check_sample_shapes`). Nothing is
+            changed then.
 
     Example:
         >>> import jax.numpy as jnp
@@ -79,6 +83,9 @@ def compile(
     if mesh is not None:
         check_mesh(mesh, data_axis, batch_size if batch_size is not None
                    else state_batch_size(model))
+    batched = batch_size if batch_size is not None else state_batch_size(model)
+    check_example_batch(example_x, batched)
+    check_sample_shapes(model, example_x, batched)
     if batch_size is not None:
         init_states(model, batch_size)
     return OnlineLearner(model, algorithm, example_x, strict=strict, mesh=mesh,

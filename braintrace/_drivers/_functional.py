@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
@@ -42,6 +43,7 @@ from braintrace._drivers._compiled import CompiledModel, Entry
 from braintrace._drivers._inputs import (
     REDUCTIONS,
     check_inputs,
+    check_mask_dtype,
     check_signal_inputs,
     check_targets,
 )
@@ -127,9 +129,13 @@ def trace_weights(mask: Any, length: int, reduction: str, dtype: Any,
     Example:
         >>> trace_weights(jnp.array([[1., 0.], [1., 1.]]), 2, 'mean', jnp.float32, 2).tolist()
         [[0.3333333432674255, 0.0], [0.3333333432674255, 0.3333333432674255]]
+
+    Raises:
+        ValueError: The mask has another shape, or is not real (see
+            :func:`~braintrace._drivers._inputs.check_mask_dtype`).
     """
-    if mask is not None and jnp.iscomplexobj(mask):
-        raise ValueError(f"mask must be real, got a complex array of dtype {mask.dtype}.")
+    if mask is not None:
+        check_mask_dtype(mask if hasattr(mask, "dtype") else np.asarray(mask))
     weights = jnp.ones((length,), dtype) if mask is None else jnp.asarray(mask, dtype)
     shapes = [(length,)] + ([] if batch_size is None else [(length, batch_size)])
     if weights.shape not in shapes:

@@ -6,15 +6,17 @@ a clear error instead of a wrong result or an error from deep inside XLA.
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import jax
 import numpy as np
 
-__all__ = ["REDUCTIONS", "check_chunk_size", "check_inputs", "check_signal_inputs", "check_targets",
-           "loss_weights",
-           "shape_of", "static_chunk_size", "step_weights"]
+from braintrace._arguments import ArgumentTypeError, check_integer
+
+__all__ = ["REDUCTIONS", "check_chunk_size", "check_example_batch", "check_input_dtype",
+           "check_inputs", "check_mask_dtype",
+           "check_signal_inputs", "check_targets", "loss_weights", "shape_of",
+           "static_chunk_size", "step_weights"]
 
 REDUCTIONS = ("mean", "sum")
 
@@ -30,6 +32,8 @@ def check_inputs(xs: Any, example: Any) -> int:
     Raises:
         ValueError: ``xs`` has another structure, leaves of different lengths,
             or a step shape other than the compiled one.
+        TypeError: A leaf's dtype cannot stand for the compiled one (see
+            :func:`check_input_dtype`).
     """
     leaves = jax.tree.leaves(xs)
     examples = jax.tree.leaves(example)
@@ -43,7 +47,71 @@ def check_inputs(xs: Any, example: Any) -> int:
     for a, e in zip(leaves, examples):
         if shape_of(a)[1:] != tuple(e.shape):
             raise ValueError(_shape_mismatch(shape_of(a), tuple(e.shape)))
+    for (path, a), e in zip(jax.tree_util.tree_leaves_with_path(xs), examples):
+        check_input_dtype(f"xs{jax.tree_util.keystr(path)}", a, e.dtype)
     return lengths.pop()
+
+
+def check_example_batch(example_x: Any, batch_size: int | None) -> None:
+    """Checks that every leaf of ``example_x`` leads with the batch axis of ``batch_size``.
+
+    Raises:
+        ValueError: A leaf has no leading axis of ``batch_size`` (the message
+            names it, its shape and what to pass); nothing for ``None``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> check_example_batch(jnp.ones((2, 3)), 2)
+        >>> try:
+        ...     check_example_batch({'a': jnp.ones((3, 3))}, 2)
+        ... except ValueError as err:
+        ...     print(err)
+        example_x['a'] has shape (3, 3), but batch_size=2: the leading axis of every input is
+        the batch. Pass an example of shape (2, 3) (or compile with batch_size=3).
+    """
+    if batch_size is None:
+        return
+    for path, a in jax.tree_util.tree_leaves_with_path(example_x):
+        shape = shape_of(a)
+        if not shape or shape[0] != batch_size:
+            other = f" (or compile with batch_size={shape[0]})" if shape else ""
+            raise ValueError(
+                f"example_x{jax.tree_util.keystr(path)} has shape {shape}, but "
+                f"batch_size={batch_size}: the leading axis of every input is the batch. Pass "
+                f"an example of shape {(batch_size, *shape[1:])}{other}.")
+
+
+_KIND_RANK = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
+
+
+def check_input_dtype(name: str, a: Any, compiled: Any) -> None:
+    """Checks that input ``a`` may stand for an input of dtype ``compiled``.
+
+    Integers may feed a floating-point input (they are promoted), but floats
+    may not feed integer indices (e.g. :class:`~braintrace.layers.ETPEmbed`'s)
+    nor complex numbers a real input.
+
+    Raises:
+        ArgumentTypeError: They may not (a ``TypeError``, also a ``ValueError``);
+            the message names the input ``name`` and the dtype to cast to.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> check_input_dtype("xs", jnp.ones((2,), jnp.int32), jnp.float32)
+        >>> try:
+        ...     check_input_dtype("xs", jnp.ones((2,)), jnp.int32)
+        ... except TypeError as err:
+        ...     print(err)
+        xs has dtype float32, but the model was compiled for int32 inputs (e.g. integer
+        indices); cast it: xs.astype(jnp.int32).
+    """
+    given = np.dtype(a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype)
+    compiled = np.dtype(compiled)
+    if _KIND_RANK.get(given.kind, 9) > _KIND_RANK.get(compiled.kind, 9):
+        hint = " (e.g. integer indices)" if compiled.kind in "iu" else ""
+        raise ArgumentTypeError(
+            f"{name} has dtype {given}, but the model was compiled for {compiled} inputs{hint}; "
+            f"cast it: {name}.astype(jnp.{compiled}).")
 
 
 def _shape_mismatch(shape: tuple[int, ...], step: tuple[int, ...]) -> str:
@@ -80,15 +148,39 @@ def check_chunk_size(chunk_size: Any, length: int) -> None:
     """Checks that ``chunk_size`` is ``None`` or a positive int dividing ``length``.
 
     Raises:
-        ValueError: It is not (a float or a bool is not an int).
+        ValueError: It is not (a float or a bool is not an int: then an
+            :class:`~braintrace._arguments.ArgumentTypeError`, also a ``TypeError``).
     """
     if chunk_size is None:
         return
-    if (isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral)
-            or chunk_size < 1 or length % chunk_size):
-        raise ValueError(
-            f"chunk_size must be a positive int that divides the sequence length {length}, got "
-            f"{chunk_size!r}. Use None for single-step mode.")
+    what = f"a positive int that divides the sequence length {length}"
+    note = ". Use None for single-step mode"
+    if length % check_integer("chunk_size", chunk_size, minimum=1, what=what, note=note):
+        raise ValueError(f"chunk_size must be {what}, got {chunk_size!r}{note}.")
+
+
+def check_mask_dtype(mask: Any) -> Any:
+    """``mask`` (an array, possibly traced), after checking it holds real numbers.
+
+    Raises:
+        ArgumentTypeError: Its dtype is complex (the imaginary part would be
+            dropped), a string or an object: a ``TypeError``, also a ``ValueError``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> try:
+        ...     check_mask_dtype(jnp.ones(3, jnp.complex64))
+        ... except TypeError as err:
+        ...     print(err)
+        mask must hold real step weights (bool, int or float), got dtype complex64; take
+        jnp.abs(mask) or jnp.real(mask).
+    """
+    dtype = np.dtype(mask.dtype)
+    if dtype.kind not in "biuf":
+        hint = "; take jnp.abs(mask) or jnp.real(mask)" if dtype.kind == "c" else ""
+        raise ArgumentTypeError(
+            f"mask must hold real step weights (bool, int or float), got dtype {dtype}{hint}.")
+    return mask
 
 
 def step_weights(mask: Any, length: int, batch_size: int | None = None) -> np.ndarray:
@@ -101,8 +193,10 @@ def step_weights(mask: Any, length: int, batch_size: int | None = None) -> np.nd
     (``Σ_b m_tb ℓ_tb / B``; all ones give ``Σ_t L_t``).
 
     Raises:
-        ValueError: The mask is traced, has another shape, is complex, or has a
-            value that is not finite.
+        ValueError: The mask is traced, has another shape, or has a value that
+            is not finite.
+        ArgumentTypeError: It is not real numbers (complex, strings): a
+            ``TypeError`` that is also a ``ValueError``.
 
     Example:
         >>> step_weights([[1.0, 0.0], [1.0, 1.0]], 2, batch_size=2).tolist()
@@ -110,14 +204,12 @@ def step_weights(mask: Any, length: int, batch_size: int | None = None) -> np.nd
     """
     if mask is None:
         return np.ones((length,))
-    if np.iscomplexobj(mask):
-        raise ValueError("mask must be real: one weight per step (or per step and sample), "
-                         f"got a complex array of dtype {getattr(mask, 'dtype', 'complex')}.")
     try:
-        weights = np.asarray(mask, dtype=np.float64)
+        weights = np.asarray(mask)
     except jax.errors.TracerArrayConversionError as err:
         raise ValueError("mask must be a concrete array (its values are checked on the "
                          "host), not a traced value.") from err
+    weights = check_mask_dtype(weights).astype(np.float64)
     shapes = [(length,)] + ([] if batch_size is None else [(length, batch_size)])
     if weights.shape not in shapes:
         per_sample = "" if batch_size is None else f" or ({length}, {batch_size}) per sample"

@@ -17,10 +17,10 @@ mode, a learning signal of their own); nothing else decides it.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from typing import Any
 
 from braintrace._algorithms import GraphRules
+from braintrace._arguments import check_integer
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "Blocked", "LoopSpec", "PerStep", "Windowed", "check_positive",
            "choose_loop"]
@@ -56,13 +56,14 @@ def check_positive(name: str, value: Any, *, length: int | None = None) -> int:
     """``value`` as an int, after checking it is a positive integer (dividing ``length``).
 
     Raises:
-        ValueError: It is not (a float or a bool is not an int; NumPy integers are).
+        ArgumentTypeError: It is not an integer (a float or a bool is not one; NumPy
+            integers are); a ``TypeError`` that is also a ``ValueError``.
+        ValueError: It is below 1 or does not divide ``length``.
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}.")
-    if length is not None and length % int(value):
-        raise ValueError(f"{name}={int(value)} must divide the sequence length {length}.")
-    return int(value)
+    value = check_integer(name, value, minimum=1)
+    if length is not None and length % value:
+        raise ValueError(f"{name}={value} must divide the sequence length {length}.")
+    return value
 
 
 def choose_loop(rules: GraphRules, *, length: int, chunk_size: int | None = None,
