@@ -127,8 +127,8 @@ def trace_weights(mask: Any, length: int, reduction: str, dtype: Any,
     pairs; an all-zero mask gives zero weights (the gradient is zero).
 
     Example:
-        >>> trace_weights(jnp.array([[1., 0.], [1., 1.]]), 2, 'mean', jnp.float32, 2).tolist()
-        [[0.3333333432674255, 0.0], [0.3333333432674255, 0.3333333432674255]]
+        >>> trace_weights(jnp.array([[1., 0.], [1., 0.]]), 2, 'mean', jnp.float32, 2).tolist()
+        [[0.5, 0.0], [0.5, 0.0]]
 
     Raises:
         ValueError: The mask has another shape, or is not real (see
