@@ -124,7 +124,7 @@ def test_bad_modulators_raise_clear_errors(modulators, match):
 def test_modulators_only_for_three_factor_and_not_windowed():
     xs, ys = data(T, batch=B)
     _grads("d_rtrl", xs, ys)
-    with pytest.raises(ValueError, match="reads no per-step input; got \[.modulators.\]"):
+    with pytest.raises(ValueError, match=r"reads no per-step input; got \[.modulators.\]"):
         _COMPILED["d_rtrl"][1].etrace_grad(xs, ys, mse, modulators={"h": jnp.zeros((T, B, H))})
     _grads("three_factor", xs, ys, modulators={"h": jnp.zeros((T, B, H))})
     learner = _COMPILED["three_factor"][1]
