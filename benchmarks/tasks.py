@@ -9,7 +9,7 @@ and a GELU MLP readout: the architecture on which D-RTRL is exact) on the first
 two; ``alif`` (a recurrent layer of adaptive LIF neurons, leaky readout) on the
 spiking one.
 
-Methods: ``bptt`` (``jax.grad`` through ``jax.lax.scan``), ``d_rtrl``,
+Methods: ``bptt`` (``braintrace.BPTT()``: ``jax.grad`` through the scan), ``d_rtrl``,
 ``es_d_rtrl``, ``eprop`` (``EProp(kappa=0.9)``, SNN only), ``d_rtrl@8`` and
 ``d_rtrl@16`` (D-RTRL in windowed mode, ``chunk_size`` 8 or 16: exact reverse mode
 inside each window, traces across windows; a window that does not divide T is
@@ -182,11 +182,9 @@ def masked_loss(outputs, batch):
 
 def grad_function(model: nnx.Module, method: str, task, batch_size: int):
     """``grad(batch) -> nnx.State`` of the masked loss for ``method``."""
-    if method.startswith("bptt"):
-        run = scan_fn(model, batch_size)
-        g = jax.jit(jax.grad(lambda p, b: masked_loss(run(p, b.xs), b)))
-        return lambda batch: g(nnx.state(model, nnx.Param), batch)
     name, _, window = method.partition("@")
+    if name == "bptt":  # braintrace.BPTT(): the exact gradient of the masked mean loss
+        window = ""     # ('bptt@small' is BPTT at the small size, not a window)
     algorithm = ALGORITHMS[name]() if name in ALGORITHMS else name
     example = jnp.zeros((batch_size, task.num_inputs))
     learner = braintrace.compile(model, algorithm, example, batch_size=batch_size)
