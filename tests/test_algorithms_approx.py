@@ -23,7 +23,7 @@ import braintrace
 from braintrace._algorithms import get_algorithm
 from braintrace._algorithms._eprop import feedback_equations, random_feedback_operands
 from braintrace._algorithms._es_d_rtrl import IOTrace, decay_from
-from braintrace._compiler import StepLeaves, programs
+from braintrace._compiler import StepLeaves, programs, split_model
 
 
 @pytest.fixture(autouse=True)
@@ -180,7 +180,7 @@ def test_es_d_rtrl_direction_aligned_with_bptt(make, input_scale, threshold):
 
 
 def _step_inputs(learner, x):
-    _, params, hidden, other = S.split_model(learner.model)
+    _, params, hidden, other = split_model(learner.model)
     return jax.tree.leaves(params), jax.tree.leaves(hidden), jax.tree.leaves(other), [x]
 
 
