@@ -94,6 +94,7 @@ def test_api_reference_lists_exactly_the_public_names(module_name):
     entries = set(re.findall(r"^   (\w+)$", page, flags=re.MULTILINE))   # autosummary rows
     entries |= set(re.findall(r"^\.\. py:data:: (\w+)$", page, flags=re.MULTILINE))
     entries |= set(re.findall(rf":doc:`{re.escape(module_name)}\.(\w+)`", page))
+    entries |= set(re.findall(rf"^\* ``{re.escape(module_name)}\.(\w+)``", page, re.MULTILINE))
     assert entries == set(module.__all__)
 
 

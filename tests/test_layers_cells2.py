@@ -10,7 +10,9 @@ from contract_models import randomize_hidden
 from flax import nnx
 from flax.nnx.nn import dtypes
 from helpers import primitive_names
-from test_gradient_contract import assert_live, bptt, mse, relative_errors
+from helpers import bptt_grads as bptt
+from helpers import mse
+from test_gradient_contract import assert_live, relative_errors
 
 import braintrace
 from braintrace import layers

@@ -8,7 +8,9 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from test_gradient_contract import assert_live, bptt, mse, relative_errors
+from helpers import bptt_grads as bptt
+from helpers import mse
+from test_gradient_contract import assert_live, relative_errors
 
 import braintrace
 from braintrace import layers

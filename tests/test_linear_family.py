@@ -18,7 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from test_gradient_contract import assert_live, bptt, mse, relative_errors
+from helpers import bptt_grads as bptt
+from helpers import mse
+from test_gradient_contract import assert_live, relative_errors
 
 import braintrace
 from braintrace import layers
