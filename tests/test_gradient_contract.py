@@ -4,8 +4,8 @@
   model, whatever its structure (no path is dropped from the same-step
   gradient). At ``T = 1`` every algorithm's traces start at zero, so what can
   differ is the path the gradient takes, not the rule: the loop (per step,
-  blocked with D-RTRL's or ES-D-RTRL's block product, windowed), the scope the
-  graph is compiled in (diagonal, coupled, full) and BPTT itself. ``PATHS``
+  blocked with D-RTRL's or ES-D-RTRL's block product, windowed: BPTT), the
+  scope the graph is compiled in (diagonal, coupled, full). ``PATHS``
   holds one algorithm per path; the oracle is computed once per model.
 * Over time: where the compiler finds no approximation (``strict=True``
   compiles), D-RTRL equals BPTT to ``1e-8``; where it finds one, ``strict=True``
@@ -68,15 +68,17 @@ def assert_live(grads):
 
 
 PATHS = {
-    "per-step": (braintrace.DRTRL, {"block_size": 1}),
     "blocked": (braintrace.DRTRL, {}),
     "blocked-factorised": (ALGORITHMS["es_d_rtrl"], {}),
-    "windowed": (braintrace.DRTRL, {"chunk_size": 1}),
     "coupled-scope": (braintrace.OSTLRecurrent, {}),
     "full-scope": (braintrace.RTRL, {}),
     "bptt": (braintrace.BPTT, {}),
 }
-"""One algorithm and loop per distinct execution path of the ``T = 1`` contract."""
+"""One algorithm and loop per distinct execution path of the ``T = 1`` contract: the blocked
+loop with D-RTRL's and with ES-D-RTRL's block product (diagonal scope), the per-step loop in the
+coupled and in the full scope, and the windowed loop (BPTT). D-RTRL per step and windowed D-RTRL
+run the same loops as these (``tests/test_blocked.py`` and ``tests/test_algorithms_exact.py``
+check them against the blocked form and BPTT over time)."""
 
 
 @functools.cache
