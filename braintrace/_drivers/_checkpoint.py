@@ -41,10 +41,13 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
+
+from braintrace._compiler import leaf_paths
 
 __all__ = ["FORMAT", "MANIFEST", "RECORD", "Item", "check_files", "damaged", "leaf_names",
            "restore_args", "restore_checkpoint", "save_args", "save_checkpoint", "unpack",
-           "write_manifest"]
+           "optimizer_item", "write_manifest"]
 
 FORMAT = "braintrace-ckpt/3"
 MANIFEST = "braintrace.sha256.json"
@@ -385,3 +388,11 @@ def _few(names: Sequence[str]) -> str:
         return "nothing"
     shown = ", ".join(f"'{n}'" for n in names[:_SHOWN])
     return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
+
+
+def optimizer_item(optimizer: nnx.Optimizer) -> Item:
+    """The checkpoint item of a user's ``nnx.Optimizer``: ``nnx.state(optimizer)``."""
+    if not isinstance(optimizer, nnx.Optimizer):
+        raise TypeError(f"optimizer must be an nnx.Optimizer, got {type(optimizer).__name__}.")
+    state = nnx.state(optimizer)
+    return Item(state, [f"optimizer/{p}" for p in leaf_paths(state)])

@@ -16,7 +16,7 @@ from braintrace._arguments import ArgumentTypeError, check_integer
 __all__ = ["REDUCTIONS", "check_chunk_size", "check_example_batch", "check_input_dtype",
            "check_inputs", "check_mask_dtype",
            "check_signal_inputs", "check_targets", "loss_weights", "shape_of",
-           "static_chunk_size", "step_weights"]
+           "refuse_traced", "static_chunk_size", "step_weights"]
 
 REDUCTIONS = ("mean", "sum")
 
@@ -294,3 +294,18 @@ def check_signal_inputs(rules: Any, hidden: list[Any], given: dict[str, Any],
 def static_chunk_size(chunk_size: Any) -> int | None:
     """A checked ``chunk_size`` as the static argument of the compiled program."""
     return None if chunk_size is None else int(chunk_size)
+
+
+def refuse_traced(method: str, *trees: Any) -> None:
+    """Raises a clear error when an eager method is called inside ``jit`` (a traced input).
+
+    Raises:
+        TypeError: Some leaf is a tracer.
+    """
+    if any(isinstance(a, jax.core.Tracer) for tree in trees for a in jax.tree.leaves(tree)):
+        raise TypeError(
+            f"{method} is the eager convenience: it checks its arguments on the host and "
+            "writes the model, so it cannot run inside jax.jit / nnx.jit. Inside your own "
+            "jit-ed train step use the pure functions: online = braintrace.online_grad("
+            "learner, loss_fn); state = online.init(model); then grads, state, stats = "
+            "online.grad(model, state, xs, ys) (README: 'Inside your own train step').")

@@ -12,7 +12,7 @@ then reused.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -20,11 +20,22 @@ import numpy as np
 from flax import nnx
 
 from braintrace._algorithms import AbstractAlgorithm, GraphRules
-from braintrace._compiler import ETraceGraph, leaf_paths, split_model
-from braintrace._drivers._checkpoint import Item, leaf_names, restore_checkpoint, save_checkpoint
+from braintrace._compiler import ETraceGraph, split_model
+from braintrace._drivers._checkpoint import (
+    Item,
+    leaf_names,
+    optimizer_item,
+    restore_checkpoint,
+    save_checkpoint,
+)
 from braintrace._drivers._compiled import CompiledModel, Entry
 from braintrace._drivers._evaluate import evaluate
-from braintrace._drivers._inputs import check_inputs, check_signal_inputs, loss_weights
+from braintrace._drivers._inputs import (
+    check_inputs,
+    check_signal_inputs,
+    loss_weights,
+    refuse_traced,
+)
 from braintrace._drivers._model_state import (
     Leaves,
     check_leaves,
@@ -35,66 +46,18 @@ from braintrace._drivers._model_state import (
     write_params,
     write_state,
 )
-from braintrace._drivers._programs import EVOLVE_PROGRAM, GRAD_PROGRAM, GradResult
+from braintrace._drivers._programs import EVOLVE_PROGRAM, GRAD_PROGRAM, GradArgs, GradResult
 from braintrace._drivers._sharding import host_array, place, place_inputs
 from braintrace._drivers._states import check_batch_size, init_states
 from braintrace._loops import LoopSpec, check_positive, choose_loop
 
-__all__ = ["KEEP", "GradArgs", "OnlineLearner", "optimizer_item"]
+__all__ = ["KEEP", "OnlineLearner"]
 
 UNCHANGED = ("the model's Params and hidden state and the learner's traces are as they were "
              "before this call")
 
 KEEP: Any = type("Keep", (), {"__repr__": lambda self: "KEEP"})()
 """``reset``'s default: keep the current batch size (``None`` means per sample)."""
-
-
-class GradArgs(NamedTuple):
-    """The array arguments of the compiled ``etrace_grad`` program, in order.
-
-    Attributes:
-        params: The Params, in the order of ``graph.param_paths``.
-        hidden: The hidden states, in the order of ``graph.hidden_paths``.
-        other: The other Variables, in the order of ``graph.other_paths``.
-        traces: The algorithm's trace state.
-        xs: Inputs, time axis leading.
-        ys: Targets, time axis leading.
-        weights: ``(T,)`` weights ``w_t`` of the loss ``Σ_t w_t L_t``.
-        signal_inputs: The algorithm's own per-step inputs (ThreeFactor's
-            modulators, one ``(T, *state_shape)`` array per hidden state), or ``None``.
-    """
-
-    params: list[jax.Array]
-    hidden: list[jax.Array]
-    other: list[jax.Array]
-    traces: Any
-    xs: Any
-    ys: Any
-    weights: jax.Array
-    signal_inputs: Any = None
-
-
-def optimizer_item(optimizer: nnx.Optimizer) -> Item:
-    """The checkpoint item of a user's ``nnx.Optimizer``: ``nnx.state(optimizer)``."""
-    if not isinstance(optimizer, nnx.Optimizer):
-        raise TypeError(f"optimizer must be an nnx.Optimizer, got {type(optimizer).__name__}.")
-    state = nnx.state(optimizer)
-    return Item(state, [f"optimizer/{p}" for p in leaf_paths(state)])
-
-
-def refuse_traced(method: str, *trees: Any) -> None:
-    """Raises a clear error when an eager method is called inside ``jit`` (a traced input).
-
-    Raises:
-        TypeError: Some leaf is a tracer.
-    """
-    if any(isinstance(a, jax.core.Tracer) for tree in trees for a in jax.tree.leaves(tree)):
-        raise TypeError(
-            f"{method} is the eager convenience: it checks its arguments on the host and "
-            "writes the model, so it cannot run inside jax.jit / nnx.jit. Inside your own "
-            "jit-ed train step use the pure functions: online = braintrace.online_grad("
-            "learner, loss_fn); state = online.init(model); then grads, state, stats = "
-            "online.grad(model, state, xs, ys) (README: 'Inside your own train step').")
 
 
 class OnlineLearner:

@@ -29,8 +29,33 @@ from braintrace._drivers._compiled import Entry
 from braintrace._drivers._sharding import Layout, constrain, input_shardings
 from braintrace._loops import LoopContext, LoopSpec, evolve, init_carry, param_gradients, run
 
-__all__ = ["EVOLVE_PROGRAM", "GRAD_PROGRAM", "TRAIN_PROGRAM", "GradResult", "TrainResult",
+__all__ = ["EVOLVE_PROGRAM", "GRAD_PROGRAM", "TRAIN_PROGRAM", "GradArgs", "GradResult", "TrainResult",
            "evolve_program", "grad_program", "train_program"]
+
+
+class GradArgs(NamedTuple):
+    """The array arguments of the compiled ``etrace_grad`` program, in order.
+
+    Attributes:
+        params: The Params, in the order of ``graph.param_paths``.
+        hidden: The hidden states, in the order of ``graph.hidden_paths``.
+        other: The other Variables, in the order of ``graph.other_paths``.
+        traces: The algorithm's trace state.
+        xs: Inputs, time axis leading.
+        ys: Targets, time axis leading.
+        weights: ``(T,)`` weights ``w_t`` of the loss ``Σ_t w_t L_t``.
+        signal_inputs: The algorithm's own per-step inputs (ThreeFactor's
+            modulators, one ``(T, *state_shape)`` array per hidden state), or ``None``.
+    """
+
+    params: list[jax.Array]
+    hidden: list[jax.Array]
+    other: list[jax.Array]
+    traces: Any
+    xs: Any
+    ys: Any
+    weights: jax.Array
+    signal_inputs: Any = None
 
 
 class GradResult(NamedTuple):

@@ -20,8 +20,8 @@ from flax import nnx
 from braintrace._drivers._checkpoint import Item, leaf_names, restore_checkpoint, save_checkpoint
 from braintrace._drivers._fit import Callback, History, Metric, fit
 from braintrace._drivers._functional import window_loop
-from braintrace._drivers._inputs import check_signal_inputs, step_weights
-from braintrace._drivers._learner import OnlineLearner, refuse_traced
+from braintrace._drivers._inputs import check_signal_inputs, refuse_traced, step_weights
+from braintrace._drivers._learner import OnlineLearner
 from braintrace._drivers._programs import TRAIN_PROGRAM, TrainResult
 from braintrace._drivers._sharding import host_array, place
 from braintrace._loops import check_positive
