@@ -45,9 +45,22 @@ from flax import nnx
 
 from braintrace._compiler import leaf_paths
 
-__all__ = ["FORMAT", "MANIFEST", "RECORD", "Item", "check_files", "damaged", "leaf_names",
-           "restore_args", "restore_checkpoint", "save_args", "save_checkpoint", "unpack",
-           "optimizer_item", "write_manifest"]
+__all__ = [
+    "FORMAT",
+    "MANIFEST",
+    "RECORD",
+    "Item",
+    "check_files",
+    "damaged",
+    "leaf_names",
+    "optimizer_item",
+    "restore_args",
+    "restore_checkpoint",
+    "save_args",
+    "save_checkpoint",
+    "unpack",
+    "write_manifest",
+]
 
 FORMAT = "braintrace-ckpt/3"
 MANIFEST = "braintrace.sha256.json"

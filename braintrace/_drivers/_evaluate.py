@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import numpy as np
 from flax import nnx
 
 from braintrace._drivers._model_state import strong
 from braintrace._drivers._states import check_batch_size, init_states
 
-__all__ = ["evaluate"]
+__all__ = ["batch_size_of", "evaluate"]
 
 
 def evaluate(model: nnx.Module, xs: Any, *, batch_size: int | None) -> Any:
@@ -66,3 +67,27 @@ def _run(graphdef: Any, state: Any, xs: Any, batch_size: int | None) -> Any:
 
 
 _RUN = jax.jit(_run, static_argnames=("graphdef", "batch_size"))
+
+
+def batch_size_of(xs: Any, example: Any, compiled_batch_size: int | None) -> int | None:
+    """The batch size of ``xs`` (``None``: per sample), by the rank of the compiled step input.
+
+    Args:
+        xs: Inputs, time axis leading, with or without a batch axis second.
+        example: One step's input as compiled (``example_x``).
+        compiled_batch_size: The batch size ``example`` has (``None``: no batch axis).
+
+    Raises:
+        ValueError: ``xs`` has neither rank.
+    """
+    example = jax.tree.leaves(example)[0]
+    leaf = jax.tree.leaves(xs)[0]
+    sample_rank = len(example.shape) - (compiled_batch_size is not None)
+    if np.ndim(leaf) == sample_rank + 1:
+        return None
+    if np.ndim(leaf) == sample_rank + 2:
+        return int(np.shape(leaf)[1])
+    raise ValueError(
+        f"xs has shape {np.shape(leaf)}; evaluate takes (T, batch, *features) or "
+        f"(T, *features) with features of rank {sample_rank} (the compiled step's input "
+        f"{tuple(example.shape)}).")

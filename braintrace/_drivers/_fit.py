@@ -254,7 +254,7 @@ def fit(trainer: Any, batches: Iterable[Any], *, epochs: int = 1, steps: int | N
             record = _train_batch(trainer, history, n, epoch, batch, reset_each_batch)
             bar.set_postfix(loss=f"{record['loss']:.4g}", refresh=False)
             bar.update()
-            stop = any([bool(c.on_step(trainer, record)) for c in callbacks])
+            stop = any(bool(c.on_step(trainer, record)) for c in callbacks)
             if validation is not None and eval_every is not None and n % eval_every == 0:
                 stop |= _evaluate(trainer, history, n, validation, metrics, callbacks, bar)
             if stop:
@@ -291,4 +291,4 @@ def _evaluate(trainer: Any, history: History, n: int, validation: list[Any],
     record = {"step": n, **validation_metrics(trainer, validation, metrics)}
     history.evaluations.append(record)
     bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k != "step"}, refresh=False)
-    return any([bool(c.on_evaluation(trainer, record)) for c in callbacks])
+    return any(bool(c.on_evaluation(trainer, record)) for c in callbacks)

@@ -13,10 +13,21 @@ import numpy as np
 
 from braintrace._arguments import ArgumentTypeError, check_integer
 
-__all__ = ["REDUCTIONS", "check_chunk_size", "check_example_batch", "check_input_dtype",
-           "check_inputs", "check_mask_dtype",
-           "check_signal_inputs", "check_targets", "loss_weights", "shape_of",
-           "refuse_traced", "static_chunk_size", "step_weights"]
+__all__ = [
+    "REDUCTIONS",
+    "check_chunk_size",
+    "check_example_batch",
+    "check_input_dtype",
+    "check_inputs",
+    "check_mask_dtype",
+    "check_signal_inputs",
+    "check_targets",
+    "loss_weights",
+    "refuse_traced",
+    "shape_of",
+    "static_chunk_size",
+    "step_weights",
+]
 
 REDUCTIONS = ("mean", "sum")
 

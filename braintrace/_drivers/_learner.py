@@ -16,20 +16,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from braintrace._algorithms import AbstractAlgorithm, GraphRules
 from braintrace._compiler import ETraceGraph, split_model
-from braintrace._drivers._checkpoint import (
-    Item,
-    leaf_names,
-    optimizer_item,
-    restore_checkpoint,
-    save_checkpoint,
-)
+from braintrace._drivers._checkpoint import Item, leaf_names, optimizer_item
+from braintrace._drivers._checkpointable import Checkpointable
 from braintrace._drivers._compiled import CompiledModel, Entry
-from braintrace._drivers._evaluate import evaluate
+from braintrace._drivers._evaluate import batch_size_of, evaluate
 from braintrace._drivers._inputs import (
     check_inputs,
     check_signal_inputs,
@@ -46,6 +40,7 @@ from braintrace._drivers._model_state import (
     write_params,
     write_state,
 )
+from braintrace._drivers._not_finite import raise_if_grad_not_finite
 from braintrace._drivers._programs import EVOLVE_PROGRAM, GRAD_PROGRAM, GradArgs, GradResult
 from braintrace._drivers._sharding import host_array, place, place_inputs
 from braintrace._drivers._states import check_batch_size, init_states
@@ -60,7 +55,7 @@ KEEP: Any = type("Keep", (), {"__repr__": lambda self: "KEEP"})()
 """``reset``'s default: keep the current batch size (``None`` means per sample)."""
 
 
-class OnlineLearner:
+class OnlineLearner(Checkpointable):
     """A model compiled for online learning: steps it, keeps hidden state and traces.
 
     Create with :func:`braintrace.compile`. Hidden states live in the model (and
@@ -286,59 +281,8 @@ class OnlineLearner:
         write_state(self.model, state["hidden"], state["other"])
         self.traces = state["traces"]
 
-    def save(self, path: str, *, optimizer: nnx.Optimizer | None = None) -> None:
-        """Saves Params, hidden and other state (RNG keys included) and traces to ``path``.
-
-        ``path`` becomes an orbax checkpoint directory (replacing one there),
-        sharded arrays included; on several hosts every process calls this. The
-        Params are its item ``params``, ``nnx.state(model, nnx.Param)`` under its
-        Flax paths, which plain orbax and Flax restore without braintrace
-        (README: "Checkpoints"). It carries a SHA-256 digest of its files,
-        checked by :meth:`restore`. For numbered steps, keep-last-N and
-        keep-best, use :class:`braintrace.CheckpointManager`.
-
-        Args:
-            path: The checkpoint directory.
-            optimizer: A user's ``nnx.Optimizer`` (of the training loop around
-                :meth:`etrace_grad`), saved beside the Params as ``nnx.state(optimizer)``.
-
-        Raises:
-            ValueError: ``path`` exists and is not a braintrace checkpoint.
-
-        Example:
-            >>> import os, tempfile, jax.numpy as jnp
-            >>> from flax import nnx
-            >>> import braintrace
-            >>> from braintrace import layers
-            >>> model = layers.Stateful(layers.GRUCell(2, 3, rngs=nnx.Rngs(0)))
-            >>> learner = braintrace.compile(model, 'd_rtrl', jnp.ones((1, 2)), batch_size=1)
-            >>> path = os.path.join(tempfile.mkdtemp(), 'run.ckpt')
-            >>> learner.save(path)
-            >>> learner.restore(path)
-        """
-        save_checkpoint(path, self._checkpoint_items(optimizer))
-
-    def restore(self, path: str, *, optimizer: nnx.Optimizer | None = None) -> None:
-        """Restores what :meth:`save` wrote, so the run continues identically.
-
-        The arrays are read onto this learner's devices: a checkpoint saved on
-        another mesh (or without one) restores here.
-
-        Args:
-            path: The checkpoint directory.
-            optimizer: The ``nnx.Optimizer`` to restore too (it must have been saved).
-
-        Raises:
-            ValueError: The checkpoint is damaged or not one, or it does not
-                match this learner (or ``optimizer``); the message names the file
-                and the first offending leaf. The model, the learner and the
-                optimizer are then unchanged.
-        """
-        items = self._checkpoint_items(optimizer)
-        self._load_checkpoint(restore_checkpoint(path, items), optimizer)
-
     def _checkpoint_items(self, optimizer: nnx.Optimizer | None = None) -> dict[str, Item]:
-        """What a checkpoint of this learner holds, as named items (``_checkpoint.py``)."""
+        """Params, hidden and other state, traces (and ``optimizer``'s state), as named items."""
         graph = self.graph
         _, params, hidden, other = split_model(self.model)
         items = {"params": Item(params, [f"params/{p}" for p in graph.param_paths]),
@@ -406,21 +350,8 @@ class OnlineLearner:
             (6, 50, 4)
         """
         refuse_traced("learner.evaluate", xs)
-        return evaluate(self.model, xs, batch_size=self._eval_batch_size(xs))
-
-    def _eval_batch_size(self, xs: Any) -> int | None:
-        """The batch size of ``xs`` (``None``: per sample), by the compiled step's rank."""
-        example = jax.tree.leaves(self._entry().example)[0]
-        leaf = jax.tree.leaves(xs)[0]
-        sample_rank = len(example.shape) - (self._batch_size is not None)
-        if np.ndim(leaf) == sample_rank + 1:
-            return None
-        if np.ndim(leaf) == sample_rank + 2:
-            return int(np.shape(leaf)[1])
-        raise ValueError(
-            f"xs has shape {np.shape(leaf)}; evaluate takes (T, batch, *features) or "
-            f"(T, *features) with features of rank {sample_rank} (the compiled step's input "
-            f"{tuple(example.shape)}).")
+        return evaluate(self.model, xs, batch_size=batch_size_of(xs, self._entry().example,
+                                                                 self._batch_size))
 
     def etrace_grad(
         self,
@@ -451,7 +382,9 @@ class OnlineLearner:
             xs: Inputs, time axis leading (any pytree), at least one step.
             ys: Targets, time axis leading (any pytree).
             loss_fn: ``loss_fn(y_pred, y_target) -> scalar`` for one step.
-            mask: Optional ``(T,)`` finite weights of the steps (a concrete array).
+            mask: Optional finite weights (a concrete array): ``(T,)`` per step, or
+                ``(T, batch)`` per step and sample (``'mean'`` then averages over
+                the scored pairs).
             chunk_size: Windowed mode: exact reverse mode inside windows of this
                 many steps (a positive int dividing ``T``), traces carrying
                 credit across windows. ``None`` is single-step mode (BPTT:
@@ -487,26 +420,12 @@ class OnlineLearner:
                                             block_size=block_size, reduction=reduction,
                                             signal_inputs=signal_inputs)
         result: GradResult = GRAD_PROGRAM(entry, loss_fn, spec, *args)
-        self._raise_if_not_finite(entry, host_array(result.losses), host_array(result.finite))
+        raise_if_grad_not_finite(entry.graph.param_paths, host_array(result.losses),
+                                 host_array(result.finite), UNCHANGED)
         write_state(self.model, result.hidden, result.other)
         self.traces = result.traces
         state = param_state(self.model, result.grads)
         return (state, result.losses) if return_losses else state
-
-    def _raise_if_not_finite(self, entry: Entry, losses: np.ndarray, finite: np.ndarray) -> None:
-        bad = np.flatnonzero(~np.isfinite(losses))
-        if bad.size:
-            raise FloatingPointError(
-                f"The loss at time step {int(bad[0])} is {losses[bad[0]]}, not finite; no "
-                f"gradient is returned and {UNCHANGED}. Check the inputs and targets at that "
-                "step (and the Params: lower the learning rate if they grew).")
-        bad = np.flatnonzero(~finite)
-        if bad.size:
-            names = ", ".join(f"'{entry.graph.param_paths[i]}'" for i in bad)
-            raise FloatingPointError(
-                f"The gradient of Param {names} is not finite although every loss is; no "
-                f"gradient is returned and {UNCHANGED}. A hidden state or trace overflowed: "
-                "check the inputs' scale, use float64, or shorten the sequences.")
 
     def lower_etrace_grad(self, xs: Any, ys: Any, loss_fn: Callable[[Any, Any], jax.Array], *,
                           mask: jax.Array | None = None, chunk_size: int | None = None,

@@ -23,7 +23,6 @@ import numpy as np
 from flax import nnx
 
 from braintrace._compiler import ETraceGraph, split_model
-from braintrace._hidden import state_batch_size as state_batch_size
 
 __all__ = [
     "LeafAvals",

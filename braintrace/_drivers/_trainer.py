@@ -13,15 +13,16 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 
-from braintrace._drivers._checkpoint import Item, leaf_names, restore_checkpoint, save_checkpoint
+from braintrace._drivers._checkpoint import Item, leaf_names
+from braintrace._drivers._checkpointable import Checkpointable
 from braintrace._drivers._fit import Callback, History, Metric, fit
 from braintrace._drivers._functional import window_loop
 from braintrace._drivers._inputs import check_signal_inputs, refuse_traced, step_weights
 from braintrace._drivers._learner import OnlineLearner
+from braintrace._drivers._not_finite import raise_if_update_not_finite
 from braintrace._drivers._programs import TRAIN_PROGRAM, TrainResult
 from braintrace._drivers._sharding import host_array, place
 from braintrace._loops import check_positive
@@ -29,7 +30,7 @@ from braintrace._loops import check_positive
 __all__ = ["OnlineTrainer"]
 
 
-class OnlineTrainer:
+class OnlineTrainer(Checkpointable):
     """Online learning: an optax update every ``update_every`` steps, inside the scan.
 
     Within a sequence the Params change while it runs, as in the brain: every
@@ -139,52 +140,12 @@ class OnlineTrainer:
             jax.tree.structure(nnx.state(learner.model, nnx.Param)), params,
             self._placed(self.opt_state), hidden, other, learner._checked_traces(entry), xs, ys,
             weights, inputs)
-        self._raise_if_not_finite(host_array(out.losses), int(host_array(out.bad_update_at)),
-                                  host_array(out.bad_params))
+        raise_if_update_not_finite(learner.graph.param_paths, host_array(out.losses),
+                                   int(host_array(out.bad_update_at)), host_array(out.bad_params))
         learner.load_state({"params": out.params, "hidden": out.hidden, "other": out.other,
                             "traces": out.traces})
         self.opt_state = out.opt_state
         return out.losses
-
-    def _raise_if_not_finite(self, losses: np.ndarray, bad_update_at: int,
-                             bad_params: np.ndarray) -> None:
-        discarded = ("the whole call was discarded: the model's Params, the optimiser state, "
-                     "hidden state and traces are as they were before it")
-        bad = np.flatnonzero(~np.isfinite(losses))
-        if bad.size and (bad_update_at < 0 or bad[0] <= bad_update_at):
-            raise FloatingPointError(
-                f"The loss at time step {int(bad[0])} of this call is {losses[bad[0]]}, not "
-                f"finite; {discarded}. Check the inputs and targets at that step, or lower the "
-                "learning rate.")
-        if bad_update_at >= 0:
-            names = ", ".join(f"'{self.learner.graph.param_paths[i]}'"
-                              for i in np.flatnonzero(bad_params))
-            raise FloatingPointError(
-                f"The update after time step {bad_update_at} of this call made Param {names} "
-                f"not finite although every loss up to it was finite; {discarded}. Lower the "
-                "learning rate or clip the gradients (optax.clip_by_global_norm).")
-
-    def save(self, path: str, *, optimizer: nnx.Optimizer | None = None) -> None:
-        """Saves Params, hidden state, traces and the optimiser state to ``path``.
-
-        ``path`` becomes an orbax checkpoint directory, as for
-        :meth:`OnlineLearner.save` (the Params under their Flax paths, the optax
-        state as the item ``opt_state``), with a SHA-256 digest checked by
-        :meth:`restore`. ``optimizer``: an ``nnx.Optimizer`` of your own to save
-        beside them.
-        """
-        save_checkpoint(path, self._checkpoint_items(optimizer))
-
-    def restore(self, path: str, *, optimizer: nnx.Optimizer | None = None) -> None:
-        """Restores what :meth:`save` wrote; the run then continues identically.
-
-        Raises:
-            ValueError: The checkpoint is damaged or not one, or it does not
-                match this trainer; the message names the file and the first
-                offending leaf. Nothing is changed then.
-        """
-        items = self._checkpoint_items(optimizer)
-        self._load_checkpoint(restore_checkpoint(path, items), optimizer)
 
     def _checkpoint_items(self, optimizer: nnx.Optimizer | None = None) -> dict[str, Item]:
         """The learner's checkpoint items and the optax state (item ``opt_state``)."""
