@@ -6,7 +6,9 @@ they never run a loop. This package runs them over a sequence. A run is a
 :class:`LoopContext` (built once: rules, loss, Params, operands), a loop
 specification chosen in one place (:func:`choose_loop`: :class:`PerStep`,
 :class:`Blocked`, :class:`Windowed`) and one entry point, :func:`run`, over a
-:class:`ScanCarry` that every loop takes and returns with nothing pending.
+:class:`ScanCarry` that every loop takes and returns with nothing pending (the
+per-step loop may leave its last trace update pending for the next piece of
+the sequence: ``run(..., finish=False)``, then :func:`finish_carry`).
 
 Modules, imports pointing one way: ``_context``; ``_step`` (one step's loss
 terms and Jacobians); ``_per_step`` (the carry, the per-step loop, the final
@@ -21,6 +23,7 @@ in :func:`run`.
 from braintrace._loops._context import LoopContext as LoopContext
 from braintrace._loops._per_step import ScanCarry as ScanCarry
 from braintrace._loops._per_step import evolve as evolve
+from braintrace._loops._per_step import finish_carry as finish_carry
 from braintrace._loops._per_step import init_carry as init_carry
 from braintrace._loops._per_step import param_gradients as param_gradients
 from braintrace._loops._run import run as run
@@ -34,5 +37,6 @@ from braintrace._loops._spec import choose_loop as choose_loop
 from braintrace._loops._step import step_jacobians as step_jacobians
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "Blocked", "LoopContext", "LoopSpec", "PerStep", "ScanCarry",
-           "Windowed", "check_positive", "choose_loop", "evolve", "init_carry",
+           "Windowed", "check_positive", "choose_loop", "evolve", "finish_carry",
+           "init_carry",
            "param_gradients", "run", "step_jacobians"]

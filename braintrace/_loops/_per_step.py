@@ -49,11 +49,14 @@ __all__ = ["Pending", "ScanCarry", "evolve", "finish_carry", "init_carry", "para
 
 
 class Pending(NamedTuple):
-    """A trace update not yet applied: one step's Jacobians and relation inputs."""
+    """A trace update not yet applied: one step's Jacobians, relation inputs and the
+    operands of the Params it was computed with (so that a loop of the next
+    Params, ``OnlineTrainer``'s next window, applies it as it was)."""
 
     d: list[jax.Array]
     df: list[jax.Array]
     rel_x: list[jax.Array | None]
+    operands: list[dict[str, jax.Array]]
 
 
 class ScanCarry(NamedTuple):
@@ -88,14 +91,15 @@ def init_carry(ctx: LoopContext, hidden: Sequence[jax.Array], other: Sequence[ja
 def _zero_pending(ctx: LoopContext, hidden, other) -> Pending:
     """A pending update of the right shapes (never applied: the carry is ``fresh``)."""
     if not ctx.rules.traced:
-        return Pending([], [], [])
+        return Pending([], [], [], [])
     graph = ctx.graph
     leaves = StepLeaves(list(ctx.params), list(hidden), list(other),
                         [jnp.zeros(shape, dtype) for shape, dtype in graph.input_avals])
 
     def shapes():
         jac = step_jacobians(ctx.rules, leaves)
-        return Pending(list(jac.d), list(jac.df), programs.forward(graph, leaves)[1])
+        return Pending(list(jac.d), list(jac.df), programs.forward(graph, leaves)[1],
+                       list(ctx.operands))
 
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(shapes))
 
@@ -104,7 +108,7 @@ def apply_pending(ctx: LoopContext, carry: ScanCarry) -> Any:
     """The traces with the carry's pending update applied (unchanged when ``fresh``)."""
     pending = carry.pending
     new = ctx.rules.update(carry.traces, Jacobians(d=pending.d, df=pending.df), pending.rel_x,
-                           ctx.operands)
+                           pending.operands)
     return jax.tree.map(lambda old, upd: jnp.where(carry.fresh, old, upd), carry.traces, new)
 
 
@@ -127,22 +131,32 @@ def _step(ctx: LoopContext, keep: Sequence[bool], carry: ScanCarry,
         pending, fresh = carry.pending, carry.fresh
     else:
         traces = apply_pending(ctx, carry)
-        pending, fresh = Pending(list(jac.d), list(jac.df), terms.rel_x), jnp.zeros((), bool)
+        pending = Pending(list(jac.d), list(jac.df), terms.rel_x, list(ctx.operands))
+        fresh = jnp.zeros((), bool)
     term = rules.contribution(traces, signal.signal(terms.signal, inputs_t, w_t), ctx.operands)
     summed = jax.tree.map(jnp.add, carry.summed, term)
     return ScanCarry(terms.hidden, terms.other, traces, summed, same, pending, fresh), terms.loss
 
 
 def run_per_step(ctx: LoopContext, carry: ScanCarry, xs: Any, ys: Any, weights: jax.Array,
-                 signal_inputs: Any = None) -> tuple[ScanCarry, jax.Array]:
-    """The per-step loop over a sequence: the finished carry and each step's loss ``(T,)``.
+                 signal_inputs: Any = None, *, finish: bool = True
+                 ) -> tuple[ScanCarry, jax.Array]:
+    """The per-step loop over a sequence: the carry after it and each step's loss ``(T,)``.
 
-    ``signal_inputs``: the learning signal's per-step inputs (time axis leading), or ``None``.
+    Args:
+        ctx, carry, xs, ys, weights: As :func:`braintrace._loops.run`.
+        signal_inputs: The learning signal's per-step inputs (time axis leading), or ``None``.
+        finish: Apply the last step's pending update (:func:`finish_carry`).
+            ``False`` leaves it pending in the returned carry, for a caller that
+            runs the next sequence piece from it (``OnlineTrainer``'s windows:
+            applied at the next window's first step, the update is never fused
+            with the Jacobians computed beside it, which XLA:CPU would recompute
+            for every trace element).
     """
     keep = ctx.rules.learning_signal.keeps_same_step(ctx.graph)
     carry, losses = jax.lax.scan(lambda c, i: _step(ctx, keep, c, i), carry,
                                  (xs, ys, weights, signal_inputs))
-    return finish_carry(ctx, carry), losses
+    return (finish_carry(ctx, carry) if finish else carry), losses
 
 
 def param_gradients(ctx: LoopContext, carry: ScanCarry) -> list[jax.Array]:

@@ -16,16 +16,21 @@ __all__ = ["run"]
 
 
 def run(ctx: LoopContext, spec: LoopSpec, carry: ScanCarry, xs: Any, ys: Any,
-        weights: jax.Array, signal_inputs: Any = None) -> tuple[ScanCarry, jax.Array]:
+        weights: jax.Array, signal_inputs: Any = None, *, finish: bool = True
+        ) -> tuple[ScanCarry, jax.Array]:
     """Runs ``Σ_t w_t L_t`` over a sequence (time axis leading) with the loop ``spec``.
 
     Args:
         ctx: The context (rules, loss, Params, operands).
         spec: The loop (:func:`~braintrace._loops.choose_loop`).
-        carry: The state entering the sequence, nothing pending.
+        carry: The state entering the sequence: nothing pending, except that the
+            per-step loop also takes a carry it returned with ``finish=False``.
         xs, ys: Inputs and targets, time axis leading.
         weights: ``(T,)`` weights ``w_t``.
         signal_inputs: The learning signal's per-step inputs (per-step loop only), or ``None``.
+        finish: ``False``: the per-step loop leaves its last trace update pending
+            (:func:`~braintrace._loops.finish_carry` applies it); other loops
+            always finish.
 
     Returns:
         ``(carry, losses)``: the carry after the last step (nothing pending; its sums give
@@ -34,7 +39,7 @@ def run(ctx: LoopContext, spec: LoopSpec, carry: ScanCarry, xs: Any, ys: Any,
     if signal_inputs is not None and not isinstance(spec, PerStep):
         raise ValueError("A learning signal with per-step inputs runs in the per-step loop.")
     if isinstance(spec, PerStep):
-        return run_per_step(ctx, carry, xs, ys, weights, signal_inputs)
+        return run_per_step(ctx, carry, xs, ys, weights, signal_inputs, finish=finish)
     if isinstance(spec, Blocked):
         return run_blocked(ctx, carry, xs, ys, weights, spec.size)
     if isinstance(spec, Windowed):
