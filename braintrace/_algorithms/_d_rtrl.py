@@ -314,7 +314,7 @@ class DRTRL(AbstractAlgorithm):
         ['fast-signal']
         >>> grads = learner.etrace_grad(jnp.ones((5, 3)), jnp.zeros((5, 4)),
         ...                             lambda y, t: jnp.mean((y - t) ** 2))
-        >>> grads['cell']['hh']['kernel'].shape
+        >>> grads['cell']['dense_h']['kernel'].shape
         (4, 12)
     """
 
