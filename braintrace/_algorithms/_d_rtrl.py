@@ -28,6 +28,7 @@ contracted trace to ``w`` through ``xy_to_dw`` once at the end (exact, since
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -35,6 +36,14 @@ import jax.numpy as jnp
 
 from braintrace._algorithms._base import AbstractAlgorithm, BlockSteps, RelationRule
 from braintrace._algorithms._block_algebra import block_coefficients
+from braintrace._algorithms._fast_signal import (
+    after_update_block,
+    check_signal,
+    fast_signal_approximation,
+    uses_fast_signal,
+)
+from braintrace._algorithms._graph_rules import GraphRules
+from braintrace._algorithms._signals import NEW_STATE_SIGNAL
 from braintrace._algorithms._trace_algebra import (
     merge_steps,
     mix_states,
@@ -43,7 +52,13 @@ from braintrace._algorithms._trace_algebra import (
     sum_over_samples,
     tree_sum,
 )
-from braintrace._compiler import ElementwiseRelation, ETraceGraph, InputRelation, Relation
+from braintrace._compiler import (
+    Approximation,
+    ElementwiseRelation,
+    ETraceGraph,
+    InputRelation,
+    Relation,
+)
 
 __all__ = ["DRTRL", "DRTRL_ELEMENTWISE", "DRTRL_INPUT", "D_RTRL", "drtrl_rule"]
 
@@ -242,9 +257,13 @@ DRTRL_ELEMENTWISE = RelationRule(
 """D-RTRL for the elementwise primitive: the trace of its output, ``ε = D ε + Df``."""
 
 
-def drtrl_rule(relation: Relation) -> RelationRule:
-    """The D-RTRL rule of a relation's kind."""
-    return DRTRL_INPUT if isinstance(relation, InputRelation) else DRTRL_ELEMENTWISE
+def drtrl_rule(relation: Relation, *, after_update: bool = False) -> RelationRule:
+    """The D-RTRL rule of a relation's kind (``after_update``: its time-blocked form reads the
+    fast signal ``δ^t``, contracted with the updated traces)."""
+    rule = DRTRL_INPUT if isinstance(relation, InputRelation) else DRTRL_ELEMENTWISE
+    if after_update:
+        return rule._replace(block_finish=after_update_block(rule.block_finish))
+    return rule
 
 
 class DRTRL(AbstractAlgorithm):
@@ -259,23 +278,66 @@ class DRTRL(AbstractAlgorithm):
     Exact (equal to BPTT) when the compiled graph has no approximations
     (``compile(..., strict=True)`` checks it). Trace memory ``O(B·|θ|·S)``.
 
+    With ``signal='fast'`` the learning signal is ``δ^t = ∂L_t/∂h^t`` (``h^t``
+    an input of the readout and of later states: no backward product through
+    the recurrent kernels), contracted with the updated traces:
+
+    .. math::
+
+        \\nabla_\\theta L = \\sum_t \\partial L_t/\\partial\\theta|_{h^t}
+            + \\delta^t \\cdot \\epsilon^t,
+
+    ``∂L_t/∂θ|_{h^t}`` being the same-step gradient by every path but the
+    traced operations' (the readout's Params). Where the compiler proves the
+    two forms equal (exact traces on the signal's support, no read of
+    ``h^{t-1}`` or of a traced output past ``h^t``, no new state computed from
+    another new state) the fast form runs whatever ``signal`` says; elsewhere
+    ``signal='fast'`` is an approximation that ``report()`` names and
+    ``strict=True`` refuses. Single-step: no ``chunk_size`` with ``'fast'``.
+
     Args:
         coupled: Use the per-position blocks of the full hidden Jacobian
             (OSTL's recurrent rule, see :func:`braintrace.OSTLRecurrent`)
             instead of its elementwise part.
+        signal: ``'exact'`` (the default) or ``'fast'``.
 
     Example:
         >>> import braintrace
         >>> braintrace.DRTRL().name, braintrace.DRTRL(coupled=True).scope
         ('d_rtrl', 'coupled')
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from braintrace import layers
+        >>> cell = layers.Stateful(layers.GRUCell(3, 4, rngs=nnx.Rngs(0)))
+        >>> learner = braintrace.compile(cell, braintrace.DRTRL(signal='fast'), jnp.ones((3,)))
+        >>> [a.kind for a in learner.algorithm.approximations(learner.graph)]
+        ['fast-signal']
+        >>> grads = learner.etrace_grad(jnp.ones((5, 3)), jnp.zeros((5, 4)),
+        ...                             lambda y, t: jnp.mean((y - t) ** 2))
+        >>> grads['cell']['dense_h']['kernel'].shape
+        (4, 12)
     """
 
-    def __init__(self, *, coupled: bool = False):
+    def __init__(self, *, coupled: bool = False, signal: str = "exact"):
         self.scope = "coupled" if coupled else "diagonal"
         self.name = "ostl_recurrent" if coupled else "d_rtrl"
+        self.signal = check_signal(signal)
+        self.supports_windowed = self.signal == "exact"
 
     def relation_rules(self, graph: ETraceGraph) -> tuple[RelationRule, ...]:
-        return tuple(map(drtrl_rule, graph.relations))
+        fast = uses_fast_signal(self.signal, graph, additive=True)
+        return tuple(drtrl_rule(r, after_update=fast) for r in graph.relations)
+
+    def rules(self, graph: ETraceGraph) -> GraphRules:
+        rules = super().rules(graph)
+        if uses_fast_signal(self.signal, graph, additive=True):
+            return dataclasses.replace(rules, learning_signal=NEW_STATE_SIGNAL)
+        return rules
+
+    def approximations(self, graph: ETraceGraph) -> tuple[Approximation, ...]:
+        """With ``signal='fast'``, the fast signal where it is not the exact one."""
+        return fast_signal_approximation(self.signal, graph, additive=True,
+                                         label=f"{type(self).__name__} ('{self.name}')")
 
 
 D_RTRL = DRTRL

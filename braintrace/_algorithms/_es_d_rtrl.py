@@ -27,7 +27,8 @@ which is already shaped like the hidden state.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +36,14 @@ import numpy as np
 
 from braintrace._algorithms._approximations import algorithm_approximation
 from braintrace._algorithms._base import AbstractAlgorithm, BlockSteps, RelationRule
-from braintrace._algorithms._d_rtrl import DRTRL_ELEMENTWISE
+from braintrace._algorithms._d_rtrl import drtrl_rule
+from braintrace._algorithms._fast_signal import (
+    check_signal,
+    fast_signal_approximation,
+    uses_fast_signal,
+)
+from braintrace._algorithms._graph_rules import GraphRules
+from braintrace._algorithms._signals import NEW_STATE_SIGNAL
 from braintrace._algorithms._trace_algebra import merge_steps, mix_states, param_dtypes
 from braintrace._compiler import Approximation, ETraceGraph, InputRelation
 
@@ -115,13 +123,24 @@ def decay_weights(decay: float, steps: int, dtype) -> tuple[jax.Array, jax.Array
     return jnp.asarray(filt, dtype), jnp.asarray(float(decay) ** np.arange(steps), dtype)
 
 
-def es_block_rules(f_update, x_decay: float):
+def es_block_rules(f_update, x_decay: float, after_update: bool = False):
     """``block_step`` and ``block_finish`` of :func:`es_input_rule`: ``K`` steps of
-    ``update``/``contribution``."""
+    ``update``/``contribution`` (``after_update``: of ``update`` then ``contribution``).
 
-    def block_step(r: InputRelation, s: IOTrace, signal_k, d_k, df_k) -> tuple[IOTrace, jax.Array]:
-        """``ε_f`` one step on, and the step's output factor (from the ``ε_f`` it entered with)."""
-        return f_update(r, s, d_k, df_k), output_factor(r, s, signal_k)
+    After the update, step ``k``'s term ``xy_to_dw(ε_x^k, d_k)`` with ``ε_x^k = α_x ε_x^{k-1}
+    + x_k`` is ``xy_to_dw(ε_x^{k-1}, α_x d_k) + xy_to_dw(x_k, d_k)``: the block product
+    below with output factors ``α_x d_k`` and same-step shares ``d_k`` (a bias's
+    ``ε_1^k = α_x ε_1^{k-1} + 1`` splits the same way).
+    """
+
+    def block_step(r: InputRelation, s: IOTrace, signal_k, d_k, df_k) -> tuple[IOTrace, Any]:
+        """``ε_f`` one step on, and the step's output factor (from the ``ε_f`` it entered with;
+        ``after_update``: ``(α_x d_k, d_k)`` from the updated one)."""
+        new = f_update(r, s, d_k, df_k)
+        if after_update:
+            factor = output_factor(r, new, signal_k)
+            return new, (x_decay * factor, factor)
+        return new, output_factor(r, s, signal_k)
 
     def block_finish(r: InputRelation, s: IOTrace, steps: BlockSteps, theta
                      ) -> tuple[IOTrace, IOTerm]:
@@ -137,6 +156,9 @@ def es_block_rules(f_update, x_decay: float):
         x_j``.
         """
         stepped, ds, x, dy = steps.stepped, steps.outs, steps.x, steps.dy
+        if after_update:
+            ds, share = ds
+            dy = share if dy is None else dy + share.astype(dy.dtype)
         length = ds.shape[0]
         filt, powers = decay_weights(x_decay, length, ds.dtype)
         e = jnp.tensordot(filt, ds, axes=1)
@@ -158,8 +180,9 @@ def es_block_rules(f_update, x_decay: float):
     return block_step, block_finish
 
 
-def es_input_rule(x_decay: float, f_decay: float) -> RelationRule:
-    """The ES-D-RTRL rule of an operation with an input, for ``α_x`` and ``α_f``."""
+def es_input_rule(x_decay: float, f_decay: float, after_update: bool = False) -> RelationRule:
+    """The ES-D-RTRL rule of an operation with an input, for ``α_x`` and ``α_f``
+    (``after_update``: its time-blocked form reads the fast signal, see :func:`es_block_rules`)."""
 
     def init(graph: ETraceGraph, r: InputRelation, theta) -> IOTrace:
         g = graph.groups[r.group]
@@ -198,7 +221,7 @@ def es_input_rule(x_decay: float, f_decay: float) -> RelationRule:
         bias = r.primitive.rule("xy_to_dw")(zeros, total.bias_signal, theta, **r.params)
         return jax.tree.map(jnp.add, dict(total.grad), bias)
 
-    block_step, block_finish = es_block_rules(f_update, x_decay)
+    block_step, block_finish = es_block_rules(f_update, x_decay, after_update)
     return RelationRule(init=init, update=update, contribution=contribution, finalize=finalize,
                         rules=lambda r: ("init_pp", "xy_to_dw"), block_step=block_step,
                         block_finish=block_finish)
@@ -215,33 +238,79 @@ class ESDRTRL(AbstractAlgorithm):
     and the temporal term ``xy_to_dw(ε_x^{t-1}, Σ_s ε_f^{t-1} δ̄^t / c_{t-1})``
     added to the exact same-step gradient.
 
+    With ``signal='fast'`` (0.2.8's pp_prop) the learning signal is
+    ``δ^t = ∂L_t/∂h^t`` (``h^t`` an input of the readout and of later states: no
+    backward product through the recurrent kernels), contracted with the
+    updated traces, plus the same-step gradient by every path but the traced
+    operations' (the readout's Params):
+
+    .. math::
+
+        \\text{term}^t = \\mathrm{xy\\_to\\_dw}\\Big(\\epsilon_x^{t},\\;
+            \\sum_s \\frac{\\epsilon_f^{t}[\\dots, s]}{c_{t}}\\,\\delta^t[\\dots, s]\\Big).
+
+    Every Param keeps its trace (the GRU's reset-gate kernel included). The
+    factorised traces are not additive, so with an operation with an input the
+    fast signal is never the exact one: an approximation that ``report()``
+    names and ``strict=True`` refuses (the elementwise relations keep D-RTRL's
+    traces; with only those, the fast form runs whatever ``signal`` says where
+    the compiler proves it equal). Single-step: no ``chunk_size`` with
+    ``'fast'``.
+
     Args:
         decay_or_rank: ``α_f`` (and ``α_x`` unless given): a float in
             ``[0, 1)`` or an integer rank ``r`` (``α = (r-1)/(r+1)``).
         x_decay_or_rank: A separate ``α_x`` for the input side.
         name: The name reported (``'ostl_feedforward'`` for OSTL's variant).
+        signal: ``'exact'`` (the default) or ``'fast'``.
 
     Example:
         >>> import braintrace
         >>> alg = braintrace.ESDRTRL(3)
         >>> alg.f_decay, alg.x_decay
         (0.5, 0.5)
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from braintrace import layers
+        >>> model = nnx.Sequential(layers.ETPLinear(3, 4, rngs=nnx.Rngs(0)), layers.LIF(4))
+        >>> learner = braintrace.compile(model, braintrace.ESDRTRL(signal='fast'),
+        ...                              jnp.ones((3,)))
+        >>> grads = learner.etrace_grad(jnp.ones((5, 3)), jnp.zeros((5, 4)),
+        ...                             lambda y, t: jnp.mean((y - t) ** 2))
+        >>> grads['layers'][0]['kernel'].shape
+        (3, 4)
     """
 
     def __init__(self, decay_or_rank: float = 0.9, *,
-                 x_decay_or_rank: float | None = None, name: str = "es_d_rtrl"):
+                 x_decay_or_rank: float | None = None, name: str = "es_d_rtrl",
+                 signal: str = "exact"):
         self.name = name
         self.f_decay = decay_from(decay_or_rank)
         self.x_decay = decay_from(decay_or_rank if x_decay_or_rank is None else x_decay_or_rank)
-        self._input_rule = es_input_rule(self.x_decay, self.f_decay)
+        self.signal = check_signal(signal)
+        self.supports_windowed = self.signal == "exact"
+        self._input_rules = {after: es_input_rule(self.x_decay, self.f_decay, after)
+                             for after in (False, True)}
+
+    def _uses_fast(self, graph: ETraceGraph) -> bool:
+        # only D-RTRL's (elementwise) traces are additive
+        return uses_fast_signal(self.signal, graph, additive=not graph.input_relations)
 
     def relation_rules(self, graph: ETraceGraph) -> tuple[RelationRule, ...]:
         # the elementwise trace is already shaped like the hidden state: D-RTRL's, exact
-        return tuple(self._input_rule if isinstance(r, InputRelation) else DRTRL_ELEMENTWISE
-                     for r in graph.relations)
+        fast = self._uses_fast(graph)
+        return tuple(self._input_rules[fast] if isinstance(r, InputRelation)
+                     else drtrl_rule(r, after_update=fast) for r in graph.relations)
+
+    def rules(self, graph: ETraceGraph) -> GraphRules:
+        rules = super().rules(graph)
+        if self._uses_fast(graph):
+            return dataclasses.replace(rules, learning_signal=NEW_STATE_SIGNAL)
+        return rules
 
     def approximations(self, graph: ETraceGraph) -> tuple[Approximation, ...]:
-        """The factorised traces of every operation with an input (exact only at ``T = 1``).
+        """The factorised traces of every operation with an input (exact only at ``T = 1``),
+        and with ``signal='fast'`` the fast signal where it is not the exact one.
 
         Example:
             >>> import jax.numpy as jnp
@@ -257,9 +326,12 @@ class ESDRTRL(AbstractAlgorithm):
         smoothing = ("no smoothing: the previous step's input and Df only" if self.f_decay == 0
                      and self.x_decay == 0 else
                      f"α_f = {self.f_decay:g}, α_x = {self.x_decay:g}")
-        return algorithm_approximation(
+        label = f"{type(self).__name__} ('{self.name}')"
+        fast = fast_signal_approximation(self.signal, graph, additive=not graph.input_relations,
+                                         label=label)
+        return fast + algorithm_approximation(
             graph, graph.input_relations, kind="factorised-traces",
-            label=f"{type(self).__name__} ('{self.name}')",
+            label=label,
             what=("replaces D-RTRL's traces by a product of an input trace and an output trace "
                   f"({smoothing}) for"),
             detail="the traces ε_x ⊗ ε_f replace D-RTRL's Σ_k (Π D) Df ⊗ x; exact at T = 1",

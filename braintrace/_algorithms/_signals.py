@@ -3,7 +3,11 @@
 Every algorithm but ThreeFactor learns from the loss: per step, the learning
 signal is ``δ̄^t = ∂(w_t L_t)/∂h^{t-1}``, contracted with the traces *before*
 the step's update, and every Param keeps its exact same-step gradient
-(:class:`LossSignal`). A rule whose signal comes from elsewhere (a reward, a
+(:class:`LossSignal`). The fast form (:class:`NewStateSignal`, D-RTRL's and
+ES-D-RTRL's ``signal='fast'``) takes ``δ^t = ∂(w_t L_t)/∂h^t`` with ``h^t`` an
+input of the rest of the step, contracted with the traces *after* the update,
+and the same-step gradient by every path but the traced operations' (no
+backward product through the recurrent kernels). A rule whose signal comes from elsewhere (a reward, a
 neuromodulator) subclasses :class:`AbstractLearningSignal`: it names the per-step input
 it reads (``etrace_grad(..., <input_name>=...)``), checks it, says whether it
 is contracted with the traces after the step's update, and which Params keep
@@ -20,7 +24,8 @@ import jax
 
 from braintrace._compiler import ETraceGraph
 
-__all__ = ["LOSS_SIGNAL", "AbstractLearningSignal", "LossSignal"]
+__all__ = ["LOSS_SIGNAL", "NEW_STATE_SIGNAL", "AbstractLearningSignal", "LossSignal",
+           "NewStateSignal"]
 
 
 class AbstractLearningSignal(abc.ABC):
@@ -31,10 +36,15 @@ class AbstractLearningSignal(abc.ABC):
             sequence this signal reads (``None``: it reads none).
         after_update: Contract the signal with the traces after the step's
             update (``ε^t``) instead of before it (``ε^{t-1}``).
+        reads_new_state: The loss's signal handed to :meth:`signal` is
+            ``∂(w_t L_t)/∂h^t`` (``h^t`` an input of the rest of the step; the
+            traced operations cut from the same-step gradient) instead of
+            ``∂(w_t L_t)/∂h^{t-1}``.
     """
 
     input_name: str | None = None
     after_update: bool = False
+    reads_new_state: bool = False
 
     def check_inputs(self, graph: ETraceGraph, hidden: Sequence[jax.Array], inputs: Any,
                      length: int) -> Any:
@@ -51,7 +61,8 @@ class AbstractLearningSignal(abc.ABC):
     @abc.abstractmethod
     def signal(self, loss_signal: Sequence[jax.Array], inputs_t: Any,
                weight_t: jax.Array) -> Sequence[jax.Array]:
-        """Step ``t``'s signal per hidden leaf, given the loss's ``∂(w_t L_t)/∂h^{t-1}``."""
+        """Step ``t``'s signal per hidden leaf, given the loss's ``∂(w_t L_t)/∂h^{t-1}`` (or
+        ``∂(w_t L_t)/∂h^t`` when :attr:`reads_new_state`)."""
 
     def keeps_same_step(self, graph: ETraceGraph) -> tuple[bool, ...]:
         """Per Param leaf: whether it keeps its exact same-step gradient of the loss."""
@@ -70,3 +81,28 @@ class LossSignal(AbstractLearningSignal):
 
 LOSS_SIGNAL = LossSignal()
 """The default learning signal."""
+
+
+class NewStateSignal(AbstractLearningSignal):
+    """The fast loss signal ``δ^t = ∂(w_t L_t)/∂h^t``, contracted with ``ε^t``.
+
+    .. math::
+
+        \\nabla_\\theta L_t \\approx \\frac{\\partial L_t}{\\partial \\theta}\\Big|_{h^t,\\,
+            \\text{traced ops cut}} + \\frac{\\partial L_t}{\\partial h^t} \\cdot \\epsilon^t
+
+    Equal to :class:`LossSignal`'s gradient where the compiler proves it
+    (``braintrace._compiler.fast_signal_obstacles``) and the traces are additive.
+    """
+
+    after_update = True
+    reads_new_state = True
+
+    def signal(self, loss_signal: Sequence[jax.Array], inputs_t: Any,
+               weight_t: jax.Array) -> Sequence[jax.Array]:
+        del inputs_t, weight_t
+        return loss_signal
+
+
+NEW_STATE_SIGNAL = NewStateSignal()
+"""The fast learning signal (``signal='fast'``)."""

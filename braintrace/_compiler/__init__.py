@@ -5,11 +5,14 @@ the run-time programs over a graph (``programs``: the step's forward pass, its
 Jacobians, the operands of the traced operations), the structural unit
 patterns (``reach``, ``unit_patterns``), the jaxpr walks and phrases an
 algorithm uses to describe what it approximates (``feeding``, ``reached``,
-``eqn_names``, ``operations``, ``params_phrase``) and the model split helpers.
+``eqn_names``, ``operations``, ``params_phrase``), what keeps the fast learning
+signal from being exact (``fast_signal_obstacles``) and the model split helpers.
 """
 
 from braintrace._compiler import _programs as programs
 from braintrace._compiler._compile import compile_graph as compile_graph
+from braintrace._compiler._fast_signal import SignalObstacle as SignalObstacle
+from braintrace._compiler._fast_signal import fast_signal_obstacles as fast_signal_obstacles
 from braintrace._compiler._graph import ETraceGraph as ETraceGraph
 from braintrace._compiler._layout import StepLeaves as StepLeaves
 from braintrace._compiler._patterns import reach as reach
@@ -35,6 +38,6 @@ from braintrace._compiler._report import graph_report as _graph_report
 _REPORTER.append(_graph_report)
 
 __all__ = ["Approximation", "ETraceGraph", "ElementwiseRelation", "Exclusion", "HiddenGroup",
-           "InputRelation", "Relation", "StepLeaves", "compile_graph", "eqn_names", "feeding",
-           "is_var", "leaf_paths", "operations", "params_phrase", "programs", "reach", "reached",
+           "InputRelation", "Relation", "SignalObstacle", "StepLeaves", "compile_graph",
+           "eqn_names", "fast_signal_obstacles", "feeding", "is_var", "leaf_paths", "operations", "params_phrase", "programs", "reach", "reached",
            "split_model", "unit_patterns"]

@@ -30,6 +30,7 @@ def evaluate(
     injections: Mapping[int, tuple[int, Any]] | None = None,
     feedback: Mapping[int, Mapping[int, Any]] | None = None,
     stop_operands: Mapping[int, Sequence[int]] | None = None,
+    var_injections: Mapping[Any, Any] | None = None,
     record: Sequence[Any] = (),
     forward_mode: bool = False,
 ) -> tuple[list[Any], list[Any]]:
@@ -49,6 +50,8 @@ def evaluate(
         stop_operands: ``{eqn_index: operand positions}``: those operands of that
             equation pass through ``lax.stop_gradient`` (no derivative reaches
             them through this equation; their other uses are unaffected).
+        var_injections: ``{variable: value}`` added to that variable where it is
+            defined (an equation's output or an input), so every read sees it.
         record: Variables (or literals) whose values to return as well.
         forward_mode: Make ``custom_vjp`` functions forward-differentiable
             (see :func:`bind_forward_differentiable`), for ``jax.linearize``.
@@ -60,6 +63,7 @@ def evaluate(
     injections = injections or {}
     feedback = feedback or {}
     stop_operands = stop_operands or {}
+    var_injections = var_injections or {}
     env: dict[jex_core.Var, Any] = {}
 
     def read(v: Any) -> Any:
@@ -67,7 +71,7 @@ def evaluate(
 
     def write(v: Any, value: Any) -> None:
         if not isinstance(v, jex_core.DropVar):
-            env[v] = value
+            env[v] = value + var_injections[v] if v in var_injections else value
 
     for v, value in zip(jaxpr.constvars, consts):
         write(v, value)

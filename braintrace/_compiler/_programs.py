@@ -5,7 +5,9 @@ Each is a function of an :class:`~braintrace.ETraceGraph` and one
 (``_interpret.evaluate``) with options:
 
 * :func:`forward`: the model step, also recording each relation's input
-  ``x``; optionally with feedback-alignment operands;
+  ``x``; optionally with feedback-alignment operands, probes on the
+  relations' outputs (:func:`output_probes`) or on the new hidden states
+  (:func:`state_probes`);
 * :func:`operands` / :func:`operand_pullback`: each relation's trainable
   operands ``θ`` from the Params (masks and transforms included), and the map
   of operand gradients back to Param gradients;
@@ -48,12 +50,14 @@ __all__ = [
     "operand_pullback",
     "operands",
     "output_probes",
+    "state_probes",
 ]
 
 
 def forward(graph: ETraceGraph, leaves: StepLeaves,
             feedback: dict[int, dict[int, jax.Array]] | None = None,
             output_probes: Sequence[jax.Array | None] | None = None,
+            state_probes: Sequence[jax.Array] | None = None,
             ) -> tuple[StepOutputs, list[jax.Array | None]]:
     """One step of the model, and each relation's input ``x`` (``None`` without input).
 
@@ -74,15 +78,32 @@ def forward(graph: ETraceGraph, leaves: StepLeaves,
             uses keep it). Differentiating with respect to the probes gives
             each relation's output cotangent ``∂L_t/∂y``, from which the
             relation's own share of ``∂L_t/∂θ`` is ``xy_to_dw(x, ∂L_t/∂y)``.
+        state_probes: Per hidden leaf, zeros shaped like its new value ``h^t``
+            (:func:`state_probes`), added where ``h^t`` is defined, so that
+            every read of ``h^t`` in the step (the readout, a later state)
+            sees it; the relations' trainable operands are cut as with
+            ``output_probes``. Differentiating with respect to the probes gives
+            ``∂L_t/∂h^t`` with ``h^t`` an input of everything after it (no
+            derivative through the recurrent kernels); with respect to the
+            Params, their same-step gradient by every path but the traced
+            relations. A leaf whose new value is a literal, or the same
+            variable as an earlier leaf's, gets a zero derivative.
     """
     inputs = [graph.relation_input_var(r) for r in graph.input_relations]
     stops, injections = {}, {}
-    for r, probe in zip(graph.relations, output_probes or ()):
+    cut = output_probes if output_probes is not None else (
+        [None] * len(graph.relations) if state_probes is not None else ())
+    for r, probe in zip(graph.relations, cut):
         stops[r.eqn_index] = tuple(r.operands.values())
         if probe is not None:
             injections[r.eqn_index] = (r.primitive.y_outvar_index, probe)
+    probed: dict[Any, jax.Array] = {}
+    for var, probe in zip(graph.layout.hidden_outvars(graph.jaxpr), state_probes or ()):
+        if not isinstance(var, jex_core.Literal) and var not in probed:
+            probed[var] = probe
     outs, recorded = evaluate(graph.jaxpr, graph.consts, leaves.args(), feedback=feedback,
-                              stop_operands=stops, injections=injections, record=inputs)
+                              stop_operands=stops, injections=injections,
+                              var_injections=probed, record=inputs)
     by_relation = dict(zip((r.index for r in graph.input_relations), recorded))
     return graph.layout.split_outputs(outs), [by_relation.get(r.index) for r in graph.relations]
 
@@ -97,6 +118,12 @@ def output_probes(graph: ETraceGraph) -> list[jax.Array | None]:
         probes.append(None if r.eqn_index in seen else jnp.zeros(var.aval.shape, var.aval.dtype))
         seen.add(r.eqn_index)
     return probes
+
+
+def state_probes(graph: ETraceGraph) -> list[jax.Array]:
+    """Zero probes for :func:`forward`: one per hidden leaf, shaped like its new value."""
+    return [jnp.zeros(v.aval.shape, v.aval.dtype)
+            for v in graph.layout.hidden_outvars(graph.jaxpr)]
 
 
 def operands(graph: ETraceGraph, params: Sequence[jax.Array]) -> list[dict[str, jax.Array]]:

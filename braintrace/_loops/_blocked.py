@@ -55,12 +55,13 @@ def _run_block(ctx: LoopContext, carry: ScanCarry, inputs: Any) -> tuple[ScanCar
     stack_steps = rules.reads_stacked_steps
     deferred = (not any(hooked) and rules.scope == "diagonal"
                 and programs.arranges_colours(graph))
+    new_state = rules.learning_signal.reads_new_state  # the rules' blocks take δ^t then
 
     def step(state, step_inputs):
         hidden, other, same, stepped = state
         x_t, y_t, w_t = step_inputs
         leaves = step_leaves(ctx, hidden, other, x_t)
-        terms = probed_loss_terms(ctx, leaves, y_t, w_t)
+        terms = probed_loss_terms(ctx, leaves, y_t, w_t, new_state=new_state)
         jac = None if deferred else step_jacobians(rules, leaves)
         outs = None
         if any(hooked):

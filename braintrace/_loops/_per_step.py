@@ -21,8 +21,9 @@ in one step makes XLA copy every loop-carried buffer each step. A run ends
 with :func:`finish_carry`, which applies the last pending update.
 
 A learning signal that is contracted after the update (``after_update``,
-ThreeFactor's modulators) advances the traces first and contracts ``ε^t``
-with the signal the algorithm's hook returns; then nothing is pending.
+ThreeFactor's modulators, the fast signal ``∂L_t/∂h^t`` of ``signal='fast'``)
+advances the traces first and contracts ``ε^t`` with the signal the
+algorithm's hook returns; then nothing is pending.
 
 When the traces are exact (D-RTRL on a position-diagonal model) this is
 exactly BPTT; at ``T = 1`` it is BPTT for every algorithm and every model.
@@ -123,7 +124,7 @@ def _step(ctx: LoopContext, keep: Sequence[bool], carry: ScanCarry,
     x_t, y_t, w_t, inputs_t = inputs
     rules, signal = ctx.rules, ctx.rules.learning_signal
     leaves = step_leaves(ctx, carry.hidden, carry.other, x_t)
-    terms = loss_terms(ctx, leaves, y_t, w_t)
+    terms = loss_terms(ctx, leaves, y_t, w_t, new_state=signal.reads_new_state)
     jac = step_jacobians(rules, leaves)
     same = add_same_step(carry.same_step, terms.same_step, keep)
     if signal.after_update:  # ε^t now; nothing is ever pending

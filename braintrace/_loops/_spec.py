@@ -102,7 +102,8 @@ def choose_loop(rules: GraphRules, *, length: int, chunk_size: int | None = None
         if not rules.supports_windowed:
             raise ValueError(
                 f"Algorithm '{rules.name}' with these settings is a single-step rule (e.g. "
-                "EProp(feedback='random'), ThreeFactor); call it without chunk_size.")
+                "EProp(feedback='random'), ThreeFactor, signal='fast'); call it without "
+                "chunk_size.")
         return Windowed(chunk_size)
     if rules.needs_window:
         if rules.window is not None:

@@ -16,6 +16,15 @@ Per step ``t``, with Params ``θ`` and the hidden state ``h^{t-1}`` it starts fr
 each relation's output cotangent ``∂(w_t L_t)/∂y^t`` returned instead of the
 relations' own share of the same-step gradient (the time-blocked rules add that
 share in their block product). :func:`step_jacobians` is 3.
+
+With ``new_state=True`` (the fast learning signal, ``NewStateSignal``), 2 is
+instead the VJP with respect to probes on the new state ``h^t``
+(``programs.state_probes``) and the Params, the traced relations' operands cut:
+the signal ``δ^t = ∂(w_t L_t)/∂h^t`` (every read of ``h^t`` in the step, the
+readout and later states, but no path into ``h^t``: no backward product
+through the recurrent kernels) and the same-step gradient by every path but
+the traced relations' (the readout's Params, untraced paths). The relations'
+own share is then in the updated traces ``ε^t``, so ``dy`` is ``None``.
 """
 
 from __future__ import annotations
@@ -83,12 +92,18 @@ def step_leaves(ctx: LoopContext, hidden: Sequence[jax.Array], other: Sequence[j
 
 
 def _reverse_pass(ctx: LoopContext, leaves: StepLeaves, y_t: Any, weight_t: jax.Array,
-                  probes: Any) -> tuple[Any, ...]:
+                  probes: Any, new_state: bool = False) -> tuple[Any, ...]:
+    """The VJP of ``w_t L_t`` with respect to the Params, the start (``h^{t-1}``, or the
+    probes on ``h^t`` with ``new_state``) and the relations' output probes."""
     graph, loss_fn = ctx.graph, ctx.loss_fn
 
-    def weighted_loss(params, hidden, probes):
-        outs, rel_x = programs.forward(graph, leaves._replace(params=params, hidden=hidden),
-                                       ctx.rules.feedback, probes)
+    def weighted_loss(params, start, probes):
+        if new_state:
+            outs, rel_x = programs.forward(graph, leaves._replace(params=params),
+                                           ctx.rules.feedback, state_probes=start)
+        else:
+            outs, rel_x = programs.forward(graph, leaves._replace(params=params, hidden=start),
+                                           ctx.rules.feedback, probes)
         y = jax.tree.unflatten(graph.out_treedef, outs.y)
         if jnp.ndim(weight_t) == 1:  # per-sample weights: a (T, B) mask
             weighted, reported = per_sample_loss(loss_fn, y, y_t, weight_t)
@@ -97,8 +112,9 @@ def _reverse_pass(ctx: LoopContext, leaves: StepLeaves, y_t: Any, weight_t: jax.
         _check_scalar(loss)
         return loss * weight_t, (loss, outs, rel_x)
 
+    start = programs.state_probes(graph) if new_state else leaves.hidden
     weighted, pullback, (loss, outs, rel_x) = jax.vjp(
-        weighted_loss, leaves.params, leaves.hidden, probes, has_aux=True)
+        weighted_loss, leaves.params, start, probes, has_aux=True)
     same_step, signal, dy = pullback(jnp.ones_like(weighted))  # w_t may be wider than L_t
     return outs, list(rel_x), loss, same_step, signal, dy
 
@@ -139,17 +155,26 @@ def per_sample_loss(loss_fn: Callable[[Any, Any], jax.Array], y: Any, y_t: Any,
     return jnp.sum(weight_t * losses), jax.lax.stop_gradient(reported)
 
 
-def loss_terms(ctx: LoopContext, leaves: StepLeaves, y_t: Any,
-               weight_t: jax.Array) -> LossTerms:
-    """The forward pass and the reverse pass of ``w_t L_t`` (module docstring, 1 and 2)."""
-    outs, rel_x, loss, same_step, signal, _ = _reverse_pass(ctx, leaves, y_t, weight_t, None)
+def loss_terms(ctx: LoopContext, leaves: StepLeaves, y_t: Any, weight_t: jax.Array, *,
+               new_state: bool = False) -> LossTerms:
+    """The forward pass and the reverse pass of ``w_t L_t`` (module docstring, 1 and 2).
+
+    ``new_state``: the fast signal ``∂(w_t L_t)/∂h^t`` (module docstring).
+    """
+    outs, rel_x, loss, same_step, signal, _ = _reverse_pass(ctx, leaves, y_t, weight_t, None,
+                                                            new_state)
     return LossTerms(outs.hidden, outs.other, same_step, signal, rel_x, loss)
 
 
-def probed_loss_terms(ctx: LoopContext, leaves: StepLeaves, y_t: Any,
-                      weight_t: jax.Array) -> ProbedLossTerms:
+def probed_loss_terms(ctx: LoopContext, leaves: StepLeaves, y_t: Any, weight_t: jax.Array, *,
+                      new_state: bool = False) -> ProbedLossTerms:
     """:func:`loss_terms` with the relations' output cotangents instead of their share of the
-    same-step gradient."""
+    same-step gradient (with ``new_state``: no share and no cotangents, ``dy`` all ``None``)."""
+    if new_state:
+        terms = loss_terms(ctx, leaves, y_t, weight_t, new_state=True)
+        return ProbedLossTerms(terms.hidden, terms.other, terms.same_step,
+                               [None] * len(ctx.graph.relations), terms.signal, terms.rel_x,
+                               terms.loss)
     probes = programs.output_probes(ctx.graph)
     outs, rel_x, loss, rest, signal, dy = _reverse_pass(ctx, leaves, y_t, weight_t, probes)
     return ProbedLossTerms(outs.hidden, outs.other, rest, dy, signal, rel_x, loss)
