@@ -1,0 +1,114 @@
+"""``OnlineTrainer`` against ``etrace_grad``, per time step, in one run.
+
+On the benchmark GRU and two-layer recurrent LIF networks (``_models.py``; hidden 256,
+input 64, batch 16), for D-RTRL and ES-D-RTRL, each over ``T`` steps:
+
+* ``grad``: ``learner.etrace_grad`` (the default: time blocks of 32);
+* ``grad@1``: ``etrace_grad(block_size=1)``, the per-step form;
+* ``trainer@1``: ``OnlineTrainer(optax.adam, update_every=1)``, an update every step
+  (the Params change every step, so the per-step form);
+* ``trainer@32``: ``OnlineTrainer(update_every=32)`` (each window in one time block);
+
+median wall time per step over ``--repeats`` passes taken round-robin (a change of machine
+load hits every variant alike), and ratios to ``grad`` in the same run.
+
+Usage::
+
+    python benchmarks/trainer_step.py                # T = 256, 5 repeats
+    python benchmarks/trainer_step.py --quick        # seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import numpy as np
+import optax
+from _models import FULL, QUICK, build, data, environment, mse, timed, write_json
+
+import braintrace
+
+VARIANTS = ("grad", "grad@1", "trainer@1", "trainer@32")
+
+
+def prepare(model_name: str, method: str, cfg: dict, xs, ys) -> dict:
+    """Each variant as a call ``run()`` (compiled by one first call)."""
+    runs = {}
+    for variant in VARIANTS:
+        model = build(model_name, cfg["inputs"], cfg["hidden"], cfg["outputs"], cfg["batch"])
+        learner = braintrace.compile(model, method, xs[0], batch_size=cfg["batch"])
+        kind, _, every = variant.partition("@")
+        if kind == "grad":
+            block = None if not every else int(every)
+            runs[variant] = lambda lr=learner, b=block: lr.etrace_grad(xs, ys, mse, block_size=b)
+        else:
+            trainer = braintrace.OnlineTrainer(learner, optax.adam(1e-3), loss_fn=mse,
+                                               update_every=int(every))
+            runs[variant] = lambda tr=trainer: tr.step(xs, ys)
+        timed(runs[variant])
+    return runs
+
+
+def measure(model_name: str, method: str, cfg: dict, length: int, repeats: int) -> dict:
+    xs, ys = data(model_name, length, cfg["inputs"], cfg["outputs"], cfg["batch"])
+    runs = prepare(model_name, method, cfg, xs, ys)
+    times = {v: [] for v in VARIANTS}
+    for _ in range(repeats):
+        for v in VARIANTS:
+            times[v].append(timed(runs[v]) / length * 1e6)
+    grad = float(np.median(times["grad"]))
+    out = {v: {"step_us": float(np.median(t)), "min_us": float(np.min(t)),
+               "ratio_to_grad": float(np.median(t)) / grad} for v, t in times.items()}
+    print(model_name, method, {v: round(r["ratio_to_grad"], 2) for v, r in out.items()},
+          flush=True)
+    return out
+
+
+def plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [(m, a) for m in results["models"] for a in results["models"][m]]
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    width = 0.8 / len(VARIANTS)
+    for i, v in enumerate(VARIANTS):
+        ax.bar([j + i * width for j in range(len(rows))],
+               [results["models"][m][a][v]["ratio_to_grad"] for m, a in rows], width, label=v)
+    ax.axhline(2.0, color="grey", lw=0.8, ls="--")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))],
+                  [f"{m}\n{a}" for m, a in rows], fontsize=8)
+    ax.set(ylabel="time per step / etrace_grad's")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes")
+    parser.add_argument("--length", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = parser.parse_args(argv)
+    cfg = QUICK if args.quick else FULL
+    length = 64 if args.quick else args.length
+    results = {"config": cfg, "T": length, "variants": VARIANTS, "repeats": args.repeats,
+               "environment": environment(),
+               "note": "median of round-robin repeats on a shared 2-core CPU; ratios in one run",
+               "models": {name: {method: measure(name, method, cfg, length, args.repeats)
+                                 for method in ("d_rtrl", "es_d_rtrl")}
+                          for name in ("gru", "snn")}}
+    write_json(os.path.join(args.out, "trainer_step.json"), results)
+    plot(results, os.path.join(args.out, "trainer_step.png"))
+    return results
+
+
+if __name__ == "__main__":
+    main()
