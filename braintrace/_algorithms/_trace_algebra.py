@@ -10,8 +10,26 @@ import jax.numpy as jnp
 
 from braintrace._compiler import ETraceGraph, Relation
 
-__all__ = ["SAMPLE_BLOCK", "group_signal", "is_batched", "merge_steps", "mix_states",
-           "operand_structs", "param_dtypes", "per_sample", "sum_over_samples", "tree_sum"]
+__all__ = ["SAMPLE_BLOCK", "batch_split", "group_signal", "is_batched", "merge_steps",
+           "mix_states", "operand_structs", "param_dtypes", "per_sample", "sum_over_samples",
+           "tree_sum"]
+
+
+def batch_split() -> bool:
+    """Whether the program being traced runs on several devices (a mesh is set).
+
+    The drivers trace a data-parallel program under its mesh
+    (``jax.sharding.use_abstract_mesh``); the batch axis is then split over
+    the devices, and a rule must not slice single samples out of it (XLA would
+    move other devices' rows, inside the time loop) but reduce over the whole
+    axis, which XLA partitions.
+
+    Example:
+        >>> from braintrace._algorithms._trace_algebra import batch_split
+        >>> batch_split()
+        False
+    """
+    return jax.sharding.get_abstract_mesh().size > 1
 
 
 def is_batched(graph: ETraceGraph) -> bool:
@@ -48,7 +66,8 @@ def param_dtypes(graph: ETraceGraph, relation: Relation) -> dict[str, Any]:
 
 def merge_steps(relation: Relation, a: jax.Array) -> jax.Array:
     """A block's ``(K, B, ...)`` stack as ``(K·B, ...)`` rows for one product over steps and
-    samples (unchanged for a relation without a batch axis).
+    samples (unchanged for a relation without a batch axis); sample-major, ``(B·K, ...)``,
+    when the batch is split over devices (:func:`batch_split`).
 
     Example:
         >>> import jax.numpy as jnp
@@ -57,7 +76,11 @@ def merge_steps(relation: Relation, a: jax.Array) -> jax.Array:
         >>> merge_steps(SimpleNamespace(batched=True), jnp.zeros((4, 2, 3))).shape
         (8, 3)
     """
-    return a.reshape(-1, *a.shape[2:]) if relation.batched else a
+    if not relation.batched:
+        return a
+    if batch_split():  # sample-major rows: the split batch axis stays the leading one
+        a = jnp.swapaxes(a, 0, 1)
+    return a.reshape(-1, *a.shape[2:])
 
 
 def per_sample(fn: Callable[..., Any], relation: Relation) -> Callable[..., Any]:
@@ -92,7 +115,11 @@ def sum_over_samples(fn: Callable[..., Any], *batched: Any) -> Any:
     accumulated by a loop. On CPU this is several times faster than a
     reduction over the leading axis of a large trace (which XLA:CPU walks
     with a stride of the whole sample) and than a loop over single samples
-    (whose per-iteration overhead dominates).
+    (whose per-iteration overhead dominates). When the batch is split over
+    ``n`` devices (:func:`batch_split`), the batch is first grouped as
+    ``(n, B / n)``, one group per device: each device sums its own samples so,
+    then XLA sums the ``n`` partial sums across the devices; no sample moves
+    between devices.
 
     Example:
         >>> import jax.numpy as jnp
@@ -101,6 +128,21 @@ def sum_over_samples(fn: Callable[..., Any], *batched: Any) -> Any:
         >>> sum_over_samples(lambda row: row * 2, a).tolist()
         [760.0, 800.0]
     """
+    shards = jax.sharding.get_abstract_mesh().size
+    size = jax.tree.leaves(batched)[0].shape[0]
+    if shards > 1:
+        if size % shards:  # groups the devices do not hold: one reduction XLA partitions
+            per_group = jax.vmap(fn)(*batched)
+        else:
+            grouped = jax.tree.map(lambda a: a.reshape(shards, size // shards, *a.shape[1:]),
+                                   batched)
+            per_group = jax.vmap(lambda *group: _sum_unrolled(fn, *group))(*grouped)
+        return jax.tree.map(lambda a: jnp.sum(a, axis=0), per_group)
+    return _sum_unrolled(fn, *batched)
+
+
+def _sum_unrolled(fn: Callable[..., Any], *batched: Any) -> Any:
+    """:func:`sum_over_samples` on one device: blocks of unrolled adds."""
     size = jax.tree.leaves(batched)[0].shape[0]
 
     def block(start: int | jax.Array, count: int) -> Any:

@@ -141,8 +141,28 @@ class InputRelation:
         :meth:`FlatMap.take`.
         """
         tail = value.shape[len(self.group_shape):]
+        sample = self.sample_hidden_map
+        if sample is not None and jax.sharding.get_abstract_mesh().size > 1:
+            # The batch split over devices: one map per sample, so XLA keeps each device's
+            # rows where they are (a gather of flat positions would gather the batch first).
+            take = lambda v: sample.take(v.reshape(-1, *tail), feeds_large=feeds_large)
+            return jax.vmap(take)(value).reshape(*self.y_shape, *tail)
         out = self.hidden_map.take(value.reshape(-1, *tail), feeds_large=feeds_large)
         return out.reshape(*self.y_shape, *tail)
+
+    @functools.cached_property
+    def sample_hidden_map(self) -> FlatMap | None:
+        """:attr:`hidden_map` of one sample, when every sample's units feed their own sample's
+        hidden units alike (else ``None``)."""
+        if not self.batched or self.y_shape[:1] != self.group_shape[:1]:
+            return None
+        rows = self.y_to_hidden.reshape(self.y_shape[0], -1)
+        size = int(np.prod(self.group_shape[1:], dtype=np.int64))
+        own = np.where(rows >= 0, rows - size * np.arange(rows.shape[0])[:, None], -1)
+        if not ((own == own[:1]).all() and (own < size).all() and (rows < 0).sum() == (
+                own < 0).sum()):
+            return None
+        return FlatMap.of(own[0], size)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

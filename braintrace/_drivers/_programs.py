@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import optax
 
 from braintrace._drivers._compiled import Entry
-from braintrace._drivers._sharding import Layout, constrain, input_shardings
+from braintrace._drivers._sharding import Layout, constrain, input_shardings, on_mesh
 from braintrace._loops import (
     LoopContext,
     LoopSpec,
@@ -87,6 +87,16 @@ class GradResult(NamedTuple):
     finite: jax.Array
 
 
+def _on_its_mesh(program: Callable[..., Any]) -> Callable[..., Any]:
+    """``program(entry, ...)`` traced under the entry's mesh (:func:`on_mesh`)."""
+    @functools.wraps(program)
+    def traced(entry: Entry, *args: Any, **kwargs: Any) -> Any:
+        with on_mesh(entry.layout):
+            return program(entry, *args, **kwargs)
+
+    return traced
+
+
 def _constrain_inputs(layout: Layout, tree: Any) -> Any:
     return constrain(tree, input_shardings(layout, tree))
 
@@ -97,6 +107,7 @@ def _constrain_state(layout: Layout, params, hidden, other, traces) -> tuple[Any
             constrain(list(other), layout.other), constrain(traces, layout.traces))
 
 
+@_on_its_mesh
 def grad_program(entry: Entry, loss_fn: Callable[[Any, Any], jax.Array], spec: LoopSpec,
                  params, hidden, other, traces, xs, ys, weights,
                  signal_inputs=None) -> GradResult:
@@ -127,6 +138,7 @@ def grad_program(entry: Entry, loss_fn: Callable[[Any, Any], jax.Array], spec: L
     return GradResult(grads, hidden, other, traces, losses, finite)
 
 
+@_on_its_mesh
 def evolve_program(entry: Entry, params, hidden, other, traces, xs) -> tuple[Any, ...]:
     """Outputs, hidden state, other Variables and traces after ``xs`` (no gradients)."""
     lay = entry.layout
@@ -172,6 +184,7 @@ class _TrainCarry(NamedTuple):
     bad_params: jax.Array
 
 
+@_on_its_mesh
 def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
                   loss_fn: Callable[[Any, Any], jax.Array], update_every: int, spec: LoopSpec,
                   params_def: Any, params, opt_state, hidden, other, traces, xs, ys, weights,

@@ -19,6 +19,7 @@ part of the batch and :func:`place` assembles the global arrays with
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -28,7 +29,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 __all__ = ["Layout", "check_mesh", "constrain", "host_array", "input_shardings", "layout",
-           "place", "place_inputs"]
+           "on_mesh", "place", "place_inputs"]
 
 
 class Layout(NamedTuple):
@@ -161,6 +162,19 @@ def _keyed(make, a: Any) -> jax.Array:
         return jax.random.wrap_key_data(make(np.asarray(jax.random.key_data(a))),
                                         impl=jax.random.key_impl(a))
     return make(np.asarray(a))
+
+
+def on_mesh(lay: Layout | None) -> contextlib.AbstractContextManager:
+    """The context a program is traced in: its layout's mesh, as JAX's abstract mesh.
+
+    Inside, ``jax.sharding.get_abstract_mesh()`` names the devices the batch is
+    split over, so the rules reduce over the whole batch axis instead of slicing
+    single samples out of it (which would move rows between devices inside the
+    time loop). Without a layout, nothing changes.
+    """
+    if lay is None:
+        return contextlib.nullcontext()
+    return jax.sharding.use_abstract_mesh(lay.mesh.abstract_mesh)
 
 
 def constrain(tree: Any, shardings: Any) -> Any:
