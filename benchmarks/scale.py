@@ -9,7 +9,9 @@ the last 5 of ``T`` steps. For every (N, T, method) a fresh Python process
 
 1. compiles one update (``jax.grad`` through ``lax.scan`` for ``bptt``;
    ``learner.lower_etrace_grad`` for the online methods; ``name@K`` is
-   ``block_size=K``, ``@1`` the per-step form) and reads XLA's memory analysis;
+   ``block_size=K``, ``@1`` the per-step form, ``name:fast`` the fast learning
+   signal ``signal='fast'``; without ``@K`` the default block size, chosen by
+   its memory budget) and reads XLA's memory analysis;
    a program whose XLA peak exceeds ``--memory-limit-gib`` is not executed;
 2. runs it once (warm-up), then ``--repeats`` times: seconds per update
    (median), and the process peak RSS (``ru_maxrss``, glibc's mmap threshold
@@ -51,7 +53,7 @@ FULL = {"sizes": (4096, 16384, 131072), "lengths": (30, 300), "repeats": 3,
         "probe_elements": 2**25}
 QUICK = {"sizes": (256,), "lengths": (8,), "repeats": 2, "batch": 4, "loss_steps": 2,
          "probe_elements": 2**20}
-METHODS = ("bptt", "es_d_rtrl", "es_d_rtrl@1", "d_rtrl", "d_rtrl@1")
+METHODS = ("bptt", "es_d_rtrl", "es_d_rtrl@1", "es_d_rtrl:fast", "d_rtrl", "d_rtrl@1")
 QUICK_METHODS = ("bptt", "es_d_rtrl", "es_d_rtrl@1")
 PUBLISHED = {"neurons": 131072, "flops_per_step": 2.13e9, "bytes_per_step": 4.40e9,
              "s_per_update": 4.19, "peak_rss_gib": 1.8}
@@ -142,10 +144,33 @@ def bptt_program(model, T: int, mask):
 
 def method_parts(method: str) -> tuple[str, int | None, bool]:
     """``'d_rtrl@2+donate'`` -> ``('d_rtrl', 2, True)``; ``'d_rtrl'`` -> ``('d_rtrl', None,
-    False)`` (the default block size, nothing donated)."""
+    False)`` (the default block size, nothing donated); ``'es_d_rtrl:fast@1'`` ->
+    ``('es_d_rtrl:fast', 1, False)``."""
     method, _, donate = method.partition("+")
     name, _, block = method.partition("@")
     return name, (int(block) if block else None), donate == "donate"
+
+
+def algorithm(name: str):
+    """``'es_d_rtrl:fast'`` -> ``ESDRTRL(signal='fast')`` (likewise ``d_rtrl:fast``); a name
+    without ``:signal`` as it is (the registry's default, the exact signal)."""
+    import braintrace
+
+    name, _, signal = name.partition(":")
+    if not signal:
+        return name
+    return {"es_d_rtrl": braintrace.ESDRTRL, "d_rtrl": braintrace.DRTRL}[name](signal=signal)
+
+
+LOOPS: dict[str, str] = {}
+"""The loop each online method last ran with (``Blocked(size=K)``, ``PerStep()``)."""
+
+
+def _loop(learner, length: int, block_size: int | None):
+    from braintrace._loops import choose_loop
+
+    entry = learner.compiled.entry_of(learner.model, learner.batch_size)
+    return choose_loop(entry.rules, length=length, chunk_size=None, block_size=block_size)
 
 
 def _donating_program(learner, length: int, block_size: int | None):
@@ -156,10 +181,9 @@ def _donating_program(learner, length: int, block_size: int | None):
     import jax
 
     from braintrace._drivers._programs import grad_program
-    from braintrace._loops import choose_loop
 
     entry = learner.compiled.entry_of(learner.model, learner.batch_size)
-    spec = choose_loop(entry.rules, length=length, chunk_size=None, block_size=block_size)
+    spec = _loop(learner, length, block_size)
     jitted = jax.jit(grad_program, static_argnames=("entry", "loss_fn", "spec"),
                      donate_argnames=("hidden", "traces"))
     return functools.partial(jitted.lower, entry, cross_entropy, spec)
@@ -177,8 +201,9 @@ def program(model, method: str, xs, ys, mask):
         grad_fn, params, hidden = bptt_program(model, xs.shape[0], mask)
         return grad_fn.lower(params, hidden, xs, ys), (params, hidden, xs, ys)
     name, block_size, donate = method_parts(method)
-    learner = braintrace.compile(model, name, xs[0], batch_size=xs.shape[1])
+    learner = braintrace.compile(model, algorithm(name), xs[0], batch_size=xs.shape[1])
     args = tuple(learner.grad_args(xs, ys, mask=mask))
+    LOOPS[method] = repr(_loop(learner, xs.shape[0], block_size))
     if not donate:
         return (learner.lower_etrace_grad(xs, ys, cross_entropy, mask=mask,
                                           block_size=block_size), args)
@@ -266,7 +291,7 @@ def child(cfg: dict) -> None:
     lowered, args = program(model, method, xs, ys, mask)
     compiled = lowered.compile()
     record.update(compile_s=time.perf_counter() - start, xla=_xla_memory(compiled),
-                  cost_program_loops_once=_cost(compiled))
+                  cost_program_loops_once=_cost(compiled), loop=LOOPS.get(method))
     _emit(record)
     limit = cfg["memory_limit_gib"] * 2**30
     executed = record["xla"]["peak_bytes"] <= limit

@@ -198,11 +198,15 @@ def jacobian_responses(graph: ETraceGraph, leaves: StepLeaves) -> list[jax.Array
 
     hidden_in = list(leaves.hidden)
     zero_y = [jnp.zeros(a.shape, a.dtype) for a in y_avals]
-    if not _slots(graph):
+    slots = _slots(graph)
+    if not slots:
         return []
-    tangents_h, tangents_y = _tangents(graph, hidden_in, y_avals, injected)
+    tangents = _slot_tangents(graph, hidden_in, y_avals, injected)
     _, jvp = jax.linearize(cut_step, hidden_in, zero_y)
-    return list(jax.vmap(jvp)(tangents_h, tangents_y))
+    # The one-hot tangents are made inside the vmapped call from the slot's index: a
+    # materialised (R, *V) stack of them is loop-invariant, and XLA hoists it out of the
+    # time loop as R live copies of every hidden state (384 MiB at 131,072 ALIF neurons).
+    return list(jax.vmap(lambda slot: jvp(*tangents(slot)))(jnp.arange(len(slots))))
 
 
 def assemble_jacobians(graph: ETraceGraph, outs: Sequence[jax.Array]
@@ -232,29 +236,47 @@ def _slots(graph: ETraceGraph) -> list[tuple[str, int, int, int]]:
                     for c in range(r.num_colours)]
 
 
-def _tangents(graph, hidden_in, y_avals, injected):
-    """Stacks one tangent per slot of :func:`_slots`: a colour of one state of a group, or a
-    colour of one relation's output."""
-    zeros_h = [jnp.zeros_like(h) for h in hidden_in]
-    zeros_y = [jnp.zeros(a.shape, a.dtype) for a in y_avals]
+def _slot_tangents(graph, hidden_in, y_avals, injected):
+    """``tangents(slot) -> (hidden tangents, output tangents)``: the one-hot tangent of slot
+    ``slot`` of :func:`_slots` (a colour of one state of a group, or a colour of one relation's
+    output), made from the slot's index by comparisons with small constant tables."""
+    by_target: dict[tuple[str, int], dict[int, Any]] = {}  # target -> {id(source): source}
+
+    def mark(target, colours, colour, i):
+        if colours is not None and not np.any(colours):  # one colour: every position
+            colours = None
+        sources = by_target.setdefault(target, {})
+        key = id(colours)
+        if key not in sources:
+            sources[key] = (colours, np.full(len(slots), -1, np.int32))
+        sources[key][1][i] = colour
+
+    slots = _slots(graph)
     position = {e: i for i, e in enumerate(injected)}
-    t_h, t_y = [], []
-    for kind, index, s, c in _slots(graph):
-        th, ty = list(zeros_h), list(zeros_y)
+    for i, (kind, index, s, c) in enumerate(slots):
         if kind == "group":
             g = graph.groups[index]
-            mask = np.ones(g.shape, bool) if g.colours is None else (g.colours == c)
-            th[g.leaves[s]] = jnp.asarray(mask.reshape(g.shape), hidden_in[g.leaves[s]].dtype)
+            mark(("h", g.leaves[s]), g.colours, c, i)
         else:
             r = graph.relations[index]
-            j = position[r.eqn_index]
-            mask = (np.ones(y_avals[j].shape, bool) if isinstance(r, ElementwiseRelation)
-                    else (r.colours == c).reshape(y_avals[j].shape))
-            ty[j] = jnp.asarray(mask, y_avals[j].dtype)
-        t_h.append(th)
-        t_y.append(ty)
-    stack = lambda rows: [jnp.stack(col) for col in zip(*rows)]
-    return stack(t_h), stack(t_y)
+            colours = None if isinstance(r, ElementwiseRelation) else r.colours
+            mark(("y", position[r.eqn_index]), colours, c, i)
+
+    def one_hot(target, shape, dtype, slot):
+        hit = jnp.zeros(shape, bool)
+        for colours, table in by_target.get(target, {}).values():
+            colour = jnp.asarray(table)[slot]  # -1: the slot is not this target's
+            if colours is None:
+                hit = hit | jnp.broadcast_to(colour >= 0, shape)
+            else:
+                hit = hit | (jnp.asarray(np.asarray(colours).reshape(shape)) == colour)
+        return hit.astype(dtype)
+
+    def tangents(slot):
+        return ([one_hot(("h", k), h.shape, h.dtype, slot) for k, h in enumerate(hidden_in)],
+                [one_hot(("y", j), a.shape, a.dtype, slot) for j, a in enumerate(y_avals)])
+
+    return tangents
 
 
 def _response(g: HiddenGroup, outs: list[jax.Array], i: int) -> jax.Array:
@@ -305,12 +327,15 @@ def coupled_jacobians(graph: ETraceGraph, leaves: StepLeaves) -> list[jax.Array]
     d_list = []
     for g in graph.groups:
         n = g.size
-        eye = jnp.eye(n, dtype=g.dtype)
         blocks = []
         for leaf_in in g.leaves:
-            tangents = [jnp.zeros((n, *h.shape), h.dtype) for h in hidden_in]
-            tangents[leaf_in] = eye.reshape(n, *g.shape)
-            out = jax.vmap(jvp)(tangents)
+            def unit(j, leaf_in=leaf_in, n=n, g=g):  # one-hot in unit j, made from its index
+                tangents = [jnp.zeros(h.shape, h.dtype) for h in hidden_in]
+                hot = jnp.arange(n) == j
+                tangents[leaf_in] = hot.reshape(g.shape).astype(hidden_in[leaf_in].dtype)
+                return jvp(tangents)
+
+            out = jax.vmap(unit)(jnp.arange(n))
             # out[leaf][j, ...] = ∂h_leaf / ∂h_in[j]; keep the diagonal j = v.
             cols = [jnp.diagonal(out[leaf].reshape(n, n)) for leaf in g.leaves]
             blocks.append(jnp.stack(cols, axis=-1))  # (N, S) over s for this s'
@@ -354,15 +379,15 @@ def full_jacobians(graph: ETraceGraph, leaves: StepLeaves,
     per_unit = ([(h.shape, h.dtype, lead) for h in hidden_in]
                 + [(a.shape, a.dtype, lead if _is_batched_y(graph, e) else 0)
                    for e, a in zip(injected, y_avals)])
+    sizes = [int(np.prod(shape[l:], dtype=np.int64)) for shape, _, l in per_unit]
+    starts = np.cumsum([0, *sizes])
+    n_hidden = len(hidden_in)
     tangents = _unit_tangents(per_unit)
-    outs = jax.vmap(jvp)(tangents[:len(hidden_in)], tangents[len(hidden_in):])
+    outs = jax.vmap(lambda row: jvp(*_split(tangents(row), n_hidden)))(jnp.arange(starts[-1]))
     # outs[k]: (R, *B, *V_k) -> (*B, N, R): response of unit n to tangent row r.
     flat = jnp.concatenate([o.reshape(o.shape[0], *o.shape[1:1 + lead], -1) for o in outs],
                            axis=-1)
     response = jnp.moveaxis(flat, 0, -1)
-    sizes = [int(np.prod(shape[l:], dtype=np.int64)) for shape, _, l in per_unit]
-    starts = np.cumsum([0, *sizes])
-    n_hidden = len(hidden_in)
     jac = response[..., starts[0]:starts[n_hidden]]
     by_eqn = {}
     for i, (e, (shape, _, l)) in enumerate(zip(injected, per_unit[n_hidden:])):
@@ -375,19 +400,26 @@ def _is_batched_y(graph: ETraceGraph, eqn_index: int) -> bool:
     return graph.jaxpr.eqns[eqn_index].primitive.batched
 
 
-def _unit_tangents(specs: list[tuple[tuple[int, ...], Any, int]]) -> list[jax.Array]:
-    """One row per unit of one sample of every leaf: a one-hot in that unit, for every sample.
+def _split(values: list, at: int) -> tuple[list, list]:
+    return values[:at], values[at:]
 
-    ``specs`` lists ``(shape, dtype, number of leading batch axes)`` per leaf;
-    the result is one ``(R, *shape)`` array per leaf, ``R`` the total unit count.
+
+def _unit_tangents(specs: list[tuple[tuple[int, ...], Any, int]]):
+    """``tangents(row)``: one per leaf, a one-hot in unit ``row`` of one sample (counted over
+    every leaf's units in order), for every sample; zero in the leaves that do not hold it.
+
+    ``specs`` lists ``(shape, dtype, number of leading batch axes)`` per leaf. The one-hot is
+    made from the row's index inside the caller's ``vmap``: a materialised ``(R, *shape)``
+    stack would be loop-invariant and hoisted out of a time loop.
     """
     sizes = [int(np.prod(shape[lead:], dtype=np.int64)) for shape, _, lead in specs]
-    total = sum(sizes)
-    out, start = [], 0
-    for (shape, dtype, lead), size in zip(specs, sizes):
-        rows = np.zeros((total, size), bool)
-        rows[start:start + size] = np.eye(size, dtype=bool)
-        sample = jnp.asarray(rows.reshape(total, *shape[lead:]), dtype)
-        out.append(jnp.broadcast_to(sample[:, None] if lead else sample, (total, *shape)))
-        start += size
-    return out
+    starts = np.cumsum([0, *sizes])
+
+    def tangents(row):
+        out = []
+        for (shape, dtype, lead), start, size in zip(specs, starts, sizes):
+            sample = (jnp.arange(size) == row - int(start)).reshape(shape[lead:])
+            out.append(jnp.broadcast_to(sample, shape).astype(dtype))
+        return out
+
+    return tangents

@@ -188,8 +188,9 @@ def online_grad(learner: Any, loss_fn: Callable[[Any, Any], jax.Array], *,
         loss_fn: ``loss_fn(y_pred, y_target) -> scalar`` for one step.
         reduction: ``'mean'`` (divide by the mask's sum, or ``T``) or ``'sum'`` over time.
         chunk_size: Windowed mode with windows of this many steps; ``None``: not windowed.
-        block_size: Time blocks of the traces (``None``: the default where the algorithm
-            has a blocked form; ``1``: per step).
+        block_size: Time blocks of the traces (``None``: where the algorithm has a
+            blocked form, as many steps as fit 256 MiB of stacked per-step values, between 2
+            and 32, see ``braintrace._loops.default_block_size``; ``1``: per step).
 
     Returns:
         An :class:`OnlineGradient` ``(init, grad)``; ``grad(model, state, xs, ys, *,

@@ -392,8 +392,12 @@ class OnlineLearner(Checkpointable):
             block_size: Single-step mode advances the traces in blocks of this
                 many steps, with matrix products (exactly the per-step result;
                 see ``braintrace/_loops/_blocked.py``); ``1`` is the per-step
-                form. Default: 32 where the algorithm has a blocked form
-                (D_RTRL, ES_D_RTRL), else 1. Ignored in windowed mode.
+                form. Default where the algorithm has a blocked form (D_RTRL,
+                ES_D_RTRL): as many steps as fit 256 MiB of the block's stacked
+                per-step values, between 2 and 32 (32 for small models; 2 for
+                ES-D-RTRL on 131,072 neurons at batch 32:
+                ``braintrace._loops.default_block_size``), else 1. Ignored in
+                windowed mode.
             reduction: ``'mean'`` or ``'sum'`` over time.
             return_losses: Also return each step's loss ``(T,)``.
             **signal_inputs: An algorithm's own per-step inputs:

@@ -27,6 +27,7 @@ from braintrace._loops._per_step import finish_carry as finish_carry
 from braintrace._loops._per_step import init_carry as init_carry
 from braintrace._loops._per_step import param_gradients as param_gradients
 from braintrace._loops._run import run as run
+from braintrace._loops._spec import BLOCK_MEMORY_BUDGET as BLOCK_MEMORY_BUDGET
 from braintrace._loops._spec import DEFAULT_BLOCK_SIZE as DEFAULT_BLOCK_SIZE
 from braintrace._loops._spec import Blocked as Blocked
 from braintrace._loops._spec import LoopSpec as LoopSpec
@@ -34,9 +35,10 @@ from braintrace._loops._spec import PerStep as PerStep
 from braintrace._loops._spec import Windowed as Windowed
 from braintrace._loops._spec import check_positive as check_positive
 from braintrace._loops._spec import choose_loop as choose_loop
+from braintrace._loops._spec import default_block_size as default_block_size
 from braintrace._loops._step import step_jacobians as step_jacobians
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "Blocked", "LoopContext", "LoopSpec", "PerStep", "ScanCarry",
-           "Windowed", "check_positive", "choose_loop", "evolve", "finish_carry",
-           "init_carry",
-           "param_gradients", "run", "step_jacobians"]
+__all__ = ["BLOCK_MEMORY_BUDGET", "DEFAULT_BLOCK_SIZE", "Blocked", "LoopContext", "LoopSpec",
+           "PerStep", "ScanCarry", "Windowed", "check_positive", "choose_loop",
+           "default_block_size", "evolve", "finish_carry", "init_carry", "param_gradients", "run",
+           "step_jacobians"]

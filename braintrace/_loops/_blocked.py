@@ -19,6 +19,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from braintrace._algorithms import BlockSteps, GraphRules
 from braintrace._compiler import programs
@@ -26,7 +27,42 @@ from braintrace._loops._context import LoopContext
 from braintrace._loops._per_step import ScanCarry
 from braintrace._loops._step import add_same_step, probed_loss_terms, step_jacobians, step_leaves
 
-__all__ = ["run_blocked"]
+__all__ = ["run_blocked", "stacked_bytes_per_step"]
+
+
+def stacked_bytes_per_step(rules: GraphRules) -> int:
+    """What one step adds to a block's stacked buffers, in bytes, from the graph's shapes.
+
+    :func:`run_blocked` stacks per step and relation the input ``x`` and the same-step share
+    ``dy`` (``y``-shaped); for a relation with a ``block_step`` its output (counted as one
+    ``y``-shaped value, ES-D-RTRL's output factor ``d``), for the others the learning signal
+    (every group's states ``V·S``) and the Jacobians ``D`` (``V·S²`` per group) and ``Df``
+    (``y·S`` per relation). Each counted in its hidden group's dtype; batch axes included.
+
+    Example:
+        >>> import braintrace, jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from braintrace import layers
+        >>> from braintrace._loops._blocked import stacked_bytes_per_step
+        >>> model = nnx.Sequential(layers.ETPLinear(3, 4, rngs=nnx.Rngs(0)), layers.LIF(4))
+        >>> learner = braintrace.compile(model, 'es_d_rtrl', jnp.ones((3,)))
+        >>> stacked_bytes_per_step(learner.rules)  # x (3) + dy (4) + d (4), float32
+        44
+    """
+    graph = rules.graph
+    groups = graph.groups
+    size = lambda shape: int(np.prod(shape, dtype=np.int64))
+    itemsize = lambda g: np.dtype(g.dtype).itemsize
+    total = 0
+    for r, rule in zip(rules.relations, rules.relation_rules):
+        g = groups[r.group]
+        x = size(r.x_shape) if r.has_input else 0
+        y = size(r.y_shape)
+        extra = y if rule.block_step is not None else y * g.num_states  # d, or Df
+        total += (x + y + extra) * itemsize(g)
+    if rules.reads_stacked_steps:  # the signal and D
+        total += sum(g.size * (g.num_states + g.num_states ** 2) * itemsize(g) for g in groups)
+    return total
 
 
 def _relation_steps(rules: GraphRules, signal: Any, d: Any, df: Any, rel_x: Any, dy: Any,

@@ -21,13 +21,22 @@ from typing import Any
 
 from braintrace._algorithms import GraphRules
 from braintrace._arguments import check_integer
+from braintrace._loops._blocked import stacked_bytes_per_step
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "Blocked", "LoopSpec", "PerStep", "Windowed", "check_positive",
-           "choose_loop"]
+__all__ = ["BLOCK_MEMORY_BUDGET", "DEFAULT_BLOCK_SIZE", "MIN_DEFAULT_BLOCK_SIZE", "Blocked",
+           "LoopSpec", "PerStep", "Windowed", "check_positive", "choose_loop",
+           "default_block_size"]
 
 DEFAULT_BLOCK_SIZE = 32
-"""Steps per block when the caller does not choose ``block_size`` and the rules have a blocked
-form."""
+"""The most steps per block when the caller does not choose ``block_size`` and the rules have
+a blocked form (:func:`default_block_size`)."""
+
+MIN_DEFAULT_BLOCK_SIZE = 2
+"""The fewest steps per default block: blocks of 2 merge each step's same-step and temporal
+weight products at the per-step form's memory."""
+
+BLOCK_MEMORY_BUDGET = 256 * 2**20
+"""Bytes of stacked steps a default block may hold (:func:`default_block_size`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +75,29 @@ def check_positive(name: str, value: Any, *, length: int | None = None) -> int:
     return value
 
 
+def default_block_size(rules: GraphRules) -> int:
+    """Steps per block when the caller does not choose: as many as fit
+    :data:`BLOCK_MEMORY_BUDGET`, between :data:`MIN_DEFAULT_BLOCK_SIZE` and
+    :data:`DEFAULT_BLOCK_SIZE`.
+
+    ``K = clamp(⌊BLOCK_MEMORY_BUDGET / stacked bytes per step⌋, 2, 32)``, the bytes per step
+    counted from the graph's shapes (``_blocked.stacked_bytes_per_step``): a block holds ``K``
+    steps of every relation's input and output-sized values, which for a large network (B 32,
+    131,072 neurons: 96 MiB per step for ES-D-RTRL) would be gigabytes at ``K = 32``.
+
+    Example:
+        >>> from braintrace._loops import default_block_size
+        >>> import braintrace, jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from braintrace import layers
+        >>> model = nnx.Sequential(layers.ETPLinear(3, 4, rngs=nnx.Rngs(0)), layers.LIF(4))
+        >>> default_block_size(braintrace.compile(model, 'd_rtrl', jnp.ones((3,))).rules)
+        32
+    """
+    fits = BLOCK_MEMORY_BUDGET // max(stacked_bytes_per_step(rules), 1)
+    return int(min(max(fits, MIN_DEFAULT_BLOCK_SIZE), DEFAULT_BLOCK_SIZE))
+
+
 def choose_loop(rules: GraphRules, *, length: int, chunk_size: int | None = None,
                 block_size: int | None = None) -> LoopSpec:
     """The loop that runs a sequence of ``length`` steps under ``rules``.
@@ -77,8 +109,9 @@ def choose_loop(rules: GraphRules, *, length: int, chunk_size: int | None = None
             ``length``); ``None``: not windowed (BPTT then takes one window of
             ``length`` steps).
         block_size: Time blocks of the traces outside windowed mode; ``None``:
-            :data:`DEFAULT_BLOCK_SIZE` where the rules have a blocked form,
-            else the per-step loop.
+            :func:`default_block_size` (32 steps, fewer for a network whose
+            stacked steps exceed 256 MiB, at least 2) where the rules have a
+            blocked form, else the per-step loop.
 
     Raises:
         ValueError: An argument is not a positive int, ``chunk_size`` does not
@@ -112,7 +145,7 @@ def choose_loop(rules: GraphRules, *, length: int, chunk_size: int | None = None
                 "pass chunk_size=K (windowed mode).")
         return Windowed(length)
     if block_size is None:
-        return Blocked(DEFAULT_BLOCK_SIZE) if rules.supports_blocks else PerStep()
+        return Blocked(default_block_size(rules)) if rules.supports_blocks else PerStep()
     block_size = check_positive("block_size", block_size)
     if block_size > 1 and not rules.supports_blocks:
         raise ValueError(

@@ -1,0 +1,104 @@
+"""The default block size (``block_size=None``) by a memory budget.
+
+``K = clamp(⌊BLOCK_MEMORY_BUDGET / stacked bytes per step⌋, 2, 32)``
+(``braintrace/_loops/_spec.py::default_block_size``): a small model keeps blocks
+of 32 steps, a large network gets fewer, and whatever ``K`` it picks, the
+gradients are the per-step form's (float64).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from contract_models import ALGORITHMS, BATCH, IN, MODELS
+from flax import nnx
+from test_blocked import assert_same, data, mse
+
+import braintrace
+from braintrace import layers
+from braintrace._loops import (
+    BLOCK_MEMORY_BUDGET,
+    DEFAULT_BLOCK_SIZE,
+    Blocked,
+    PerStep,
+    _spec,
+    choose_loop,
+    default_block_size,
+)
+from braintrace._loops._blocked import stacked_bytes_per_step
+
+
+@pytest.fixture
+def x64():
+    """The contract models are float64."""
+    with jax.enable_x64(True):
+        yield
+
+
+def wide_network(neurons: int, algorithm: str, batch: int = 32, inputs: int = 8):
+    """``ETPLinear(inputs -> neurons)`` into ``LIF(neurons)``, float32, ``batch`` samples."""
+    model = nnx.Sequential(layers.ETPLinear(inputs, neurons, rngs=nnx.Rngs(0)),
+                           layers.LIF(neurons))
+    return braintrace.compile(model, algorithm, jnp.zeros((batch, inputs)), batch_size=batch)
+
+
+@pytest.mark.parametrize("algorithm", ["d_rtrl", "es_d_rtrl"])
+@pytest.mark.parametrize("name", ["dense", "gru", "recurrent-lif-2-layers"])
+def test_a_small_model_keeps_blocks_of_32(name, algorithm, x64):
+    learner = braintrace.compile(MODELS[name].build(), ALGORITHMS[algorithm](),
+                                 jnp.zeros((BATCH, IN)))
+    assert default_block_size(learner.rules) == DEFAULT_BLOCK_SIZE == 32
+    assert choose_loop(learner.rules, length=100) == Blocked(32)
+    assert choose_loop(learner.rules, length=100, block_size=5) == Blocked(5)
+
+
+def test_rules_without_a_blocked_form_stay_per_step(x64):
+    learner = braintrace.compile(MODELS["dense"].build(), braintrace.EProp(feedback="random"),
+                                 jnp.zeros((BATCH, IN)))
+    assert choose_loop(learner.rules, length=100) == PerStep()
+
+
+def test_a_large_network_gets_fewer_steps_per_block():
+    """65,536 LIF neurons, batch 32, float32: every ``(B, N)`` value is 8 MiB."""
+    n, b, i = 65536, 32, 8
+    per_value = b * n * 4
+    # ES-D-RTRL stacks x (B, 8), dy and the output factor d (B, N) per relation and step
+    es = wide_network(n, "es_d_rtrl", b, i)
+    assert stacked_bytes_per_step(es.rules) == b * i * 4 + 2 * per_value
+    assert default_block_size(es.rules) == BLOCK_MEMORY_BUDGET // (b * i * 4 + 2 * per_value)
+    assert default_block_size(es.rules) == 15
+    assert choose_loop(es.rules, length=300) == Blocked(15)
+    # D-RTRL stacks x, dy and Df (one state) per relation, the signal and D per group
+    d = wide_network(n, "d_rtrl", b, i)
+    assert stacked_bytes_per_step(d.rules) == b * i * 4 + 4 * per_value
+    assert default_block_size(d.rules) == 7
+    # a budget below one step's stacks still gives blocks of 2, never the per-step form
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_spec, "BLOCK_MEMORY_BUDGET", per_value)
+        assert default_block_size(d.rules) == 2
+        assert choose_loop(d.rules, length=300) == Blocked(2)
+
+
+@pytest.mark.parametrize("algorithm", ["d_rtrl", "es_d_rtrl"])
+@pytest.mark.parametrize("name", ["alif-learned-taus", "gru"])
+def test_the_chosen_block_size_is_exact(name, algorithm, monkeypatch, x64):
+    """With the budget set to three steps' stacks the default is ``K = 3`` (two blocks of 3
+    and one of 1 over T = 7), and its gradients, losses, traces and hidden state are the
+    per-step form's."""
+    case = MODELS[name]
+
+    def run(block_size):
+        learner = braintrace.compile(case.build(), ALGORITHMS[algorithm](),
+                                     jnp.zeros((BATCH, IN)))
+        monkeypatch.setattr(_spec, "BLOCK_MEMORY_BUDGET",
+                            3 * stacked_bytes_per_step(learner.rules))
+        assert default_block_size(learner.rules) == 3
+        xs, ys = data(case.input_scale)
+        grads, losses = learner.etrace_grad(xs, ys, mse, block_size=block_size,
+                                            return_losses=True)
+        out = jax.tree.leaves((grads, losses, learner.traces, learner.leaves()[1]))
+        return [np.asarray(a) for a in out]
+
+    per_step = run(1)
+    assert any(np.max(np.abs(a)) > 0 for a in per_step)  # the comparison sees values
+    assert_same(run(None), per_step)
