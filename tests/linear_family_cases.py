@@ -96,15 +96,20 @@ def sparse_operands(sizes, lead, rng, dtype):
     """A random connectivity ``(I, O)`` of density ~1/2; ``x`` real or boolean spikes."""
     num_in, _, num_out = sizes
     mask = rng.random((num_in, num_out)) < 0.5
-    mask[rng.integers(num_in), rng.integers(num_out)] = True
+    live = rng.integers(num_in)
+    mask[live, rng.integers(num_out)] = True
     conn = Connectivity.from_mask(mask)
     has_bias = bool(rng.integers(2))
     theta = {"weight": _normal(rng, (conn.nnz,), dtype)}
     if has_bias:
         theta["bias"] = _normal(rng, (num_out,), dtype)
     spikes = bool(rng.integers(2))
-    x = (jnp.asarray(rng.random((*lead, num_in)) < 0.5) if spikes
-         else _normal(rng, (*lead, num_in), dtype))
+    if spikes:  # the input of the connection made above always spikes: a gradient to check
+        events = rng.random((*lead, num_in)) < 0.5
+        events[..., live] = True
+        x = jnp.asarray(events)
+    else:
+        x = _normal(rng, (*lead, num_in), dtype)
     params = {"has_bias": has_bias, "connectivity": conn,
               "max_events": num_in if spikes else None}
     return _operands(x, theta, params, {}, (num_out,))
