@@ -5,9 +5,7 @@ leaves each window's last trace update pending, applying it at the next
 window's first step with the operands of the Params it was computed with
 (``braintrace/_drivers/_programs.py``). That must change nothing: the
 reference here calls ``learner.etrace_grad`` once per window (each call
-finishes its traces) and applies ``optax`` to the model by hand. A LoRA
-relation reads its Params in the trace update, so applying the pending
-update with the next window's Params would show.
+finishes its traces) and applies ``optax`` to the model by hand.
 """
 
 import jax

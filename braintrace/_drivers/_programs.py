@@ -180,6 +180,7 @@ class _TrainCarry(NamedTuple):
     params: list[jax.Array]
     opt_state: Any
     steps: ScanCarry  # hidden, other, traces (and a pending trace update) across windows
+    operands: list[dict[str, jax.Array]]  # those the pending update was computed with
     bad_update_at: jax.Array
     bad_params: jax.Array
 
@@ -212,13 +213,14 @@ def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
     split = lambda a: a.reshape(length // k, k, *a.shape[1:])
     ctx = LoopContext.build(entry.rules, loss_fn, params)
     carry = _TrainCarry(list(params), opt_state, init_carry(ctx, hidden, other, traces),
-                        jnp.asarray(-1, jnp.int32), jnp.zeros((len(params),), bool))
+                        list(ctx.operands), jnp.asarray(-1, jnp.int32),
+                        jnp.zeros((len(params),), bool))
     ends = jnp.arange(1, length // k + 1, dtype=jnp.int32) * k - 1
     window = functools.partial(_train_window, entry, tx, loss_fn, spec, params_def)
     carry, losses = jax.lax.scan(window, carry, (*(jax.tree.map(split, a) for a in (
         xs, ys, weights, signal_inputs)), ends))
     params, opt_state = carry.params, carry.opt_state
-    steps = finish_carry(LoopContext.build(entry.rules, loss_fn, params), carry.steps)
+    steps = finish_carry(ctx, carry.steps, carry.operands)
     hidden, other, traces = steps.hidden, steps.other, steps.traces
     if lay is not None:
         params, hidden, other, traces = _constrain_state(lay, params, hidden, other, traces)
@@ -232,18 +234,18 @@ def _train_window(entry: Entry, tx: optax.GradientTransformationExtraArgs,
                   carry: _TrainCarry, inputs: Any) -> tuple[_TrainCarry, jax.Array]:
     """One window: accumulate its gradient online, apply it unless it is not finite.
 
-    The per-step loop leaves the window's last trace update pending (applied
-    by the next window's first step, or after the last window): applied in the
-    same iteration that computes its Jacobians, XLA:CPU fuses their computation
-    into the trace-sized update and recomputes it per trace element (D-RTRL on
-    the benchmark GRU with an update every step: 27 ms/step instead of 4).
+    The per-step loop leaves the window's last trace update pending; the next
+    window applies it first, with the operands of the Params it was computed
+    with (``carry.operands``; after the last window, :func:`train_program`).
+    Applied in the iteration that computes its Jacobians, XLA:CPU fuses their
+    computation into the trace-sized update and recomputes it per trace element
+    (D-RTRL on the benchmark GRU with an update every step: 27 ms/step instead of 4).
     """
     xw, yw, ww, sw, t_end = inputs
     ctx = LoopContext.build(entry.rules, loss_fn, carry.params)
-    previous = carry.steps
-    zero = init_carry(ctx, previous.hidden, previous.other, previous.traces)
-    step_carry, losses = run(ctx, spec, zero._replace(pending=previous.pending,
-                                                      fresh=previous.fresh),
+    previous = finish_carry(ctx, carry.steps, carry.operands)
+    step_carry, losses = run(ctx, spec, init_carry(ctx, previous.hidden, previous.other,
+                                                   previous.traces),
                              xw, yw, ww, sw, finish=False)
     grads = param_gradients(ctx, step_carry)
     step_weights = ww if ww.ndim == 1 else jnp.sum(ww, axis=-1)  # a (T, B) mask: per step
@@ -257,7 +259,7 @@ def _train_window(entry: Entry, tx: optax.GradientTransformationExtraArgs,
     skip = (carry.bad_update_at >= 0) | first
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(skip, o, n), new, old)
     return _TrainCarry(keep(new_params, carry.params), keep(opt_state, carry.opt_state),
-                       step_carry, jnp.where(first, t_end, carry.bad_update_at),
+                       step_carry, list(ctx.operands), jnp.where(first, t_end, carry.bad_update_at),
                        jnp.where(first, bad, carry.bad_params)), losses
 
 

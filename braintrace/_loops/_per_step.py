@@ -50,14 +50,11 @@ __all__ = ["Pending", "ScanCarry", "evolve", "finish_carry", "init_carry", "para
 
 
 class Pending(NamedTuple):
-    """A trace update not yet applied: one step's Jacobians, relation inputs and the
-    operands of the Params it was computed with (so that a loop of the next
-    Params, ``OnlineTrainer``'s next window, applies it as it was)."""
+    """A trace update not yet applied: one step's Jacobians and relation inputs."""
 
     d: list[jax.Array]
     df: list[jax.Array]
     rel_x: list[jax.Array | None]
-    operands: list[dict[str, jax.Array]]
 
 
 class ScanCarry(NamedTuple):
@@ -92,30 +89,36 @@ def init_carry(ctx: LoopContext, hidden: Sequence[jax.Array], other: Sequence[ja
 def _zero_pending(ctx: LoopContext, hidden, other) -> Pending:
     """A pending update of the right shapes (never applied: the carry is ``fresh``)."""
     if not ctx.rules.traced:
-        return Pending([], [], [], [])
+        return Pending([], [], [])
     graph = ctx.graph
     leaves = StepLeaves(list(ctx.params), list(hidden), list(other),
                         [jnp.zeros(shape, dtype) for shape, dtype in graph.input_avals])
 
     def shapes():
         jac = step_jacobians(ctx.rules, leaves)
-        return Pending(list(jac.d), list(jac.df), programs.forward(graph, leaves)[1],
-                       list(ctx.operands))
+        return Pending(list(jac.d), list(jac.df), programs.forward(graph, leaves)[1])
 
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(shapes))
 
 
-def apply_pending(ctx: LoopContext, carry: ScanCarry) -> Any:
-    """The traces with the carry's pending update applied (unchanged when ``fresh``)."""
+def apply_pending(ctx: LoopContext, carry: ScanCarry, operands: Any = None) -> Any:
+    """The traces with the carry's pending update applied (unchanged when ``fresh``).
+
+    ``operands``: those of the Params the pending step ran with, when they are
+    not ``ctx``'s (``OnlineTrainer``'s next window applies the last one's).
+    """
     pending = carry.pending
     new = ctx.rules.update(carry.traces, Jacobians(d=pending.d, df=pending.df), pending.rel_x,
-                           pending.operands)
+                           ctx.operands if operands is None else operands)
     return jax.tree.map(lambda old, upd: jnp.where(carry.fresh, old, upd), carry.traces, new)
 
 
-def finish_carry(ctx: LoopContext, carry: ScanCarry) -> ScanCarry:
-    """Applies the pending update: the carry's traces become ``ε^T``."""
-    return carry._replace(traces=apply_pending(ctx, carry), fresh=jnp.ones((), bool))
+def finish_carry(ctx: LoopContext, carry: ScanCarry, operands: Any = None) -> ScanCarry:
+    """Applies the pending update: the carry's traces become ``ε^T``.
+
+    ``operands``: as :func:`apply_pending` (default ``ctx``'s).
+    """
+    return carry._replace(traces=apply_pending(ctx, carry, operands), fresh=jnp.ones((), bool))
 
 
 def _step(ctx: LoopContext, keep: Sequence[bool], carry: ScanCarry,
@@ -132,8 +135,7 @@ def _step(ctx: LoopContext, keep: Sequence[bool], carry: ScanCarry,
         pending, fresh = carry.pending, carry.fresh
     else:
         traces = apply_pending(ctx, carry)
-        pending = Pending(list(jac.d), list(jac.df), terms.rel_x, list(ctx.operands))
-        fresh = jnp.zeros((), bool)
+        pending, fresh = Pending(list(jac.d), list(jac.df), terms.rel_x), jnp.zeros((), bool)
     term = rules.contribution(traces, signal.signal(terms.signal, inputs_t, w_t), ctx.operands)
     summed = jax.tree.map(jnp.add, carry.summed, term)
     return ScanCarry(terms.hidden, terms.other, traces, summed, same, pending, fresh), terms.loss
@@ -149,10 +151,9 @@ def run_per_step(ctx: LoopContext, carry: ScanCarry, xs: Any, ys: Any, weights: 
         signal_inputs: The learning signal's per-step inputs (time axis leading), or ``None``.
         finish: Apply the last step's pending update (:func:`finish_carry`).
             ``False`` leaves it pending in the returned carry, for a caller that
-            runs the next sequence piece from it (``OnlineTrainer``'s windows:
-            applied at the next window's first step, the update is never fused
-            with the Jacobians computed beside it, which XLA:CPU would recompute
-            for every trace element).
+            finishes it in its next loop iteration (``OnlineTrainer``'s windows:
+            applied in the iteration that computed its Jacobians, the update is
+            fused with them and XLA:CPU recomputes them for every trace element).
     """
     keep = ctx.rules.learning_signal.keeps_same_step(ctx.graph)
     carry, losses = jax.lax.scan(lambda c, i: _step(ctx, keep, c, i), carry,
