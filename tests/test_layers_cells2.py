@@ -9,9 +9,8 @@ import pytest
 from contract_models import randomize_hidden
 from flax import nnx
 from flax.nnx.nn import dtypes
-from helpers import primitive_names
 from helpers import bptt_grads as bptt
-from helpers import mse
+from helpers import mse, primitive_names
 from test_gradient_contract import assert_live, relative_errors
 
 import braintrace
