@@ -12,19 +12,40 @@ from braintrace._compiler._index_maps import FlatMap
 
 
 def gather(values, index):
-    return jnp.where((index >= 0)[:, None], values[np.maximum(index, 0)], 0)
+    """The gather in NumPy: position ``i`` reads ``values[index[i]]``, or 0 where it is -1."""
+    return np.where((index >= 0)[:, None], values[np.maximum(index, 0)], 0)
+
+
+def gather_transpose(cotangent, index, source_size):
+    """The gather's transpose in NumPy: each source position sums the cotangents that read it."""
+    out = np.zeros((source_size, *cotangent.shape[1:]), cotangent.dtype)
+    np.add.at(out, index[index >= 0], cotangent[index >= 0])
+    return out
 
 
 def check_against_gather(index, source_size):
     rng = np.random.default_rng(0)
     m = FlatMap.of(index, source_size)
-    values = jnp.asarray(rng.standard_normal((source_size, 2)))
-    np.testing.assert_array_equal(m.take(values), gather(values, index))
-    np.testing.assert_array_equal(m.take(values, feeds_large=True), gather(values, index))
-    cotangent = jnp.asarray(rng.standard_normal((index.size, 2)))
-    (expected,) = jax.vjp(lambda v: gather(v, index), values)[1](cotangent)
-    np.testing.assert_allclose(m.sum_into(cotangent), expected, rtol=1e-6, atol=1e-6)
+    values = rng.standard_normal((source_size, 2)).astype(np.float32)
+    np.testing.assert_array_equal(m.take(jnp.asarray(values)), gather(values, index))
+    np.testing.assert_array_equal(m.take(jnp.asarray(values), feeds_large=True),
+                                  gather(values, index))
+    cotangent = rng.standard_normal((index.size, 2)).astype(np.float32)
+    np.testing.assert_allclose(m.sum_into(jnp.asarray(cotangent)),
+                               gather_transpose(cotangent, index, source_size),
+                               rtol=1e-6, atol=1e-6)
     return m
+
+
+def test_the_numpy_oracles_are_the_gather_and_its_vjp():
+    index, size = np.array([2, -1, 0, 2, 1]), 3
+    values = np.random.default_rng(1).standard_normal((size, 2)).astype(np.float32)
+    cotangent = np.random.default_rng(2).standard_normal((index.size, 2)).astype(np.float32)
+    jax_gather = lambda v: jnp.where((index >= 0)[:, None], v[np.maximum(index, 0)], 0)
+    y, pull = jax.vjp(jax_gather, jnp.asarray(values))
+    np.testing.assert_array_equal(gather(values, index), y)
+    np.testing.assert_allclose(gather_transpose(cotangent, index, size),
+                               pull(jnp.asarray(cotangent))[0], rtol=1e-6)
 
 
 @st.composite

@@ -6,6 +6,7 @@ sequences and the gradients are averaged. A negative control keeps only one
 sign pattern, which is not RTRL.
 """
 
+import functools
 import itertools
 
 import jax
@@ -58,8 +59,19 @@ def model():
 
 def uoro_gradient(signs):
     """UORO's gradient with the given signs ``(T, HID)``, one step at a time."""
+    return _uoro_gradient_program()(signs)
+
+
+@functools.cache
+def _uoro_gradient_program():
+    """:func:`_uoro_gradient` of one compiled learner, under ``jax.jit`` (one compilation for
+    every sign pattern)."""
+    learner = braintrace.compile(model(), braintrace.UORO(), data()[0][0])
+    return jax.jit(functools.partial(_uoro_gradient, learner))
+
+
+def _uoro_gradient(learner, signs):
     xs, ys = data()
-    learner = braintrace.compile(model(), braintrace.UORO(), xs[0])
     graph, rules = learner.graph, learner.rules
     _, params, hidden, other = split_model(learner.model)
     params, hidden, other = (jax.tree.leaves(s) for s in (params, hidden, other))
@@ -85,7 +97,7 @@ def uoro_gradient(signs):
 
     ctx = LoopContext.build(rules, mse, params)
     carry = init_carry(ctx, hidden, other, traces)._replace(summed=summed, same_step=same)
-    return np.concatenate([np.ravel(g) for g in param_gradients(ctx, carry)])
+    return jnp.concatenate([jnp.ravel(g) for g in param_gradients(ctx, carry)])
 
 
 def rtrl_gradient():
