@@ -102,3 +102,20 @@ def test_the_chosen_block_size_is_exact(name, algorithm, monkeypatch, x64):
     per_step = run(1)
     assert any(np.max(np.abs(a)) > 0 for a in per_step)  # the comparison sees values
     assert_same(run(None), per_step)
+
+
+def test_the_trainers_windows_keep_to_the_budget():
+    """Between two updates the trainer runs blocks of up to 64 steps, fewer where 64 stacked
+    steps would exceed the budget: 16,384 LIF neurons (2 MiB per ``(B, N)`` value) give ES-D-RTRL
+    blocks of 63 steps at most, so a window of 64 steps runs as two blocks of 32."""
+    from braintrace._drivers._functional import MAX_BLOCK_SIZE, window_loop
+
+    small = wide_network(64, "es_d_rtrl", 4, 8)
+    assert window_loop(small._entry(), 64, None) == Blocked(MAX_BLOCK_SIZE) == Blocked(64)
+    assert window_loop(small._entry(), 100, None) == Blocked(50)
+    wide = wide_network(16384, "es_d_rtrl", 32, 8)
+    fits = BLOCK_MEMORY_BUDGET // stacked_bytes_per_step(wide.rules)
+    assert fits == 63
+    assert window_loop(wide._entry(), 64, None) == Blocked(32)
+    assert window_loop(wide._entry(), 64, 64) == Blocked(64)  # a block size the caller chose
+    assert window_loop(wide._entry(), 1, None) == PerStep()  # an update every step

@@ -49,7 +49,7 @@ from braintrace._drivers._inputs import (
 )
 from braintrace._drivers._model_state import Leaves, check_leaves, param_state, strong
 from braintrace._drivers._programs import grad_program, train_program
-from braintrace._loops import check_positive, choose_loop
+from braintrace._loops import check_positive, choose_loop, default_block_size
 
 __all__ = ["GradStats", "OnlineGradient", "OnlineState", "OnlineUpdate", "UpdateStats",
            "online_grad", "online_update", "trace_weights"]
@@ -317,20 +317,24 @@ def online_update(learner: Any, loss_fn: Callable[[Any, Any], jax.Array],
 
 
 MAX_BLOCK_SIZE = 64
-"""The longest time block the trainer uses between two updates by default."""
+"""The longest time block the trainer uses between two updates by default (fewer steps where
+they would not fit the loops' memory budget, ``_loops.BLOCK_MEMORY_BUDGET``)."""
 
 
 def window_loop(entry: Entry, update_every: int, block_size: int | None) -> Any:
     """The loop that runs each window of ``update_every`` steps between two updates.
 
     Windowed algorithms (BPTT, DNI) take the window as theirs; others run it in
-    time blocks (``n = ⌈k/64⌉`` blocks of ``⌊k/n⌋`` steps and one of the rest,
-    unless ``block_size`` is given) where they have a blocked form, else per step.
+    time blocks where they have a blocked form, else per step: unless
+    ``block_size`` is given, ``n = ⌈k/K⌉`` blocks of ``⌊k/n⌋`` steps and one of
+    the rest, ``K = default_block_size(rules, most=64)`` (64 steps, fewer for a
+    network whose stacked steps exceed the memory budget).
     """
     rules = entry.rules
     if rules.needs_window:
         return choose_loop(rules, length=update_every, chunk_size=update_every)
     if block_size is None:
-        blocks = -(-update_every // MAX_BLOCK_SIZE)  # equal blocks and a short one
+        most = default_block_size(rules, most=MAX_BLOCK_SIZE)
+        blocks = -(-update_every // most)  # equal blocks and a short one
         block_size = update_every // blocks if rules.supports_blocks else 1
     return choose_loop(rules, length=update_every, block_size=block_size)

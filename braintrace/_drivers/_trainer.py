@@ -47,7 +47,9 @@ class OnlineTrainer(Checkpointable):
             multiples of it.
         blocked: Advance the traces of the steps between updates in time
             blocks (exactly the per-step result, with matrix products;
-            ``n = ⌈k/64⌉`` blocks of ``⌊k/n⌋`` steps and one of the rest).
+            ``n = ⌈k/K⌉`` blocks of ``⌊k/n⌋`` steps and one of the rest, ``K``
+            64 steps or fewer where 64 stacked steps exceed the 256 MiB block
+            memory budget).
             ``None``: wherever the algorithm has a blocked form (D_RTRL,
             ES_D_RTRL) and ``update_every > 1``.
 

@@ -75,12 +75,13 @@ def check_positive(name: str, value: Any, *, length: int | None = None) -> int:
     return value
 
 
-def default_block_size(rules: GraphRules) -> int:
+def default_block_size(rules: GraphRules, most: int = DEFAULT_BLOCK_SIZE) -> int:
     """Steps per block when the caller does not choose: as many as fit
-    :data:`BLOCK_MEMORY_BUDGET`, between :data:`MIN_DEFAULT_BLOCK_SIZE` and
-    :data:`DEFAULT_BLOCK_SIZE`.
+    :data:`BLOCK_MEMORY_BUDGET`, between :data:`MIN_DEFAULT_BLOCK_SIZE` and ``most``
+    (:data:`DEFAULT_BLOCK_SIZE` unless the caller has a longer stretch to cover, as the
+    trainer's windows between two updates).
 
-    ``K = clamp(⌊BLOCK_MEMORY_BUDGET / stacked bytes per step⌋, 2, 32)``, the bytes per step
+    ``K = clamp(⌊BLOCK_MEMORY_BUDGET / stacked bytes per step⌋, 2, most)``, the bytes per step
     counted from the graph's shapes (``_blocked.stacked_bytes_per_step``): a block holds ``K``
     steps of every relation's input and output-sized values, which for a large network (B 32,
     131,072 neurons: 96 MiB per step for ES-D-RTRL) would be gigabytes at ``K = 32``.
@@ -95,7 +96,7 @@ def default_block_size(rules: GraphRules) -> int:
         32
     """
     fits = BLOCK_MEMORY_BUDGET // max(stacked_bytes_per_step(rules), 1)
-    return int(min(max(fits, MIN_DEFAULT_BLOCK_SIZE), DEFAULT_BLOCK_SIZE))
+    return int(min(max(fits, MIN_DEFAULT_BLOCK_SIZE), most))
 
 
 def choose_loop(rules: GraphRules, *, length: int, chunk_size: int | None = None,
