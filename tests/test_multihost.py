@@ -1,7 +1,8 @@
 """Two processes under ``jax.distributed`` (CPU, localhost coordinator) train like one.
 
-``benchmarks/multihost_example.py`` runs in two processes, each feeding half
-of the batch; they must end with the Params of a single process fed the whole
+``benchmarks/multihost_example.py`` runs in two processes of two devices each,
+on a ``('data', 'neuron')`` mesh of 2 x 2: each process feeds half of the batch
+and splits the hidden units over its two devices; they must end with the Params of a single process fed the whole
 batch, and their orbax checkpoint must restore in this (one-device) process.
 """
 
@@ -40,7 +41,7 @@ def test_two_processes_train_to_the_params_of_one(tmp_path):
     env.pop("XLA_FLAGS", None)
     port, out, checkpoint = _free_port(), tmp_path / "params.npz", tmp_path / "ckpt"
     command = [sys.executable, str(EXAMPLE), "--num-processes", "2", "--port", str(port),
-               "--checkpoint", str(checkpoint)]
+               "--checkpoint", str(checkpoint), "--local-devices", "2", "--neuron-devices", "2"]
     workers = [subprocess.Popen([*command, "--process-id", str(i),
                                  *(["--out", str(out)] if i == 0 else [])],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -51,7 +52,7 @@ def test_two_processes_train_to_the_params_of_one(tmp_path):
         for w in workers:
             w.kill()
     assert all(w.returncode == 0 for w in workers), "\n".join(logs)[-4000:]
-    assert "process 0/2: 2 devices" in logs[0] and "process 1/2: 2 devices" in logs[1]
+    assert "process 0/2: 4 devices" in logs[0] and "process 1/2: 4 devices" in logs[1]
 
     example = _example()
     one = example.train(None, slice(None))

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from braintrace._compiler import ETraceGraph, Relation
+from braintrace._compiler import ETraceGraph, Relation, batch_shards
 
 __all__ = ["SAMPLE_BLOCK", "batch_split", "group_signal", "is_batched", "merge_steps",
            "mix_states", "operand_structs", "param_dtypes", "per_sample", "sum_over_samples",
@@ -29,7 +29,7 @@ def batch_split() -> bool:
         >>> batch_split()
         False
     """
-    return jax.sharding.get_abstract_mesh().size > 1
+    return batch_shards() > 1
 
 
 def is_batched(graph: ETraceGraph) -> bool:
@@ -128,7 +128,7 @@ def sum_over_samples(fn: Callable[..., Any], *batched: Any) -> Any:
         >>> sum_over_samples(lambda row: row * 2, a).tolist()
         [760.0, 800.0]
     """
-    shards = jax.sharding.get_abstract_mesh().size
+    shards = batch_shards()
     size = jax.tree.leaves(batched)[0].shape[0]
     if shards > 1:
         if size % shards:  # groups the devices do not hold: one reduction XLA partitions

@@ -10,6 +10,8 @@ signal from being exact (``fast_signal_obstacles``) and the model split helpers.
 """
 
 from braintrace._compiler import _programs as programs
+from braintrace._compiler._batch_shards import batch_shards as batch_shards
+from braintrace._compiler._batch_shards import splitting_batch as splitting_batch
 from braintrace._compiler._compile import compile_graph as compile_graph
 from braintrace._compiler._fast_signal import SignalObstacle as SignalObstacle
 from braintrace._compiler._fast_signal import fast_signal_obstacles as fast_signal_obstacles
@@ -38,6 +40,7 @@ from braintrace._compiler._report import graph_report as _graph_report
 _REPORTER.append(_graph_report)
 
 __all__ = ["Approximation", "ETraceGraph", "ElementwiseRelation", "Exclusion", "HiddenGroup",
-           "InputRelation", "Relation", "SignalObstacle", "StepLeaves", "compile_graph",
+           "InputRelation", "Relation", "SignalObstacle", "StepLeaves", "batch_shards",
+           "compile_graph",
            "eqn_names", "fast_signal_obstacles", "feeding", "is_var", "leaf_paths", "operations", "params_phrase", "programs", "reach", "reached",
-           "split_model", "unit_patterns"]
+           "split_model", "splitting_batch", "unit_patterns"]

@@ -16,6 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from braintrace._compiler._batch_shards import batch_shards
 from braintrace._compiler._index_maps import FlatMap
 from braintrace._primitives import ETPPrimitive
 
@@ -142,7 +143,7 @@ class InputRelation:
         """
         tail = value.shape[len(self.group_shape):]
         sample = self.sample_hidden_map
-        if sample is not None and jax.sharding.get_abstract_mesh().size > 1:
+        if sample is not None and batch_shards() > 1:
             # The batch split over devices: one map per sample, so XLA keeps each device's
             # rows where they are (a gather of flat positions would gather the batch first).
             take = lambda v: sample.take(v.reshape(-1, *tail), feeds_large=feeds_large)

@@ -25,7 +25,8 @@ def compile(
     batch_size: int | None = None,
     strict: bool = False,
     mesh: jax.sharding.Mesh | None = None,
-    data_axis: str = "data",
+    data_axis: str | None = "data",
+    neuron_axis: str | None = None,
 ) -> OnlineLearner:
     """Compiles a stateful model for online learning with ``algorithm``.
 
@@ -49,14 +50,26 @@ def compile(
             inputs, targets, hidden states and traces is split over its axis
             ``data_axis``; Params are replicated and XLA sums the gradients over
             the devices. ``None`` runs on the default device.
-        data_axis: The name of the mesh axis the batch is split over.
+        data_axis: The name of the mesh axis the batch is split over. With a
+            ``neuron_axis``, the mesh may lack it (or it may be ``None``): the
+            batch is then not split.
+        neuron_axis: The name of the mesh axis the hidden (post-synaptic) units
+            are split over, ``None`` for none. Params, hidden states, traces and
+            the optimiser state are split by neuron: a Param along its
+            ``out_sharding`` metadata (Flax's ``nnx.with_partitioning``) or else
+            its last axis (``ETPLinear.kernel`` by output, ``ETPSparseLinear.weight``
+            by synapse: keep the synapses in post-synaptic order), a hidden state
+            along its feature axis, a trace as the Param or unit it belongs to.
+            XLA inserts the communication; gradients are the one-device ones.
 
     Returns:
         An :class:`OnlineLearner`.
 
     Raises:
-        ValueError: With a ``mesh``: it has no axis ``data_axis``, or
-            ``batch_size`` is missing or not divisible by that axis's size; a leaf
+        ValueError: With a ``mesh``: it has no axis ``data_axis`` (or
+            ``neuron_axis``), ``batch_size`` is missing or not divisible by that
+            axis's size, or a Param's neuron axis does not divide by the
+            ``neuron_axis`` size (the message names it); a leaf
             of ``example_x`` does not lead with the batch size; a hidden state was
             declared with a batch axis (see :func:`check_sample_shapes`). Nothing is
             changed then.
@@ -82,11 +95,11 @@ def compile(
         batch_size = check_batch_size("compile: batch_size", batch_size)
     if mesh is not None:
         check_mesh(mesh, data_axis, batch_size if batch_size is not None
-                   else state_batch_size(model))
+                   else state_batch_size(model), neuron_axis)
     batched = batch_size if batch_size is not None else state_batch_size(model)
     check_example_batch(example_x, batched)
     check_sample_shapes(model, example_x, batched)
     if batch_size is not None:
         init_states(model, batch_size)
     return OnlineLearner(model, algorithm, example_x, strict=strict, mesh=mesh,
-                         data_axis=data_axis)
+                         data_axis=data_axis, neuron_axis=neuron_axis)

@@ -19,11 +19,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from braintrace._algorithms import AbstractAlgorithm, GraphRules
-from braintrace._compiler import ETraceGraph, compile_graph, programs
+from braintrace._compiler import ETraceGraph, compile_graph, programs, split_model
 from braintrace._drivers._model_state import LeafAvals, leaf_avals, model_leaves, runs_at
-from braintrace._drivers._sharding import Layout, check_mesh, layout
+from braintrace._drivers._neuron_sharding import hidden_specs, param_specs, trace_specs
+from braintrace._drivers._sharding import Layout, batched_leaves, check_mesh, layout
 from braintrace._drivers._states import init_states
 from braintrace._hidden import state_batch_size
 
@@ -60,8 +62,9 @@ class CompiledModel:
         algorithm: The algorithm (bound to the model here).
         example_x: The input of one step at that batch size.
         strict: Refuse approximate traces (the graph's or the algorithm's).
-        mesh: Data parallel over this mesh, or ``None``.
+        mesh: Data (and neuron) parallel over this mesh, or ``None``.
         data_axis: The mesh axis the batch is split over.
+        neuron_axis: The mesh axis the hidden units are split over, or ``None``.
 
     Raises:
         ValueError: The model cannot be compiled (the message says why), or
@@ -69,15 +72,17 @@ class CompiledModel:
     """
 
     def __init__(self, model: nnx.Module, algorithm: AbstractAlgorithm, example_x: Any, *,
-                 strict: bool, mesh: jax.sharding.Mesh | None, data_axis: str):
+                 strict: bool, mesh: jax.sharding.Mesh | None, data_axis: str | None,
+                 neuron_axis: str | None = None):
         self.model = model
         self.algorithm = algorithm.bind(model)
         self.strict = strict
         self.mesh = mesh
         self.data_axis = data_axis
+        self.neuron_axis = neuron_axis
         batch_size = state_batch_size(model)
         if mesh is not None:
-            check_mesh(mesh, data_axis, batch_size)
+            check_mesh(mesh, data_axis, batch_size, neuron_axis)
         self._entries: dict[tuple[Any, int | None], Entry] = {}
         entry = self._compile(model, example_x, batch_size)
         self.base_batch_size = batch_size
@@ -107,7 +112,7 @@ class CompiledModel:
 
     def _compile_copy(self, graphdef: Any, batch_size: int | None) -> Entry:
         if self.mesh is not None:
-            check_mesh(self.mesh, self.data_axis, batch_size)
+            check_mesh(self.mesh, self.data_axis, batch_size, self.neuron_axis)
         with jax.ensure_compile_time_eval():
             try:
                 copy = nnx.merge(graphdef, nnx.state(self.model), copy=True)
@@ -140,15 +145,23 @@ class CompiledModel:
         return Entry(graph, rules, example, leaf_avals(model_leaves(model)), batch_size, lay)
 
     def _layout_for(self, model: nnx.Module, rules: GraphRules, example: Any) -> Layout:
-        """Where each array lives on the mesh: what grows with the batch size is split."""
+        """Where each array lives on the mesh: what grows with the batch size is split over
+        the data axis, the hidden units over the neuron axis (``_neuron_sharding``)."""
         batch_size = state_batch_size(model)
-        twice = nnx.clone(model)
-        init_states(twice, 2 * batch_size)
-        example_2b = jax.tree.map(lambda s: jnp.zeros((2 * batch_size, *s.shape[1:]), s.dtype),
-                                  example)
-        graph_2b = compile_graph(twice, example_2b, scope=self.algorithm.scope)
-        return layout(self.mesh, self.data_axis, batch_size, _shapes(model, rules),
-                      _shapes(twice, self.algorithm.rules(graph_2b)))
+        at_b = _shapes(model, rules)
+        if batch_size is None:
+            at_2b = at_b
+        else:
+            twice = nnx.clone(model)
+            init_states(twice, 2 * batch_size)
+            example_2b = jax.tree.map(
+                lambda s: jnp.zeros((2 * batch_size, *s.shape[1:]), s.dtype), example)
+            graph_2b = compile_graph(twice, example_2b, scope=self.algorithm.scope)
+            at_2b = _shapes(twice, self.algorithm.rules(graph_2b))
+        axis = check_mesh(self.mesh, self.data_axis, batch_size, self.neuron_axis)
+        samples = (None if self.neuron_axis is None
+                   else _neuron_specs(model, rules.graph, at_b, at_2b, self.mesh, self.neuron_axis))
+        return layout(self.mesh, axis, batch_size, at_b, at_2b, samples, self.neuron_axis)
 
     def batch_size_of(self, hidden: list[Any]) -> int | None:
         """The batch size of hidden-state leaves (``None``: per sample), by their rank."""
@@ -171,6 +184,21 @@ class CompiledModel:
         """The traces of ``entry`` as ``jax.ShapeDtypeStruct`` leaves."""
         params = [jax.ShapeDtypeStruct(s, d) for s, d in entry.leaf_avals[:entry.graph.num_params]]
         return jax.eval_shape(lambda p: self.zero_traces(entry, p), params)
+
+
+def _neuron_specs(model: nnx.Module, graph: ETraceGraph, at_b: tuple[Any, ...],
+                  at_2b: tuple[Any, ...], mesh: jax.sharding.Mesh, axis: str) -> tuple[Any, ...]:
+    """The sample spec of every Param, hidden state, other Variable and trace leaf."""
+    batched = [batched_leaves(a, b) for a, b in zip(at_b, at_2b, strict=True)]
+    _, params_state, _, _ = split_model(model)
+    variables = jax.tree.leaves(params_state, is_leaf=lambda v: isinstance(v, nnx.Variable))
+    params = param_specs(variables, graph.param_paths, mesh, axis)
+    hidden = hidden_specs([np.shape(h)[int(b):] for h, b in zip(at_b[1], batched[1])], mesh,
+                          axis)
+    other = [P() for _ in at_b[2]]
+    traces = trace_specs(graph, at_b[3], batched[3], dict(zip(graph.param_paths, params)),
+                         mesh, axis)
+    return params, hidden, other, traces
 
 
 def _shapes(model: nnx.Module, rules: GraphRules) -> tuple[Any, ...]:

@@ -84,10 +84,10 @@ class OnlineLearner(Checkpointable):
 
     def __init__(self, model: nnx.Module, algorithm: AbstractAlgorithm, example_x: Any, *,
                  strict: bool = False, mesh: jax.sharding.Mesh | None = None,
-                 data_axis: str = "data"):
+                 data_axis: str | None = "data", neuron_axis: str | None = None):
         self.model = model
         self.compiled = CompiledModel(model, algorithm, example_x, strict=strict, mesh=mesh,
-                                      data_axis=data_axis)
+                                      data_axis=data_axis, neuron_axis=neuron_axis)
         self._batch_size = self.compiled.base_batch_size
         self._trace_shapes: dict[int, Any] = {}
         self._place_model()
@@ -107,13 +107,18 @@ class OnlineLearner(Checkpointable):
 
     @property
     def mesh(self) -> jax.sharding.Mesh | None:
-        """The device mesh of data parallel, or ``None``."""
+        """The device mesh of data (and neuron) parallel, or ``None``."""
         return self.compiled.mesh
 
     @property
-    def data_axis(self) -> str:
+    def data_axis(self) -> str | None:
         """The mesh axis the batch is split over."""
         return self.compiled.data_axis
+
+    @property
+    def neuron_axis(self) -> str | None:
+        """The mesh axis the hidden units are split over, or ``None``."""
+        return self.compiled.neuron_axis
 
     @property
     def graph(self) -> ETraceGraph:

@@ -26,7 +26,13 @@ import jax.numpy as jnp
 import optax
 
 from braintrace._drivers._compiled import Entry
-from braintrace._drivers._sharding import Layout, constrain, input_shardings, on_mesh
+from braintrace._drivers._sharding import (
+    Layout,
+    constrain,
+    input_shardings,
+    on_mesh,
+    opt_state_shardings,
+)
 from braintrace._loops import (
     LoopContext,
     LoopSpec,
@@ -102,9 +108,14 @@ def _constrain_inputs(layout: Layout, tree: Any) -> Any:
 
 
 def _constrain_state(layout: Layout, params, hidden, other, traces) -> tuple[Any, ...]:
-    """Params (or their gradients) replicated, hidden state and traces batch-sharded."""
+    """Params (or their gradients), hidden state and traces on their layout's shardings."""
     return (constrain(list(params), layout.params), constrain(list(hidden), layout.hidden),
             constrain(list(other), layout.other), constrain(traces, layout.traces))
+
+
+def _opt_shardings(lay: Layout, tx: Any, opt_state: Any, params_def: Any) -> Any:
+    return opt_state_shardings(lay, tx, opt_state,
+                               jax.tree.unflatten(params_def, lay.params))
 
 
 @_on_its_mesh
@@ -206,7 +217,7 @@ def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
     lay = entry.layout
     if lay is not None:
         params, hidden, other, traces = _constrain_state(lay, params, hidden, other, traces)
-        opt_state = constrain(opt_state, jax.tree.map(lambda _: lay.replicated, opt_state))
+        opt_state = constrain(opt_state, _opt_shardings(lay, tx, opt_state, params_def))
         xs, ys = _constrain_inputs(lay, xs), _constrain_inputs(lay, ys)
     k = update_every
     length = weights.shape[0]
@@ -224,7 +235,7 @@ def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
     hidden, other, traces = steps.hidden, steps.other, steps.traces
     if lay is not None:
         params, hidden, other, traces = _constrain_state(lay, params, hidden, other, traces)
-        opt_state = constrain(opt_state, jax.tree.map(lambda _: lay.replicated, opt_state))
+        opt_state = constrain(opt_state, _opt_shardings(lay, tx, opt_state, params_def))
     return TrainResult(params, opt_state, hidden, other, traces, losses.reshape(length),
                        carry.bad_update_at, carry.bad_params)
 

@@ -1,4 +1,4 @@
-"""Data parallel: where each of a learner's arrays lives on a mesh.
+"""Data and neuron parallel: where each of a learner's arrays lives on a mesh.
 
 The batch axis of inputs, targets, hidden states and per-sample traces is
 sharded over the mesh's data axis; Params, optimiser state and everything
@@ -11,6 +11,11 @@ Which leaves carry the batch axis is read off the data, not assumed: a leaf is
 batched when its leading axis grows with the batch size (its shape at ``B``
 and at ``2B`` differ), so a Param or a trace whose first axis happens to equal
 ``B`` stays replicated.
+
+With a neuron axis (``neuron_axis=``), the hidden units are split over it as
+well: each leaf gets a *sample spec* for its axes after the batch axis
+(``_neuron_sharding``), and Params and the optimiser state are split with
+them instead of being replicated. A mesh may have a neuron axis only.
 
 On several hosts (``jax.distributed.initialize``), each process gives its local
 part of the batch and :func:`place` assembles the global arrays with
@@ -25,11 +30,14 @@ from typing import Any, NamedTuple
 
 import jax
 import numpy as np
+import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["Layout", "check_mesh", "constrain", "host_array", "input_shardings", "layout",
-           "on_mesh", "place", "place_inputs"]
+from braintrace._compiler import splitting_batch
+
+__all__ = ["Layout", "auto_mesh", "batched_leaves", "check_mesh", "constrain", "host_array",
+           "input_shardings", "layout", "on_mesh", "opt_state_shardings", "place", "place_inputs"]
 
 
 class Layout(NamedTuple):
@@ -37,21 +45,23 @@ class Layout(NamedTuple):
 
     Attributes:
         mesh: The device mesh.
-        axis: The name of its data axis.
+        axis: The name of its data axis (``None``: the batch is not split).
         batch_size: The global batch size.
-        params: The sharding of every Param (replicated).
+        params: The sharding of every Param (replicated without a neuron axis).
         hidden: A sharding per hidden state (batch axis over ``axis``).
         other: A sharding per other Variable.
         traces: The traces' structure with a sharding per leaf.
+        neuron_axis: The name of the neuron axis, or ``None``.
     """
 
     mesh: Mesh
-    axis: str
-    batch_size: int
+    axis: str | None
+    batch_size: int | None
     params: list[NamedSharding]
     hidden: list[NamedSharding]
     other: list[NamedSharding]
     traces: Any
+    neuron_axis: str | None = None
 
     @property
     def replicated(self) -> NamedSharding:
@@ -59,18 +69,35 @@ class Layout(NamedTuple):
         return NamedSharding(self.mesh, P())
 
 
-def check_mesh(mesh: Any, axis: Any, batch_size: int | None) -> None:
+def check_mesh(mesh: Any, axis: Any, batch_size: int | None,
+               neuron_axis: Any = None) -> str | None:
     """Checks that ``batch_size`` can be split over ``mesh``'s axis ``axis``.
+
+    With a ``neuron_axis``, the mesh may lack ``axis`` (``axis=None`` or a name
+    it does not have): the batch is then not split.
+
+    Returns:
+        The data axis the batch is split over (``None``: none).
 
     Raises:
         TypeError: ``mesh`` is not a ``jax.sharding.Mesh``.
         ValueError: The mesh has no axis named
-            ``axis``, the learner runs per sample, or ``batch_size`` is not a
-            multiple of the axis size.
+            ``axis`` (or ``neuron_axis``), the learner runs per sample, or
+            ``batch_size`` is not a multiple of the axis size.
     """
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mesh must be a jax.sharding.Mesh (e.g. jax.make_mesh((4,), "
                          f"('data',))), got {type(mesh).__name__}.")
+    if neuron_axis is not None:
+        if neuron_axis not in mesh.axis_names:
+            raise ValueError(
+                f"The mesh has no axis named {neuron_axis!r}; its axes are "
+                f"{tuple(mesh.axis_names)}. Pass neuron_axis=<the name of the axis to split "
+                "the hidden units over>.")
+        if axis == neuron_axis:
+            raise ValueError(f"data_axis and neuron_axis are both {axis!r}; name two axes.")
+        if axis is None or axis not in mesh.axis_names:
+            return None
     if axis not in mesh.axis_names:
         raise ValueError(
             f"The mesh has no axis named {axis!r}; its axes are {tuple(mesh.axis_names)}. "
@@ -85,32 +112,69 @@ def check_mesh(mesh: Any, axis: Any, batch_size: int | None) -> None:
             f"batch_size={batch_size} is not divisible by the size {size} of the mesh's data "
             f"axis {axis!r}: every device must hold the same number of samples. Use a batch "
             f"size that is a multiple of {size}.")
+    return axis
 
 
-def layout(mesh: Mesh, axis: str, batch_size: int, at_b: Sequence[Any],
-           at_2b: Sequence[Any]) -> Layout:
+def auto_mesh(mesh: Mesh) -> Mesh:
+    """``mesh`` with ``Auto`` axes (XLA propagates the shardings inside the programs),
+    whatever their type in ``mesh`` (``jax.make_mesh`` makes ``Explicit`` ones)."""
+    return Mesh(mesh.devices, mesh.axis_names,
+                axis_types=(jax.sharding.AxisType.Auto,) * len(mesh.axis_names))
+
+
+def batched_leaves(at_b: Any, at_2b: Any) -> Any:
+    """Per leaf, whether its leading axis grows with the batch size (shapes at ``B``, ``2B``)."""
+    return jax.tree.map(lambda a, b: bool(np.ndim(a) > 0 and np.shape(a)[0] != np.shape(b)[0]),
+                        at_b, at_2b)
+
+
+def layout(mesh: Mesh, axis: str | None, batch_size: int | None, at_b: Sequence[Any],
+           at_2b: Sequence[Any], samples: Sequence[Any] | None = None,
+           neuron_axis: str | None = None) -> Layout:
     """The :class:`Layout` of leaves whose shapes at ``B`` and ``2B`` are ``at_b`` and ``at_2b``.
 
     ``at_b`` and ``at_2b`` are ``(params, hidden, other, traces)`` of arrays
-    or ``jax.ShapeDtypeStruct``s, of the same structure. The mesh's axes are
-    used as ``Auto`` axes (XLA propagates the shardings inside the programs),
-    whatever their type in ``mesh`` (``jax.make_mesh`` makes ``Explicit`` ones).
+    or ``jax.ShapeDtypeStruct``s, of the same structure. A leaf whose leading
+    axis grows with the batch size has it split over ``axis``. ``samples``
+    gives, in the same structure, each leaf's sample spec (a ``PartitionSpec``
+    of its axes after the batch axis; ``None``: every leaf's are whole).
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from braintrace._drivers._sharding import layout
+        >>> mesh = jax.make_mesh((1, 1), ('data', 'neuron'))
+        >>> at = lambda b: ([np.zeros(4)], [np.zeros((b, 4))], [], [])
+        >>> P = jax.sharding.PartitionSpec
+        >>> lay = layout(mesh, 'data', 2, at(2), at(4), ([P('neuron')], [P('neuron')], [], []),
+        ...              'neuron')
+        >>> lay.params[0].spec, lay.hidden[0].spec
+        (P('neuron',), P('data', 'neuron'))
     """
-    mesh = Mesh(mesh.devices, mesh.axis_names,
-                axis_types=(jax.sharding.AxisType.Auto,) * len(mesh.axis_names))
-    batched, whole = NamedSharding(mesh, P(axis)), NamedSharding(mesh, P())
+    mesh = auto_mesh(mesh)
+    batched = [batched_leaves(a, b) for a, b in zip(at_b, at_2b, strict=True)]
+    if samples is None:
+        samples = [jax.tree.map(lambda _: P(), group) for group in batched]
 
-    def sharding(a, b):
-        grows = np.ndim(a) > 0 and np.shape(a)[0] != np.shape(b)[0]
-        return batched if grows else whole
+    def sharding(grows: bool, sample: P) -> NamedSharding:
+        spec = ((axis,) if grows else ()) + tuple(sample)
+        return NamedSharding(mesh, P(*_trimmed(spec)))
 
-    params, hidden, other, traces = (jax.tree.map(sharding, a, b) for a, b in
-                                     zip(at_b, at_2b, strict=True))
-    return Layout(mesh, axis, batch_size, list(params), list(hidden), list(other), traces)
+    params, hidden, other, traces = (jax.tree.map(sharding, flags, spec)
+                                     for flags, spec in zip(batched, samples, strict=True))
+    return Layout(mesh, axis, batch_size, list(params), list(hidden), list(other), traces,
+                  neuron_axis)
+
+
+def _trimmed(spec: tuple[Any, ...]) -> tuple[Any, ...]:
+    while spec and spec[-1] is None:
+        spec = spec[:-1]
+    return spec
 
 
 def input_shardings(lay: Layout, tree: Any) -> Any:
     """A sharding per leaf of inputs or targets (time axis leading, batch axis second)."""
+    if lay.axis is None:
+        return jax.tree.map(lambda _: lay.replicated, tree)
     batched = NamedSharding(lay.mesh, P(None, lay.axis))
     local = lay.batch_size // jax.process_count()
     return jax.tree.map(
@@ -170,11 +234,16 @@ def on_mesh(lay: Layout | None) -> contextlib.AbstractContextManager:
     Inside, ``jax.sharding.get_abstract_mesh()`` names the devices the batch is
     split over, so the rules reduce over the whole batch axis instead of slicing
     single samples out of it (which would move rows between devices inside the
-    time loop). Without a layout, nothing changes.
+    time loop); :func:`braintrace._compiler.batch_shards` says how many devices
+    the batch is split over (the data axis's size; a neuron axis does not split
+    the batch). Without a layout, nothing changes.
     """
     if lay is None:
         return contextlib.nullcontext()
-    return jax.sharding.use_abstract_mesh(lay.mesh.abstract_mesh)
+    stack = contextlib.ExitStack()
+    stack.enter_context(jax.sharding.use_abstract_mesh(lay.mesh.abstract_mesh))
+    stack.enter_context(splitting_batch(1 if lay.axis is None else lay.mesh.shape[lay.axis]))
+    return stack
 
 
 def constrain(tree: Any, shardings: Any) -> Any:
@@ -187,3 +256,17 @@ def host_array(a: Any) -> np.ndarray:
     if isinstance(a, jax.Array) and not a.is_fully_addressable:
         return np.asarray(a.addressable_data(0))
     return np.asarray(a)
+
+
+def opt_state_shardings(lay: Layout, tx: Any, opt_state: Any, params: Any) -> Any:
+    """A sharding per leaf of ``tx``'s state: a leaf that mirrors a Param (Adam's moments)
+    is split as that Param is; the rest (step counts) is replicated.
+
+    ``params`` is the Params' tree as ``tx`` sees it (``nnx.state(model, nnx.Param)``);
+    its leaves are in the order of :attr:`Layout.params`.
+    """
+    if lay.neuron_axis is None:
+        return jax.tree.map(lambda _: lay.replicated, opt_state)
+    shardings = jax.tree.unflatten(jax.tree.structure(params), lay.params)
+    return optax.tree_map_params(tx, lambda _, sharding: sharding, opt_state, shardings,
+                                 transform_non_params=lambda _: lay.replicated)

@@ -24,7 +24,7 @@ from braintrace._drivers._inputs import check_signal_inputs, refuse_traced, step
 from braintrace._drivers._learner import OnlineLearner
 from braintrace._drivers._not_finite import raise_if_update_not_finite
 from braintrace._drivers._programs import TRAIN_PROGRAM, TrainResult
-from braintrace._drivers._sharding import host_array, place
+from braintrace._drivers._sharding import host_array, opt_state_shardings, place
 from braintrace._loops import check_positive
 
 __all__ = ["OnlineTrainer"]
@@ -87,11 +87,13 @@ class OnlineTrainer(Checkpointable):
         self.opt_state = self._placed(self.tx.init(nnx.state(learner.model, nnx.Param)))
 
     def _placed(self, opt_state: Any) -> Any:
-        """The optimiser state replicated over the learner's mesh (as it is without one)."""
+        """The optimiser state on the learner's mesh (as it is without one): replicated, or
+        split as the Params are under neuron parallel."""
         lay = self.learner._entry().layout
         if lay is None:
             return opt_state
-        return place(opt_state, jax.tree.map(lambda _: lay.replicated, opt_state))
+        params = nnx.state(self.learner.model, nnx.Param)
+        return place(opt_state, opt_state_shardings(lay, self.tx, opt_state, params))
 
     def step(self, xs: Any, ys: Any, mask: jax.Array | None = None,
              **signal_inputs: Any) -> jax.Array:
