@@ -46,7 +46,7 @@ QUICK_LENGTHS = (8, 64)
 # --quick keeps to one model and two methods: every configuration is a fresh process
 # (a JAX import and a compilation each).
 QUICK_MODELS = ("gru",)
-QUICK_METHODS = ("bptt", "es_d_rtrl", "es_d_rtrl_streamed")
+QUICK_METHODS = ("bptt", "es_d_rtrl_streamed")
 
 
 # -- child: one configuration in a fresh process ---------------------------------------------
