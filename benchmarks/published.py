@@ -1,0 +1,527 @@
+"""Our online gradients against the published braintrace 0.2.8 on the same models, in one run.
+
+The paired models are ``_models.py``'s GRU (one ``GRUCell``, a linear readout) and SNN (two
+recurrent LIF layers, a leaky readout); hidden 256, input 64, output 10, batch 16, ``T = 250``,
+float32. The orchestrator (run with *our* virtual environment) draws the inputs and targets and
+our seed-0 initial weights once, saves them to an ``.npz``, and launches child processes in
+turn, alternating which side goes first in each of ``--rounds`` rounds:
+
+* a *published* child in a separate Python 3.12 environment holding ``braintrace==0.2.8``
+  (``--published-python``): 0.2.8's ``pp_prop`` (ES-D-RTRL, ``decay_or_rank=0.9`` as ours),
+  its ``D_RTRL`` and a BPTT of the same model (``brainstate.transform.grad`` through
+  ``for_loop``); ``etrace_grad`` under ``brainstate.transform.jit``;
+* an *ours* child: our BPTT (``_models.bptt_grad_fn``), ``ESDRTRL`` and ``DRTRL`` with
+  ``signal='exact'`` and ``'fast'`` (``etrace_grad``, default time blocks).
+
+Each child reports milliseconds per time step after compilation (median of ``--repeats``
+passes over ``T`` steps, divided by ``T``) and each method's gradient of its first pass (from
+zero hidden state and traces). The orchestrator reports, per model and method, the median over
+rounds; ratios ours / 0.2.8's from the same round (median over rounds); the cosine of each
+gradient to *our* float32 BPTT gradient, over the whole Param tree and per Param; and the
+Params whose gradient is zero (``published_zero`` lists them in 0.2.8's own Param names, where
+a fused block of ours maps to several of theirs).
+
+The models in 0.2.8 are built to match ours (0.2.8's own ``GRUCell`` computes
+``n = tanh(W_h [x, r ⊙ h])``, ours ``n = tanh(W_in x + b_in + r ⊙ (W_hn h))``, and its
+``LeakyRateReadout`` has no bias), from ``braintrace.nn.Linear`` (the ETP ``matmul``):
+
+* GRU: ``r = σ(W_r [x, h] + b_r)``, ``z = σ(W_z [x, h] + b_z)``,
+  ``n = tanh(W_in x + b_in + r ⊙ (W_hn h))``, ``h' = (1 - z) ⊙ n + z ⊙ h``, readout
+  ``W_o h' + b_o``. 0.2.8's compiler refuses a fused ``(h, 3h)`` kernel (its output is not
+  shaped like the hidden state), so our fused ``dense_i`` / ``dense_h`` are split by gate and
+  the ``r`` and ``z`` blocks of both stacked (``W_r = [W_ir; W_hr]``): the same function and
+  the same Params, in four matmuls where ours has two (and 0.2.8's ``GRUCell`` three).
+* LIF layer: ``z_{t-1} = H(v_{t-1} - 1)``, ``v_t = α (v_{t-1} - z_{t-1}) + W [x_t, z_{t-1}] + b``
+  (``W = [W_i; W_h]``, soft reset, ``α = e^{-1/20}``), spikes ``H(v_t - 1)`` with our
+  ``fast_sigmoid`` surrogate ``1 / (1 + 10 |x|)^2`` (a ``braintools.surrogate.Surrogate``;
+  its forward is ``x >= 0`` where ours is ``x > 0``: equal unless ``v`` sits exactly on the
+  threshold). Readout ``y_t = α y_{t-1} + W_o z_t + b_o`` with ``y`` a hidden state.
+
+0.2.8's BPTT against ours checks the mapping (``published_bptt`` cosine and relative error).
+The two sides run different jax versions (0.2.8 needs its own), stated in the JSON.
+
+Usage::
+
+    python benchmarks/published.py --published-python /path/to/py312/bin/python
+    python benchmarks/published.py --ours-only --quick      # our side alone, seconds
+
+The 3.12 environment (outside this repository and its dependencies)::
+
+    ~/.pyenv/versions/3.12.1/bin/python -m venv /tmp/bt028 && /tmp/bt028/bin/pip install \\
+        braintrace==0.2.8 brainstate==0.6.0 braintools==0.4.0 'jax[cpu]'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OURS = ("bptt", "es_d_rtrl", "es_d_rtrl:fast", "d_rtrl", "d_rtrl:fast")
+PUBLISHED = ("pub:bptt", "pub:pp_prop", "pub:d_rtrl")
+PAIRS = {"es_d_rtrl:fast": "pub:pp_prop", "es_d_rtrl": "pub:pp_prop",
+         "d_rtrl:fast": "pub:d_rtrl", "d_rtrl": "pub:d_rtrl", "bptt": "pub:bptt"}
+INSTALL = ("braintrace 0.2.8 needs Python 3.12 in its own environment, e.g.\n"
+           "  ~/.pyenv/versions/3.12.1/bin/python -m venv /tmp/bt028 && /tmp/bt028/bin/pip install "
+           "braintrace==0.2.8 brainstate==0.6.0 braintools==0.4.0 'jax[cpu]'\n"
+           "then pass --published-python /tmp/bt028/bin/python (or --ours-only).")
+
+
+# ---------------------------------------------------------------- 0.2.8's side (Python 3.12)
+
+def _published_models():
+    """The GRU and SNN of the module docstring, written for 0.2.8 (imports it lazily)."""
+    import brainstate
+    import braintools
+    import jax
+    import jax.numpy as jnp
+
+    import braintrace as bt
+
+    lin, alpha = bt.nn.Linear, float(np.exp(-1.0 / 20.0))
+
+    class FastSigmoid(braintools.surrogate.Surrogate):
+        def surrogate_grad(self, x):
+            return 1.0 / (1.0 + 10.0 * jnp.abs(x)) ** 2
+
+    spike = FastSigmoid()
+
+    class Hidden(brainstate.nn.Module):
+        def __init__(self, size):
+            super().__init__()
+            self.size = size
+
+        def init_state(self, batch_size=None, **kwargs):
+            self.s = brainstate.HiddenState(jnp.zeros((batch_size, self.size)))
+
+    class GRU(Hidden):
+        def __init__(self, i, h, o):
+            super().__init__(h)
+            self.Wr, self.Wz = lin(i + h, h), lin(i + h, h)
+            self.Win, self.Whn, self.readout = lin(i, h), lin(h, h, b_init=None), lin(h, o)
+
+        def update(self, x):
+            h = self.s.value
+            xh = jnp.concatenate([x, h], -1)
+            r, z = jax.nn.sigmoid(self.Wr(xh)), jax.nn.sigmoid(self.Wz(xh))
+            h = (1 - z) * jnp.tanh(self.Win(x) + r * self.Whn(h)) + z * h
+            self.s.value = h
+            return self.readout(h)
+
+    class LIF(Hidden):
+        def __init__(self, i, h):
+            super().__init__(h)
+            self.W = lin(i + h, h)
+
+        def update(self, x):
+            z = spike(self.s.value - 1.0)
+            v = alpha * (self.s.value - z) + self.W(jnp.concatenate([x, z], -1))
+            self.s.value = v
+            return spike(v - 1.0)
+
+    class Readout(Hidden):
+        def __init__(self, i, o):
+            super().__init__(o)
+            self.W = lin(i, o)
+
+        def update(self, z):
+            self.s.value = alpha * self.s.value + self.W(z)
+            return self.s.value
+
+    class SNN(brainstate.nn.Module):
+        def __init__(self, i, h, o):
+            super().__init__()
+            self.l1, self.l2, self.readout = LIF(i, h), LIF(h, h), Readout(h, o)
+
+        def update(self, x):
+            return self.readout(self.l2(self.l1(x)))
+
+    return {"gru": GRU, "snn": SNN}
+
+
+def _gru_blocks(w: dict, h: int) -> dict:
+    """0.2.8's GRU Params (name -> {'weight', 'bias'}) from ours (dotted path -> array)."""
+    ki, bi, kh = w["rnn.cell.dense_i.kernel"], w["rnn.cell.dense_i.bias"], w["rnn.cell.dense_h.kernel"]
+    gate = [slice(0, h), slice(h, 2 * h), slice(2 * h, 3 * h)]
+    return {"Wr": {"weight": np.vstack([ki[:, gate[0]], kh[:, gate[0]]]), "bias": bi[gate[0]]},
+            "Wz": {"weight": np.vstack([ki[:, gate[1]], kh[:, gate[1]]]), "bias": bi[gate[1]]},
+            "Win": {"weight": ki[:, gate[2]], "bias": bi[gate[2]]},
+            "Whn": {"weight": kh[:, gate[2]]},
+            "readout": {"weight": w["readout.kernel"], "bias": w["readout.bias"]}}
+
+
+def _gru_back(g: dict, i: int) -> dict:
+    """Ours (dotted path -> array) from 0.2.8's GRU Params: the inverse of :func:`_gru_blocks`."""
+    return {"rnn.cell.dense_i.kernel": np.hstack([g["Wr"]["weight"][:i], g["Wz"]["weight"][:i],
+                                                  g["Win"]["weight"]]),
+            "rnn.cell.dense_i.bias": np.concatenate([g["Wr"]["bias"], g["Wz"]["bias"],
+                                                     g["Win"]["bias"]]),
+            "rnn.cell.dense_h.kernel": np.hstack([g["Wr"]["weight"][i:], g["Wz"]["weight"][i:],
+                                                  g["Whn"]["weight"]]),
+            "readout.kernel": g["readout"]["weight"], "readout.bias": g["readout"]["bias"]}
+
+
+def _snn_blocks(w: dict, h: int) -> dict:
+    out = {f"{n}.W": {"weight": np.vstack([w[f"{n}.dense_i.kernel"], w[f"{n}.dense_h.kernel"]]),
+                      "bias": w[f"{n}.dense_i.bias"]} for n in ("l1", "l2")}
+    out["readout.W"] = {"weight": w["readout.linear.kernel"], "bias": w["readout.linear.bias"]}
+    return out
+
+
+def _snn_back(g: dict, i: int) -> dict:
+    out = {"readout.linear.kernel": g["readout.W"]["weight"],
+           "readout.linear.bias": g["readout.W"]["bias"]}
+    for n, cut in (("l1", i), ("l2", g["l2.W"]["weight"].shape[1])):
+        out.update({f"{n}.dense_i.kernel": g[f"{n}.W"]["weight"][:cut],
+                    f"{n}.dense_h.kernel": g[f"{n}.W"]["weight"][cut:],
+                    f"{n}.dense_i.bias": g[f"{n}.W"]["bias"]})
+    return out
+
+
+def _load_published_weights(model, name: str, weights: dict, hidden: int) -> dict:
+    """Copies our weights into 0.2.8's Params by name, asserting every shape; returns the map."""
+    import brainstate
+    import jax.numpy as jnp
+
+    blocks = (_gru_blocks if name == "gru" else _snn_blocks)(weights, hidden)
+    states = model.states(brainstate.ParamState)
+    paths = {".".join(map(str, k[:-1] if k[-1] == "weight" else k)): s for k, s in states.items()}
+    if set(paths) != set(blocks):
+        raise AssertionError(f"0.2.8's Params {sorted(paths)} do not map onto {sorted(blocks)}")
+    for path, state in paths.items():
+        have = {k: np.shape(v) for k, v in state.value.items()}
+        want = {k: np.shape(v) for k, v in blocks[path].items()}
+        if have != want:
+            raise AssertionError(f"0.2.8's Param {path}: shapes {have}, ours map to {want}")
+        state.value = {k: jnp.asarray(v) for k, v in blocks[path].items()}
+    return paths
+
+
+def _published_passes(make_model, xs, ys, batch: int) -> dict:
+    """``method -> run``: 0.2.8's compiled passes over the sequence, one fresh model each
+    (``make_model()``: built, weights copied), each from zero hidden state."""
+    import brainstate
+    import jax.numpy as jnp
+
+    import braintrace as bt
+
+    def from_zero(model, fn):
+        def run(xs, ys):  # the states are looked up now: compile() replaces them
+            for state in model.states(brainstate.HiddenState).values():
+                state.value = jnp.zeros_like(state.value)
+            return fn(xs, ys)
+        return brainstate.transform.jit(run)
+
+    passes = {}
+    for method, alg, opts in (("pub:pp_prop", bt.pp_prop, {"decay_or_rank": 0.9}),
+                              ("pub:d_rtrl", bt.D_RTRL, {})):
+        model = make_model()
+        learner = bt.compile(model, alg, xs[0], batch_size=batch, **opts)
+
+        def step_loss(x, y, learner=learner):
+            return jnp.mean((learner(x) - y) ** 2)
+
+        passes[method] = from_zero(model, lambda xs, ys, learner=learner, f=step_loss:
+                                   learner.etrace_grad(xs, ys, step_fn=f))
+    model = make_model()
+    brainstate.nn.init_all_states(model, batch)
+
+    def total(xs, ys):
+        step = brainstate.transform.for_loop(lambda x, y: jnp.mean((model(x) - y) ** 2), xs, ys)
+        return step.mean()
+
+    params = model.states(brainstate.ParamState)
+    passes["pub:bptt"] = from_zero(model, brainstate.transform.grad(total, params))
+    return {m: (lambda f=f: f(xs, ys)) for m, f in passes.items()}
+
+
+def published_child(spec: dict) -> dict:
+    import warnings
+
+    import jax
+    import jax.numpy as jnp
+
+    import braintrace as bt
+
+    if bt.__version__ != "0.2.8":
+        raise SystemExit(f"--published-python has braintrace {bt.__version__}, not 0.2.8")
+    warnings.simplefilter("ignore")  # 0.2.8's compiler notes the readout has no hidden state
+    data = dict(np.load(spec["npz"]))
+    cfg, name = spec["config"], spec["model"]
+    weights = {k[2:]: v for k, v in data.items() if k.startswith("w:")}
+    built = []
+
+    def make_model():
+        model = _published_models()[name](cfg["inputs"], cfg["hidden"], cfg["outputs"])
+        built.append(_load_published_weights(model, name, weights, cfg["hidden"]))
+        return model
+
+    xs, ys = jnp.asarray(data["xs"]), jnp.asarray(data["ys"])
+    runs = _published_passes(make_model, xs, ys, cfg["batch"])
+    paths = built[0]
+    back = _gru_back if name == "gru" else _snn_back
+    result = _time_passes(runs, spec, jax.block_until_ready)
+    for method in runs:
+        blocks = {".".join(map(str, k[:-1])): {kk: np.asarray(vv) for kk, vv in v.items()}
+                  for k, v in result.pop("_first_" + method).items()}
+        if set(blocks) != set(paths):
+            raise AssertionError(f"{method}: gradients for {sorted(blocks)}, Params {sorted(paths)}")
+        result["zero"][method] = sorted(f"{k}.{kk}" for k, v in blocks.items()
+                                        for kk, a in v.items() if not np.any(a))
+        result["grads"][method] = back(blocks, cfg["inputs"])
+    result["versions"] = {"braintrace": bt.__version__, "jax": jax.__version__,
+                          "python": sys.version.split()[0]}
+    return result
+
+
+# ------------------------------------------------------------------------- shared by both sides
+
+def _time_passes(runs: dict, spec: dict, block) -> dict:
+    """Compiles each pass (its first call), then ``repeats`` timed passes round-robin."""
+    out = {"compile_s": {}, "pass_s": {m: [] for m in runs}, "zero": {}, "grads": {}}
+    for method, run in runs.items():
+        start = time.perf_counter()
+        out["_first_" + method] = block(run())
+        out["compile_s"][method] = time.perf_counter() - start
+    for _ in range(spec["repeats"]):
+        for method, run in runs.items():
+            start = time.perf_counter()
+            block(run())
+            out["pass_s"][method].append(time.perf_counter() - start)
+    return out
+
+
+# -------------------------------------------------------------------------------- our side
+
+def ours_child(spec: dict) -> dict:
+    sys.path.insert(0, HERE)
+    import jax
+    from _models import block, bptt_grad_fn, build, mse
+    from fast_signal import algorithm
+    from flax import nnx
+
+    import braintrace
+
+    cfg, name = spec["config"], spec["model"]
+    data = dict(np.load(spec["npz"]))
+    xs, ys = jax.numpy.asarray(data["xs"]), jax.numpy.asarray(data["ys"])
+    runs = {}
+    for method in spec["methods"]:
+        model = build(name, cfg["inputs"], cfg["hidden"], cfg["outputs"], cfg["batch"])
+        for path, value in _dotted(nnx.state(model, nnx.Param)).items():
+            np.testing.assert_array_equal(value, data["w:" + path], err_msg=path)
+        if method == "bptt":
+            grad_fn, params, hidden = bptt_grad_fn(model)
+            runs[method] = lambda f=grad_fn, p=params, h=hidden: f(p, h, xs, ys)
+        else:
+            learner = braintrace.compile(model, algorithm(method), xs[0], batch_size=cfg["batch"])
+            runs[method] = lambda lr=learner: lr.etrace_grad(xs, ys, mse)
+
+    def blocked(tree):
+        block(tree)
+        return tree
+
+    result = _time_passes(runs, spec, blocked)
+    for method in runs:
+        grads = _dotted(result.pop("_first_" + method))
+        result["zero"][method] = sorted(k for k, a in grads.items() if not np.any(a))
+        result["grads"][method] = grads
+    result["versions"] = {"braintrace": "this repository", "jax": jax.__version__,
+                          "python": sys.version.split()[0]}
+    return result
+
+
+def _dotted(state) -> dict:
+    """``{'rnn.cell.dense_i.kernel': array, ...}`` from an ``nnx.State`` of Params or gradients."""
+    import jax
+
+    out = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+        parts = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+        while parts and parts[-1].strip(".") in ("", "value"):
+            parts.pop()
+        out[".".join(parts)] = np.asarray(leaf)
+    return out
+
+
+def _child_main(side: str, spec_path: str, result_path: str) -> None:
+    """Runs one side's passes and writes ``result_path`` (.json) and its gradients (.npz)."""
+    with open(spec_path) as f:
+        spec = json.load(f)
+    result = (published_child if side == "published" else ours_child)(spec)
+    grads = result.pop("grads")
+    np.savez(result_path + ".npz", **{f"{m}|{p}": a for m, g in grads.items() for p, a in g.items()})
+    with open(result_path, "w") as f:
+        json.dump(result, f)
+
+
+# --------------------------------------------------------------------------- the orchestrator
+
+def _launch(python: str, side: str, spec: dict, work: str, tag: str) -> tuple[dict, dict]:
+    spec_path, result_path = os.path.join(work, f"{tag}.spec.json"), os.path.join(work, tag)
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    # the published child runs away from the repository so that `import braintrace` is 0.2.8
+    cwd = work if side == "published" else os.path.dirname(HERE)
+    proc = subprocess.run([python, os.path.abspath(__file__), "--child", side, spec_path,
+                           result_path], cwd=cwd, capture_output=True, text=True, check=False)
+    if proc.returncode:
+        raise RuntimeError(f"{side} child ({tag}) failed:\n{proc.stderr[-4000:]}")
+    with open(result_path) as f:
+        result = json.load(f)
+    with np.load(result_path + ".npz") as z:
+        grads: dict = {}
+        for key in z.files:
+            method, path = key.split("|")
+            grads.setdefault(method, {})[path] = z[key]
+    return result, grads
+
+
+def _write_inputs(name: str, cfg: dict, length: int, path: str) -> dict:
+    """Our seed-0 weights (dotted paths) and the benchmark data, saved for both sides."""
+    sys.path.insert(0, HERE)
+    from _models import build, data
+    from flax import nnx
+
+    model = build(name, cfg["inputs"], cfg["hidden"], cfg["outputs"], cfg["batch"])
+    weights = _dotted(nnx.state(model, nnx.Param))
+    xs, ys = data(name, length, cfg["inputs"], cfg["outputs"], cfg["batch"])
+    np.savez(path, xs=np.asarray(xs), ys=np.asarray(ys), **{"w:" + k: v for k, v in weights.items()})
+    return {k: list(v.shape) for k, v in weights.items()}
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
+    denom = np.linalg.norm(a) * np.linalg.norm(b)
+    return float(a @ b / denom) if denom else 0.0
+
+
+def _compare(grads: dict, reference: dict) -> dict:
+    """Cosine to the reference over the whole Param tree and per Param (dotted path)."""
+    paths = sorted(reference)
+    if set(grads) != set(paths):
+        raise AssertionError(f"gradient Params {sorted(grads)} differ from {paths}")
+    whole = np.concatenate([np.ravel(grads[p]) for p in paths])
+    ref = np.concatenate([np.ravel(reference[p]) for p in paths])
+    return {"cosine": _cosine(whole, ref),
+            "relative_error": float(np.linalg.norm(whole - ref) / np.linalg.norm(ref)),
+            "cosine_per_param": {p: _cosine(grads[p], reference[p]) for p in paths}}
+
+
+def run_model(name: str, args, cfg: dict, length: int, work: str) -> dict:
+    spec = {"model": name, "config": cfg, "repeats": args.repeats, "methods": args.methods,
+            "npz": os.path.join(work, f"{name}.npz")}
+    shapes = _write_inputs(name, cfg, length, spec["npz"])
+    sides = ["ours"] if args.published_python is None else ["published", "ours"]
+    pythons = {"ours": sys.executable, "published": args.published_python}
+    rounds, grads = [], {}
+    for r in range(args.rounds):
+        order = sides if r % 2 == 0 else sides[::-1]
+        results = {}
+        for side in order:
+            results[side], g = _launch(pythons[side], side, spec, work, f"{name}.{side}.{r}")
+            grads.update(g if r == 0 else {})
+            print(name, "round", r, side, {m: round(1e3 * float(np.median(t)) / length, 3)
+                                           for m, t in results[side]["pass_s"].items()},
+                  flush=True)
+        rounds.append(results)
+    return _summarise(rounds, grads, length, shapes)
+
+
+def _summarise(rounds: list, grads: dict, length: int, shapes: dict) -> dict:
+    per_round = [{m: 1e3 * float(np.median(t)) / length for res in rnd.values()
+                  for m, t in res["pass_s"].items()} for rnd in rounds]
+    methods = list(per_round[0])
+    out = {"param_shapes": shapes, "rounds_ms_per_step": per_round,
+           "versions": {side: res["versions"] for side, res in rounds[0].items()},
+           "compile_s": {m: s for res in rounds[0].values() for m, s in res["compile_s"].items()},
+           "methods": {}}
+    reference = grads["bptt"]
+    for m in methods:
+        entry = {"ms_per_step": float(np.median([r[m] for r in per_round])),
+                 "zero_params": next(res["zero"][m] for res in rounds[0].values()
+                                     if m in res["zero"]),
+                 **_compare(grads[m], reference)}
+        pair = PAIRS.get(m)
+        if pair in per_round[0]:
+            entry["ratio_to_published"] = {pair: float(np.median([r[m] / r[pair]
+                                                                  for r in per_round]))}
+        entry["ratio_to_our_bptt"] = float(np.median([r[m] / r["bptt"] for r in per_round]))
+        out["methods"][m] = entry
+    return out
+
+
+def plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(results["models"])
+    fig, axes = plt.subplots(2, len(models), figsize=(5.5 * len(models), 6.4), squeeze=False)
+    for col, name in enumerate(models):
+        entries = results["models"][name]["methods"]
+        names = list(entries)
+        colours = ["tab:orange" if n.startswith("pub:") else "tab:blue" for n in names]
+        for row, key, label in ((0, "ms_per_step", "ms per time step"),
+                                (1, "cosine", "cosine to our BPTT")):
+            ax = axes[row][col]
+            ax.bar(range(len(names)), [entries[n][key] for n in names], color=colours)
+            ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=7)
+            ax.set(title=f"{name}: {label}" + (" (orange: 0.2.8)" if row == 0 else ""),
+                   ylabel=label)
+            if row == 1:
+                ax.set_ylim(min(0.5, min(entries[n][key] for n in names)), 1.01)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--published-python", help="python of a venv with braintrace==0.2.8")
+    parser.add_argument("--ours-only", action="store_true", help="skip 0.2.8 (no 3.12 venv)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, T = 20")
+    parser.add_argument("--length", type=int, default=250)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--models", nargs="+", default=["gru", "snn"], choices=["gru", "snn"])
+    parser.add_argument("--methods", nargs="+", default=list(OURS), choices=list(OURS))
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--name", default="published")
+    parser.add_argument("--child", nargs=3, metavar=("SIDE", "SPEC", "RESULT"),
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        _child_main(*args.child)
+        return {}
+    if args.published_python is None and not args.ours_only:
+        print(INSTALL, file=sys.stderr)
+        raise SystemExit(2)
+    if "bptt" not in args.methods:
+        args.methods = ["bptt", *args.methods]
+    sys.path.insert(0, HERE)
+    from _models import FULL, QUICK, environment, write_json
+
+    cfg, length = (QUICK, 20) if args.quick else (FULL, args.length)
+    with tempfile.TemporaryDirectory(prefix="published_") as work:
+        models = {name: run_model(name, args, cfg, length, work) for name in args.models}
+    results = {"config": {**cfg, "T": length}, "rounds": args.rounds, "repeats": args.repeats,
+               "environment": environment(), "command": " ".join(sys.argv),
+               "note": ("ms per step: median over rounds of each child's median pass / T; ratios "
+                        "per round (children launched alternately), median over rounds; cosine "
+                        "to our float32 BPTT on the same weights and data; shared 2-core CPU"),
+               "models": models}
+    write_json(os.path.join(args.out, f"{args.name}.json"), results)
+    plot(results, os.path.join(args.out, f"{args.name}.png"))
+    return results
+
+
+if __name__ == "__main__":
+    main()
