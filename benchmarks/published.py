@@ -404,7 +404,8 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _compare(grads: dict, reference: dict) -> dict:
-    """Cosine to the reference over the whole Param tree and per Param (dotted path)."""
+    """Cosine to the reference over the whole Param tree and per Param (dotted path), and each
+    Param's gradient norm over the reference's."""
     paths = sorted(reference)
     if set(grads) != set(paths):
         raise AssertionError(f"gradient Params {sorted(grads)} differ from {paths}")
@@ -412,7 +413,9 @@ def _compare(grads: dict, reference: dict) -> dict:
     ref = np.concatenate([np.ravel(reference[p]) for p in paths])
     return {"cosine": _cosine(whole, ref),
             "relative_error": float(np.linalg.norm(whole - ref) / np.linalg.norm(ref)),
-            "cosine_per_param": {p: _cosine(grads[p], reference[p]) for p in paths}}
+            "cosine_per_param": {p: _cosine(grads[p], reference[p]) for p in paths},
+            "norm_ratio_per_param": {p: float(np.linalg.norm(grads[p]) / np.linalg.norm(
+                reference[p])) if np.any(reference[p]) else None for p in paths}}
 
 
 def run_model(name: str, args, cfg: dict, length: int, work: str) -> dict:
@@ -451,8 +454,9 @@ def _summarise(rounds: list, grads: dict, length: int, shapes: dict) -> dict:
                  **_compare(grads[m], reference)}
         pair = PAIRS.get(m)
         if pair in per_round[0]:
-            entry["ratio_to_published"] = {pair: float(np.median([r[m] / r[pair]
-                                                                  for r in per_round]))}
+            ratios = [r[m] / r[pair] for r in per_round]
+            entry["ratio_to_published"] = {pair: float(np.median(ratios))}
+            entry["ratio_to_published_per_round"] = ratios
         entry["ratio_to_our_bptt"] = float(np.median([r[m] / r["bptt"] for r in per_round]))
         out["methods"][m] = entry
     return out
