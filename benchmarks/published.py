@@ -267,10 +267,10 @@ def published_child(spec: dict) -> dict:
     runs = _published_passes(make_model, xs, ys, cfg["batch"])
     paths = built[0]
     back = _gru_back if name == "gru" else _snn_back
-    result = _time_passes(runs, spec, jax.block_until_ready)
+    result = _compile_passes(runs, jax.block_until_ready)
     for method in runs:
         blocks = {".".join(map(str, k[:-1])): {kk: np.asarray(vv) for kk, vv in v.items()}
-                  for k, v in result.pop("_first_" + method).items()}
+                  for k, v in result["first"].pop(method).items()}
         if set(blocks) != set(paths):
             raise AssertionError(f"{method}: gradients for {sorted(blocks)}, Params {sorted(paths)}")
         result["zero"][method] = sorted(f"{k}.{kk}" for k, v in blocks.items()
@@ -283,18 +283,23 @@ def published_child(spec: dict) -> dict:
 
 # ------------------------------------------------------------------------- shared by both sides
 
-def _time_passes(runs: dict, spec: dict, block) -> dict:
-    """Compiles each pass (its first call), then ``repeats`` timed passes round-robin."""
-    out = {"compile_s": {}, "pass_s": {m: [] for m in runs}, "zero": {}, "grads": {}}
+def _compile_passes(runs: dict, block) -> dict:
+    """Compiles each pass (its first call, kept for the gradient) and a timer of one pass each."""
+    out = {"compile_s": {}, "zero": {}, "grads": {}, "first": {}}
     for method, run in runs.items():
         start = time.perf_counter()
-        out["_first_" + method] = block(run())
+        out["first"][method] = block(run())
         out["compile_s"][method] = time.perf_counter() - start
-    for _ in range(spec["repeats"]):
+
+    def time_all() -> dict:
+        seconds = {}
         for method, run in runs.items():
             start = time.perf_counter()
             block(run())
-            out["pass_s"][method].append(time.perf_counter() - start)
+            seconds[method] = time.perf_counter() - start
+        return seconds
+
+    out["time_all"] = time_all
     return out
 
 
@@ -328,9 +333,9 @@ def ours_child(spec: dict) -> dict:
         block(tree)
         return tree
 
-    result = _time_passes(runs, spec, blocked)
+    result = _compile_passes(runs, blocked)
     for method in runs:
-        grads = _dotted(result.pop("_first_" + method))
+        grads = _dotted(result["first"].pop(method))
         result["zero"][method] = sorted(k for k, a in grads.items() if not np.any(a))
         result["grads"][method] = grads
     result["versions"] = {"braintrace": "this repository", "jax": jax.__version__,
@@ -352,36 +357,67 @@ def _dotted(state) -> dict:
 
 
 def _child_main(side: str, spec_path: str, result_path: str) -> None:
-    """Runs one side's passes and writes ``result_path`` (.json) and its gradients (.npz)."""
+    """Compiles one side's passes, writes ``result_path`` (.json) and the gradients (.npz),
+    then times one pass of every method for each ``time`` line on stdin until ``quit``."""
     with open(spec_path) as f:
         spec = json.load(f)
     result = (published_child if side == "published" else ours_child)(spec)
-    grads = result.pop("grads")
+    grads, time_all = result.pop("grads"), result.pop("time_all")
+    result.pop("first")
     np.savez(result_path + ".npz", **{f"{m}|{p}": a for m, g in grads.items() for p, a in g.items()})
     with open(result_path, "w") as f:
         json.dump(result, f)
+    print("@@ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() != "time":
+            break
+        print("@@" + json.dumps(time_all()), flush=True)
 
 
 # --------------------------------------------------------------------------- the orchestrator
 
-def _launch(python: str, side: str, spec: dict, work: str, tag: str) -> tuple[dict, dict]:
-    spec_path, result_path = os.path.join(work, f"{tag}.spec.json"), os.path.join(work, tag)
-    with open(spec_path, "w") as f:
-        json.dump(spec, f)
-    # the published child runs away from the repository so that `import braintrace` is 0.2.8
-    cwd = work if side == "published" else os.path.dirname(HERE)
-    proc = subprocess.run([python, os.path.abspath(__file__), "--child", side, spec_path,
-                           result_path], cwd=cwd, capture_output=True, text=True, check=False)
-    if proc.returncode:
-        raise RuntimeError(f"{side} child ({tag}) failed:\n{proc.stderr[-4000:]}")
-    with open(result_path) as f:
-        result = json.load(f)
-    with np.load(result_path + ".npz") as z:
-        grads: dict = {}
-        for key in z.files:
-            method, path = key.split("|")
-            grads.setdefault(method, {})[path] = z[key]
-    return result, grads
+class _Child:
+    """A child process of one side: compiled at start, then timed pass by pass on request."""
+
+    def __init__(self, python: str, side: str, spec: dict, work: str, tag: str):
+        spec_path, self.result_path = (os.path.join(work, f"{tag}.spec.json"),
+                                       os.path.join(work, tag))
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        self.side, self.tag, self.err = side, tag, open(  # noqa: SIM115
+            os.path.join(work, f"{tag}.err"), "w+")  # open while the child lives
+        # the published child runs away from the repository so that `import braintrace` is 0.2.8
+        cwd = work if side == "published" else os.path.dirname(HERE)
+        self.proc = subprocess.Popen(
+            [python, os.path.abspath(__file__), "--child", side, spec_path, self.result_path],
+            cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True)
+        self._reply()
+
+    def _reply(self) -> str:
+        for line in self.proc.stdout:
+            if line.startswith("@@"):
+                return line[2:]
+        self.err.seek(0)
+        raise RuntimeError(f"{self.side} child ({self.tag}) failed:\n{self.err.read()[-4000:]}")
+
+    def time_all(self) -> dict:
+        self.proc.stdin.write("time\n")
+        self.proc.stdin.flush()
+        return json.loads(self._reply())
+
+    def finish(self) -> tuple[dict, dict]:
+        self.proc.stdin.write("quit\n")
+        self.proc.stdin.close()
+        self.proc.wait()
+        self.err.close()
+        with open(self.result_path) as f:
+            result = json.load(f)
+        with np.load(self.result_path + ".npz") as z:
+            grads: dict = {}
+            for key in z.files:
+                method, path = key.split("|")
+                grads.setdefault(method, {})[path] = z[key]
+        return result, grads
 
 
 def _write_inputs(name: str, cfg: dict, length: int, path: str) -> dict:
@@ -419,7 +455,10 @@ def _compare(grads: dict, reference: dict) -> dict:
 
 
 def run_model(name: str, args, cfg: dict, length: int, work: str) -> dict:
-    spec = {"model": name, "config": cfg, "repeats": args.repeats, "methods": args.methods,
+    """``--rounds`` rounds of fresh children; in each, ``--repeats`` passes of every method,
+    the two sides taking turns pass by pass (the first side alternating) so that a change of
+    machine load hits both alike."""
+    spec = {"model": name, "config": cfg, "methods": args.methods,
             "npz": os.path.join(work, f"{name}.npz")}
     shapes = _write_inputs(name, cfg, length, spec["npz"])
     sides = ["ours"] if args.published_python is None else ["published", "ours"]
@@ -427,13 +466,20 @@ def run_model(name: str, args, cfg: dict, length: int, work: str) -> dict:
     rounds, grads = [], {}
     for r in range(args.rounds):
         order = sides if r % 2 == 0 else sides[::-1]
+        children = {side: _Child(pythons[side], side, spec, work, f"{name}.{side}.{r}")
+                    for side in order}
+        passes = {side: {} for side in order}
+        for k in range(args.repeats):
+            for side in order if k % 2 == 0 else order[::-1]:
+                for method, sec in children[side].time_all().items():
+                    passes[side].setdefault(method, []).append(sec)
         results = {}
-        for side in order:
-            results[side], g = _launch(pythons[side], side, spec, work, f"{name}.{side}.{r}")
+        for side, child in children.items():
+            results[side], g = child.finish()
+            results[side]["pass_s"] = passes[side]
             grads.update(g if r == 0 else {})
             print(name, "round", r, side, {m: round(1e3 * float(np.median(t)) / length, 3)
-                                           for m, t in results[side]["pass_s"].items()},
-                  flush=True)
+                                           for m, t in passes[side].items()}, flush=True)
         rounds.append(results)
     return _summarise(rounds, grads, length, shapes)
 
@@ -481,7 +527,9 @@ def plot(results: dict, path: str) -> None:
             ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=7)
             ax.set(title=f"{name}: {label}" + (" (orange: 0.2.8)" if row == 0 else ""),
                    ylabel=label)
-            if row == 1:
+            if row == 0:
+                ax.set_yscale("log")
+            else:
                 ax.set_ylim(min(0.5, min(entries[n][key] for n in names)), 1.01)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
