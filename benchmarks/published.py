@@ -3,23 +3,25 @@
 The paired models are ``_models.py``'s GRU (one ``GRUCell``, a linear readout) and SNN (two
 recurrent LIF layers, a leaky readout); hidden 256, input 64, output 10, batch 16, ``T = 250``,
 float32. The orchestrator (run with *our* virtual environment) draws the inputs and targets and
-our seed-0 initial weights once, saves them to an ``.npz``, and launches child processes in
-turn, alternating which side goes first in each of ``--rounds`` rounds:
+our seed-0 initial weights once and saves them to an ``.npz``; in each of ``--rounds`` rounds it
+starts one child process per side (the first side alternating):
 
 * a *published* child in a separate Python 3.12 environment holding ``braintrace==0.2.8``
   (``--published-python``): 0.2.8's ``pp_prop`` (ES-D-RTRL, ``decay_or_rank=0.9`` as ours),
   its ``D_RTRL`` and a BPTT of the same model (``brainstate.transform.grad`` through
-  ``for_loop``); ``etrace_grad`` under ``brainstate.transform.jit``;
+  ``for_loop``), each ``etrace_grad`` under ``brainstate.transform.jit``;
 * an *ours* child: our BPTT (``_models.bptt_grad_fn``), ``ESDRTRL`` and ``DRTRL`` with
   ``signal='exact'`` and ``'fast'`` (``etrace_grad``, default time blocks).
 
-Each child reports milliseconds per time step after compilation (median of ``--repeats``
-passes over ``T`` steps, divided by ``T``) and each method's gradient of its first pass (from
-zero hidden state and traces). The orchestrator reports, per model and method, the median over
-rounds; ratios ours / 0.2.8's from the same round (median over rounds); the cosine of each
-gradient to *our* float32 BPTT gradient, over the whole Param tree and per Param; and the
-Params whose gradient is zero (``published_zero`` lists them in 0.2.8's own Param names, where
-a fused block of ours maps to several of theirs).
+Each child compiles its passes (keeping each method's first gradient: zero hidden state and
+traces) and then times one pass of every method whenever asked; the orchestrator asks the two
+sides in turn, ``--repeats`` times (the first side alternating), so that a change of machine
+load hits both alike. It reports, per model and method: ms per step (median pass / ``T``, median
+over rounds); ratios ours / 0.2.8's counterpart per round (medians of the round's passes) and
+their median; the cosine and relative error of each gradient to *our* float32 BPTT gradient over
+the whole Param tree, and per Param the cosine and norm ratio; and ``zero_params``, the Params
+whose gradient is all zero (for 0.2.8's methods in 0.2.8's own Param names, where one fused
+block of ours maps to several of theirs).
 
 The models in 0.2.8 are built to match ours (0.2.8's own ``GRUCell`` computes
 ``n = tanh(W_h [x, r ⊙ h])``, ours ``n = tanh(W_in x + b_in + r ⊙ (W_hn h))``, and its
@@ -37,8 +39,9 @@ The models in 0.2.8 are built to match ours (0.2.8's own ``GRUCell`` computes
   its forward is ``x >= 0`` where ours is ``x > 0``: equal unless ``v`` sits exactly on the
   threshold). Readout ``y_t = α y_{t-1} + W_o z_t + b_o`` with ``y`` a hidden state.
 
-0.2.8's BPTT against ours checks the mapping (``published_bptt`` cosine and relative error).
-The two sides run different jax versions (0.2.8 needs its own), stated in the JSON.
+0.2.8's BPTT against ours (``pub:bptt``: cosine and relative error) checks the mapping. The JSON
+states each side's jax version: 0.2.8 accepts jax >= 0.9, so installing it with jax 0.10.2 (as
+below) runs both sides on the same XLA.
 
 Usage::
 
@@ -48,7 +51,7 @@ Usage::
 The 3.12 environment (outside this repository and its dependencies)::
 
     ~/.pyenv/versions/3.12.1/bin/python -m venv /tmp/bt028 && /tmp/bt028/bin/pip install \\
-        braintrace==0.2.8 brainstate==0.6.0 braintools==0.4.0 'jax[cpu]'
+        braintrace==0.2.8 brainstate==0.6.0 braintools==0.4.0 'jax[cpu]==0.10.2'
 """
 
 from __future__ import annotations
@@ -70,215 +73,8 @@ PAIRS = {"es_d_rtrl:fast": "pub:pp_prop", "es_d_rtrl": "pub:pp_prop",
          "d_rtrl:fast": "pub:d_rtrl", "d_rtrl": "pub:d_rtrl", "bptt": "pub:bptt"}
 INSTALL = ("braintrace 0.2.8 needs Python 3.12 in its own environment, e.g.\n"
            "  ~/.pyenv/versions/3.12.1/bin/python -m venv /tmp/bt028 && /tmp/bt028/bin/pip install "
-           "braintrace==0.2.8 brainstate==0.6.0 braintools==0.4.0 'jax[cpu]'\n"
+           "braintrace==0.2.8 brainstate==0.6.0 braintools==0.4.0 'jax[cpu]==0.10.2'\n"
            "then pass --published-python /tmp/bt028/bin/python (or --ours-only).")
-
-
-# ---------------------------------------------------------------- 0.2.8's side (Python 3.12)
-
-def _published_models():
-    """The GRU and SNN of the module docstring, written for 0.2.8 (imports it lazily)."""
-    import brainstate
-    import braintools
-    import jax
-    import jax.numpy as jnp
-
-    import braintrace as bt
-
-    lin, alpha = bt.nn.Linear, float(np.exp(-1.0 / 20.0))
-
-    class FastSigmoid(braintools.surrogate.Surrogate):
-        def surrogate_grad(self, x):
-            return 1.0 / (1.0 + 10.0 * jnp.abs(x)) ** 2
-
-    spike = FastSigmoid()
-
-    class Hidden(brainstate.nn.Module):
-        def __init__(self, size):
-            super().__init__()
-            self.size = size
-
-        def init_state(self, batch_size=None, **kwargs):
-            self.s = brainstate.HiddenState(jnp.zeros((batch_size, self.size)))
-
-    class GRU(Hidden):
-        def __init__(self, i, h, o):
-            super().__init__(h)
-            self.Wr, self.Wz = lin(i + h, h), lin(i + h, h)
-            self.Win, self.Whn, self.readout = lin(i, h), lin(h, h, b_init=None), lin(h, o)
-
-        def update(self, x):
-            h = self.s.value
-            xh = jnp.concatenate([x, h], -1)
-            r, z = jax.nn.sigmoid(self.Wr(xh)), jax.nn.sigmoid(self.Wz(xh))
-            h = (1 - z) * jnp.tanh(self.Win(x) + r * self.Whn(h)) + z * h
-            self.s.value = h
-            return self.readout(h)
-
-    class LIF(Hidden):
-        def __init__(self, i, h):
-            super().__init__(h)
-            self.W = lin(i + h, h)
-
-        def update(self, x):
-            z = spike(self.s.value - 1.0)
-            v = alpha * (self.s.value - z) + self.W(jnp.concatenate([x, z], -1))
-            self.s.value = v
-            return spike(v - 1.0)
-
-    class Readout(Hidden):
-        def __init__(self, i, o):
-            super().__init__(o)
-            self.W = lin(i, o)
-
-        def update(self, z):
-            self.s.value = alpha * self.s.value + self.W(z)
-            return self.s.value
-
-    class SNN(brainstate.nn.Module):
-        def __init__(self, i, h, o):
-            super().__init__()
-            self.l1, self.l2, self.readout = LIF(i, h), LIF(h, h), Readout(h, o)
-
-        def update(self, x):
-            return self.readout(self.l2(self.l1(x)))
-
-    return {"gru": GRU, "snn": SNN}
-
-
-def _gru_blocks(w: dict, h: int) -> dict:
-    """0.2.8's GRU Params (name -> {'weight', 'bias'}) from ours (dotted path -> array)."""
-    ki, bi, kh = w["rnn.cell.dense_i.kernel"], w["rnn.cell.dense_i.bias"], w["rnn.cell.dense_h.kernel"]
-    gate = [slice(0, h), slice(h, 2 * h), slice(2 * h, 3 * h)]
-    return {"Wr": {"weight": np.vstack([ki[:, gate[0]], kh[:, gate[0]]]), "bias": bi[gate[0]]},
-            "Wz": {"weight": np.vstack([ki[:, gate[1]], kh[:, gate[1]]]), "bias": bi[gate[1]]},
-            "Win": {"weight": ki[:, gate[2]], "bias": bi[gate[2]]},
-            "Whn": {"weight": kh[:, gate[2]]},
-            "readout": {"weight": w["readout.kernel"], "bias": w["readout.bias"]}}
-
-
-def _gru_back(g: dict, i: int) -> dict:
-    """Ours (dotted path -> array) from 0.2.8's GRU Params: the inverse of :func:`_gru_blocks`."""
-    return {"rnn.cell.dense_i.kernel": np.hstack([g["Wr"]["weight"][:i], g["Wz"]["weight"][:i],
-                                                  g["Win"]["weight"]]),
-            "rnn.cell.dense_i.bias": np.concatenate([g["Wr"]["bias"], g["Wz"]["bias"],
-                                                     g["Win"]["bias"]]),
-            "rnn.cell.dense_h.kernel": np.hstack([g["Wr"]["weight"][i:], g["Wz"]["weight"][i:],
-                                                  g["Whn"]["weight"]]),
-            "readout.kernel": g["readout"]["weight"], "readout.bias": g["readout"]["bias"]}
-
-
-def _snn_blocks(w: dict, h: int) -> dict:
-    out = {f"{n}.W": {"weight": np.vstack([w[f"{n}.dense_i.kernel"], w[f"{n}.dense_h.kernel"]]),
-                      "bias": w[f"{n}.dense_i.bias"]} for n in ("l1", "l2")}
-    out["readout.W"] = {"weight": w["readout.linear.kernel"], "bias": w["readout.linear.bias"]}
-    return out
-
-
-def _snn_back(g: dict, i: int) -> dict:
-    out = {"readout.linear.kernel": g["readout.W"]["weight"],
-           "readout.linear.bias": g["readout.W"]["bias"]}
-    for n, cut in (("l1", i), ("l2", g["l2.W"]["weight"].shape[1])):
-        out.update({f"{n}.dense_i.kernel": g[f"{n}.W"]["weight"][:cut],
-                    f"{n}.dense_h.kernel": g[f"{n}.W"]["weight"][cut:],
-                    f"{n}.dense_i.bias": g[f"{n}.W"]["bias"]})
-    return out
-
-
-def _load_published_weights(model, name: str, weights: dict, hidden: int) -> dict:
-    """Copies our weights into 0.2.8's Params by name, asserting every shape; returns the map."""
-    import brainstate
-    import jax.numpy as jnp
-
-    blocks = (_gru_blocks if name == "gru" else _snn_blocks)(weights, hidden)
-    states = model.states(brainstate.ParamState)
-    paths = {".".join(map(str, k[:-1] if k[-1] == "weight" else k)): s for k, s in states.items()}
-    if set(paths) != set(blocks):
-        raise AssertionError(f"0.2.8's Params {sorted(paths)} do not map onto {sorted(blocks)}")
-    for path, state in paths.items():
-        have = {k: np.shape(v) for k, v in state.value.items()}
-        want = {k: np.shape(v) for k, v in blocks[path].items()}
-        if have != want:
-            raise AssertionError(f"0.2.8's Param {path}: shapes {have}, ours map to {want}")
-        state.value = {k: jnp.asarray(v) for k, v in blocks[path].items()}
-    return paths
-
-
-def _published_passes(make_model, xs, ys, batch: int) -> dict:
-    """``method -> run``: 0.2.8's compiled passes over the sequence, one fresh model each
-    (``make_model()``: built, weights copied), each from zero hidden state."""
-    import brainstate
-    import jax.numpy as jnp
-
-    import braintrace as bt
-
-    def from_zero(model, fn):
-        def run(xs, ys):  # the states are looked up now: compile() replaces them
-            for state in model.states(brainstate.HiddenState).values():
-                state.value = jnp.zeros_like(state.value)
-            return fn(xs, ys)
-        return brainstate.transform.jit(run)
-
-    passes = {}
-    for method, alg, opts in (("pub:pp_prop", bt.pp_prop, {"decay_or_rank": 0.9}),
-                              ("pub:d_rtrl", bt.D_RTRL, {})):
-        model = make_model()
-        learner = bt.compile(model, alg, xs[0], batch_size=batch, **opts)
-
-        def step_loss(x, y, learner=learner):
-            return jnp.mean((learner(x) - y) ** 2)
-
-        passes[method] = from_zero(model, lambda xs, ys, learner=learner, f=step_loss:
-                                   learner.etrace_grad(xs, ys, step_fn=f))
-    model = make_model()
-    brainstate.nn.init_all_states(model, batch)
-
-    def total(xs, ys):
-        step = brainstate.transform.for_loop(lambda x, y: jnp.mean((model(x) - y) ** 2), xs, ys)
-        return step.mean()
-
-    params = model.states(brainstate.ParamState)
-    passes["pub:bptt"] = from_zero(model, brainstate.transform.grad(total, params))
-    return {m: (lambda f=f: f(xs, ys)) for m, f in passes.items()}
-
-
-def published_child(spec: dict) -> dict:
-    import warnings
-
-    import jax
-    import jax.numpy as jnp
-
-    import braintrace as bt
-
-    if bt.__version__ != "0.2.8":
-        raise SystemExit(f"--published-python has braintrace {bt.__version__}, not 0.2.8")
-    warnings.simplefilter("ignore")  # 0.2.8's compiler notes the readout has no hidden state
-    data = dict(np.load(spec["npz"]))
-    cfg, name = spec["config"], spec["model"]
-    weights = {k[2:]: v for k, v in data.items() if k.startswith("w:")}
-    built = []
-
-    def make_model():
-        model = _published_models()[name](cfg["inputs"], cfg["hidden"], cfg["outputs"])
-        built.append(_load_published_weights(model, name, weights, cfg["hidden"]))
-        return model
-
-    xs, ys = jnp.asarray(data["xs"]), jnp.asarray(data["ys"])
-    runs = _published_passes(make_model, xs, ys, cfg["batch"])
-    paths = built[0]
-    back = _gru_back if name == "gru" else _snn_back
-    result = _compile_passes(runs, jax.block_until_ready)
-    for method in runs:
-        blocks = {".".join(map(str, k[:-1])): {kk: np.asarray(vv) for kk, vv in v.items()}
-                  for k, v in result["first"].pop(method).items()}
-        if set(blocks) != set(paths):
-            raise AssertionError(f"{method}: gradients for {sorted(blocks)}, Params {sorted(paths)}")
-        result["zero"][method] = sorted(f"{k}.{kk}" for k, v in blocks.items()
-                                        for kk, a in v.items() if not np.any(a))
-        result["grads"][method] = back(blocks, cfg["inputs"])
-    result["versions"] = {"braintrace": bt.__version__, "jax": jax.__version__,
-                          "python": sys.version.split()[0]}
-    return result
 
 
 # ------------------------------------------------------------------------- shared by both sides
@@ -361,10 +157,19 @@ def _child_main(side: str, spec_path: str, result_path: str) -> None:
     then times one pass of every method for each ``time`` line on stdin until ``quit``."""
     with open(spec_path) as f:
         spec = json.load(f)
-    result = (published_child if side == "published" else ours_child)(spec)
+    if side == "published":
+        try:
+            from _published_side import published_child
+        except ImportError as err:
+            raise SystemExit(f"--published-python cannot import 0.2.8 ({err}).\n{INSTALL}") from err
+
+        result = published_child(spec, _compile_passes)
+    else:
+        result = ours_child(spec)
     grads, time_all = result.pop("grads"), result.pop("time_all")
     result.pop("first")
-    np.savez(result_path + ".npz", **{f"{m}|{p}": a for m, g in grads.items() for p, a in g.items()})
+    flat = {f"{m}|{p}": a for m, g in grads.items() for p, a in g.items()}
+    np.savez(result_path + ".npz", **flat)
     with open(result_path, "w") as f:
         json.dump(result, f)
     print("@@ready", flush=True)
@@ -429,7 +234,8 @@ def _write_inputs(name: str, cfg: dict, length: int, path: str) -> dict:
     model = build(name, cfg["inputs"], cfg["hidden"], cfg["outputs"], cfg["batch"])
     weights = _dotted(nnx.state(model, nnx.Param))
     xs, ys = data(name, length, cfg["inputs"], cfg["outputs"], cfg["batch"])
-    np.savez(path, xs=np.asarray(xs), ys=np.asarray(ys), **{"w:" + k: v for k, v in weights.items()})
+    np.savez(path, xs=np.asarray(xs), ys=np.asarray(ys),
+             **{"w:" + k: v for k, v in weights.items()})
     return {k: list(v.shape) for k, v in weights.items()}
 
 
@@ -462,7 +268,8 @@ def run_model(name: str, args, cfg: dict, length: int, work: str) -> dict:
             "npz": os.path.join(work, f"{name}.npz")}
     shapes = _write_inputs(name, cfg, length, spec["npz"])
     sides = ["ours"] if args.published_python is None else ["published", "ours"]
-    pythons = {"ours": sys.executable, "published": args.published_python}
+    pythons = {"ours": sys.executable,  # abspath, not realpath: a venv's python is a link
+               "published": args.published_python and os.path.abspath(args.published_python)}
     rounds, grads = [], {}
     for r in range(args.rounds):
         order = sides if r % 2 == 0 else sides[::-1]
