@@ -194,3 +194,24 @@ def test_scale_quick_writes_times_memory_and_bandwidth_ratios(tmp_path):
         assert {"forward", "grad_x", "xy_to_dw", "xy_to_dw_block", "dt_to_t", "contract"} <= set(ops)
         for entry in ops.values():
             assert finite(entry["ratio_to_best_plain"]) and entry["primitive"]["ms_median"] > 0
+
+
+def test_published_ours_only_quick_writes_times_cosines_and_exits_2_without_a_venv(tmp_path):
+    script = os.path.join(ROOT, "benchmarks", "published.py")
+    proc = subprocess.run([sys.executable, script, "--out", str(tmp_path)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=60, check=False)
+    assert proc.returncode == 2 and "braintrace==0.2.8" in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, script, "--ours-only", "--quick", "--models", "gru", "--methods",
+         "es_d_rtrl:fast", "--rounds", "1", "--repeats", "1", "--out", str(tmp_path)],
+        capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
+    assert proc.returncode == 0, f"published --ours-only failed:\n{proc.stderr[-4000:]}"
+    assert (tmp_path / "published.png").stat().st_size > 0
+    methods = json.loads((tmp_path / "published.json").read_text())["models"]["gru"]["methods"]
+    assert set(methods) == {"bptt", "es_d_rtrl:fast"}
+    assert methods["bptt"]["cosine"] == pytest.approx(1.0)
+    fast = methods["es_d_rtrl:fast"]
+    assert 0.0 < fast["cosine"] < 1.0 and fast["zero_params"] == []  # approximate, nothing dead
+    assert set(fast["cosine_per_param"]) == set(methods["bptt"]["cosine_per_param"])
+    assert finite(fast["ms_per_step"]) and fast["ms_per_step"] > 0
+    assert finite(fast["ratio_to_our_bptt"])
