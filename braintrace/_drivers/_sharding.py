@@ -25,7 +25,7 @@ part of the batch and :func:`place` assembles the global arrays with
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -228,7 +228,8 @@ def _keyed(make, a: Any) -> jax.Array:
     return make(np.asarray(a))
 
 
-def on_mesh(lay: Layout | None) -> contextlib.AbstractContextManager:
+@contextlib.contextmanager
+def on_mesh(lay: Layout | None) -> Iterator[None]:
     """The context a program is traced in: its layout's mesh, as JAX's abstract mesh.
 
     Inside, ``jax.sharding.get_abstract_mesh()`` names the devices the batch is
@@ -239,11 +240,11 @@ def on_mesh(lay: Layout | None) -> contextlib.AbstractContextManager:
     the batch). Without a layout, nothing changes.
     """
     if lay is None:
-        return contextlib.nullcontext()
-    stack = contextlib.ExitStack()
-    stack.enter_context(jax.sharding.use_abstract_mesh(lay.mesh.abstract_mesh))
-    stack.enter_context(splitting_batch(1 if lay.axis is None else lay.mesh.shape[lay.axis]))
-    return stack
+        yield
+        return
+    shards = 1 if lay.axis is None else lay.mesh.shape[lay.axis]
+    with jax.sharding.use_abstract_mesh(lay.mesh.abstract_mesh), splitting_batch(shards):
+        yield
 
 
 def constrain(tree: Any, shardings: Any) -> Any:
