@@ -1,7 +1,22 @@
 """Test-session defaults shared by every test module."""
 
 import os
+from importlib.metadata import version
 
 # Notebooks (run by nbmake in their own kernels, which inherit the environment)
 # and demonstrations read this to shrink their sizes.
 os.environ.setdefault("BRAINTRACE_QUICK", "1")
+
+# The suite checks what the compiled programs compute, not how fast they run, and
+# most of its time is XLA:CPU compiling small programs once each. XLA's MLIR fusion
+# emitters (its default code generator for fused loops) take 2.5x longer to compile
+# them than its previous emitters, which generate the same fusions of the same HLO
+# (the HLO, its sharding and the collectives some tests read do not change):
+# tests/test_gradient_contract.py 124 s -> 48 s on two workers. Set before JAX starts
+# its backend; subprocesses and the notebooks' kernels inherit it. Only for the jaxlib
+# it was checked with (XLA aborts at start on a flag it does not know); benchmarks run
+# outside the suite keep XLA's defaults.
+_FAST_COMPILE = "--xla_cpu_use_fusion_emitters=false"
+if (version("jaxlib").split(".")[:2] == ["0", "10"]
+        and "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", "")):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE}".strip()

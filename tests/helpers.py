@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -13,7 +14,20 @@ import jax.extend.core as jex_core
 import jax.numpy as jnp
 from flax import nnx
 
-__all__ = ["bptt_grads", "compilations", "mse", "primitive_names", "sequence_loss"]
+__all__ = ["bptt_grads", "compilations", "mse", "primitive_names", "sequence_loss",
+           "subprocess_env"]
+
+
+def subprocess_env(*xla_flags: str) -> dict[str, str]:
+    """The environment of a test's JAX subprocess: CPU only, and of ``XLA_FLAGS`` only the
+    suite's compile-speed flag (``conftest.py``; a device count or dump flag from outside
+    stays out) and ``xla_flags``."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    kept = [f for f in env.pop("XLA_FLAGS", "").split()
+            if f.startswith("--xla_cpu_use_fusion_emitters")]
+    if kept or xla_flags:
+        env["XLA_FLAGS"] = " ".join([*kept, *xla_flags])
+    return env
 
 
 def mse(y: jax.Array, t: jax.Array) -> jax.Array:

@@ -27,6 +27,7 @@ import sys
 import textwrap
 
 import pytest
+from helpers import subprocess_env
 
 SCRIPT = textwrap.dedent("""
     import json, os, sys, tempfile
@@ -110,9 +111,8 @@ CONFIGS = ("gru d_rtrl", "gru es_d_rtrl", "alif d_rtrl")
 @pytest.fixture(scope="module")
 def four(tmp_path_factory):
     dump = tmp_path_factory.mktemp("hlo")
-    env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": f"--xla_dump_to={dump} --xla_dump_hlo_as_text "
-                        "--xla_dump_hlo_module_re=.*_program.*"}
+    env = subprocess_env(f"--xla_dump_to={dump}", "--xla_dump_hlo_as_text",
+                         "--xla_dump_hlo_module_re=.*_program.*")
     try:
         done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
                               env=env, timeout=240, check=False)

@@ -7,7 +7,6 @@ batch, and their orbax checkpoint must restore in this (one-device) process.
 """
 
 import importlib.util
-import os
 import socket
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from helpers import subprocess_env
 
 import braintrace
 
@@ -37,8 +37,7 @@ def _free_port() -> int:
 
 
 def test_two_processes_train_to_the_params_of_one(tmp_path):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)
+    env = subprocess_env()
     port, out, checkpoint = _free_port(), tmp_path / "params.npz", tmp_path / "ckpt"
     command = [sys.executable, str(EXAMPLE), "--num-processes", "2", "--port", str(port),
                "--checkpoint", str(checkpoint), "--local-devices", "2", "--neuron-devices", "2"]

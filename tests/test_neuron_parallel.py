@@ -10,12 +10,12 @@ error for a neuron axis that does not divide. One subprocess with
 """
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from helpers import subprocess_env
 
 SCRIPT = textwrap.dedent("""
     import json, sys
@@ -129,7 +129,7 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env = subprocess_env()
     tmp = str(tmp_path_factory.mktemp("neuron"))
     done = subprocess.run([sys.executable, "-c", SCRIPT, tmp], capture_output=True, text=True,
                           env=env, timeout=600, check=False)

@@ -50,15 +50,19 @@ def test_online_gru_learns_integrator():
     model = nnx.Sequential(layers.Stateful(layers.GRUCell(1, 16, rngs=nnx.Rngs(0))),
                            layers.ETPLinear(16, 1, rngs=nnx.Rngs(1)))
     learner = braintrace.compile(model, "d_rtrl", jnp.zeros((B, 1)), batch_size=B)
-    trainer = braintrace.OnlineTrainer(learner, optax.adam(1e-2), loss_fn=mse)
+    # Clipped: unclipped Adam at 1e-2 trains this GRU in bursts (the held-out loss
+    # went 1.1 -> 0.18 -> back up), so where it stands after two epochs depended on
+    # float32 rounding. Clipped at 5e-3 it falls every epoch: 0.108, 0.0995, 0.081.
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(5e-3))
+    trainer = braintrace.OnlineTrainer(learner, optimizer, loss_fn=mse)
     test_batch = integrator_batch(jax.random.key(1000))
     before = held_out_loss(trainer, test_batch)
     trainer.fit([integrator_batch(jax.random.key(i)) for i in range(40)], epochs=2,
                 progress=False)
     after = held_out_loss(trainer, test_batch)
-    # Predicting zero costs ~1.0 (unit variance); measured after training: ~0.1.
+    # Predicting zero costs ~1.0 (unit variance); measured after training: 0.0995.
     assert before > 0.5
-    assert after < 0.3
+    assert after < 0.2
 
 
 def test_online_lif_network_learns_rate_decoding():

@@ -7,7 +7,6 @@ as JSON whether the resumed runs equal the uninterrupted ones bit for bit.
 """
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,7 @@ import textwrap
 import jax.numpy as jnp
 import pytest
 from flax import nnx
+from helpers import subprocess_env
 
 import braintrace
 from braintrace import layers
@@ -111,8 +111,7 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)
+    env = subprocess_env()
     tmp = str(tmp_path_factory.mktemp("orbax"))
     done = subprocess.run([sys.executable, "-c", SCRIPT, tmp], capture_output=True, text=True,
                           env=env, timeout=300, check=False)

@@ -6,7 +6,6 @@ JSON and the tests below check it.
 """
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from flax import nnx
+from helpers import subprocess_env
 
 import braintrace
 from braintrace import layers
@@ -89,8 +89,7 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def sharded():
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)
+    env = subprocess_env()
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
                           env=env, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
