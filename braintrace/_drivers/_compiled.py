@@ -81,8 +81,9 @@ class CompiledModel:
         self.data_axis = data_axis
         self.neuron_axis = neuron_axis
         batch_size = state_batch_size(model)
+        self._data_axes: dict[int | None, str | None] = {}
         if mesh is not None:
-            check_mesh(mesh, data_axis, batch_size, neuron_axis)
+            self._data_axis_at(batch_size)
         self._entries: dict[tuple[Any, int | None], Entry] = {}
         entry = self._compile(model, example_x, batch_size)
         self.base_batch_size = batch_size
@@ -110,9 +111,17 @@ class CompiledModel:
         """:meth:`entry` for ``model``'s current structure and mode."""
         return self.entry(nnx.graphdef(model), batch_size)
 
+    def _data_axis_at(self, batch_size: int | None) -> str | None:
+        """The mesh axis the batch is split over at ``batch_size`` (``None``: not split),
+        checked once per batch size (``check_mesh``'s errors)."""
+        if batch_size not in self._data_axes:
+            self._data_axes[batch_size] = check_mesh(self.mesh, self.data_axis, batch_size,
+                                                     self.neuron_axis)
+        return self._data_axes[batch_size]
+
     def _compile_copy(self, graphdef: Any, batch_size: int | None) -> Entry:
         if self.mesh is not None:
-            check_mesh(self.mesh, self.data_axis, batch_size, self.neuron_axis)
+            self._data_axis_at(batch_size)
         with jax.ensure_compile_time_eval():
             try:
                 copy = nnx.merge(graphdef, nnx.state(self.model), copy=True)
@@ -158,7 +167,7 @@ class CompiledModel:
                 lambda s: jnp.zeros((2 * batch_size, *s.shape[1:]), s.dtype), example)
             graph_2b = compile_graph(twice, example_2b, scope=self.algorithm.scope)
             at_2b = _shapes(twice, self.algorithm.rules(graph_2b))
-        axis = check_mesh(self.mesh, self.data_axis, batch_size, self.neuron_axis)
+        axis = self._data_axis_at(batch_size)
         samples = (None if self.neuron_axis is None
                    else _neuron_specs(model, rules.graph, at_b, at_2b, self.mesh, self.neuron_axis))
         return layout(self.mesh, axis, batch_size, at_b, at_2b, samples, self.neuron_axis)
