@@ -2,8 +2,7 @@
 
 The drivers trace a sharded program inside :func:`splitting_batch` with the
 size of the mesh's data axis. A neuron axis splits the hidden units, not the
-batch, so the whole mesh's size does not say it; it says whether anything is
-split (:func:`program_is_split`).
+batch, so the whole mesh's size does not say it.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from collections.abc import Iterator
 
 import jax
 
-__all__ = ["batch_shards", "program_is_split", "splitting_batch"]
+__all__ = ["batch_shards", "splitting_batch"]
 
 _SHARDS: contextvars.ContextVar[int | None] = contextvars.ContextVar("batch_shards", default=None)
 
@@ -45,15 +44,3 @@ def splitting_batch(shards: int) -> Iterator[None]:
         yield
     finally:
         _SHARDS.reset(token)
-
-
-def program_is_split() -> bool:
-    """Whether the program being traced runs on more than one device (its batch, its hidden
-    units or both split over the abstract mesh the drivers set).
-
-    Example:
-        >>> from braintrace._compiler._batch_shards import program_is_split
-        >>> program_is_split()
-        False
-    """
-    return jax.sharding.get_abstract_mesh().size > 1

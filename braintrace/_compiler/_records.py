@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from braintrace._compiler._batch_shards import batch_shards, program_is_split
+from braintrace._compiler._batch_shards import batch_shards
 from braintrace._compiler._index_maps import FlatMap
 from braintrace._primitives import ETPPrimitive
 
@@ -143,11 +143,9 @@ class InputRelation:
         """
         tail = value.shape[len(self.group_shape):]
         sample = self.sample_hidden_map
-        if sample is not None and (batch_shards() > 1 or program_is_split()):
-            # The batch or the units split over devices: one map per sample, so XLA keeps
-            # each device's rows and units where they are (a gather of flat ``B·N``
-            # positions all-gathers them first: under a neuron split, every block's stacked
-            # Jacobians whole on every device, 41 MiB of XLA temp at 4 devices against 21).
+        if sample is not None and batch_shards() > 1:
+            # The batch split over devices: one map per sample, so XLA keeps each device's
+            # rows where they are (a gather of flat positions would gather the batch first).
             take = lambda v: sample.take(v.reshape(-1, *tail), feeds_large=feeds_large)
             return jax.vmap(take)(value).reshape(*self.y_shape, *tail)
         out = self.hidden_map.take(value.reshape(-1, *tail), feeds_large=feeds_large)
