@@ -8,14 +8,14 @@ from importlib.metadata import version
 os.environ.setdefault("BRAINTRACE_QUICK", "1")
 
 # The suite checks what the compiled programs compute, not how fast they run, and
-# most of its time is XLA:CPU compiling small programs once each. XLA's MLIR fusion
-# emitters (its default code generator for fused loops) take 2.5x longer to compile
-# them than its previous emitters, which generate the same fusions of the same HLO
-# (the HLO, its sharding and the collectives some tests read do not change):
-# tests/test_gradient_contract.py 124 s -> 48 s on two workers. Set before JAX starts
-# its backend; subprocesses and the notebooks' kernels inherit it. Only for the jaxlib
-# it was checked with (XLA aborts at start on a flag it does not know); benchmarks run
-# outside the suite keep XLA's defaults.
+# most of its time is XLA:CPU compiling small programs once each. With its MLIR fusion
+# emitters (the default) XLA compiles them 2.5x slower than with its previous ones:
+# tests/test_gradient_contract.py 124 s -> 48 s on two workers. The flag changes how
+# XLA fuses and generates code (a GRU's grad program: 88 fusions instead of 129), not
+# the program before fusion: its sharding and the collectives some tests read are
+# decided earlier. Set before JAX starts its backend; subprocesses and the notebooks'
+# kernels inherit it. Only for the jaxlib it was checked with (XLA aborts at start on a
+# flag it does not know); the benchmarks and `python -m braintrace` keep XLA's defaults.
 _FAST_COMPILE = "--xla_cpu_use_fusion_emitters=false"
 if (version("jaxlib").split(".")[:2] == ["0", "10"]
         and "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", "")):
