@@ -16,7 +16,9 @@ os.environ.setdefault("BRAINTRACE_QUICK", "1")
 # decided earlier. Set before JAX starts its backend; subprocesses and the notebooks'
 # kernels inherit it. Only for the jaxlib it was checked with (XLA aborts at start on a
 # flag it does not know); the benchmarks and `python -m braintrace` keep XLA's defaults.
+# SUITE_XLA_FLAGS names what was added, for tests/helpers.py::subprocess_env.
 _FAST_COMPILE = "--xla_cpu_use_fusion_emitters=false"
 if (version("jaxlib").split(".")[:2] == ["0", "10"]
         and "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", "")):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE}".strip()
+    os.environ["SUITE_XLA_FLAGS"] = _FAST_COMPILE

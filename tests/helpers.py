@@ -20,11 +20,11 @@ __all__ = ["bptt_grads", "compilations", "mse", "primitive_names", "sequence_los
 
 def subprocess_env(*xla_flags: str) -> dict[str, str]:
     """The environment of a test's JAX subprocess: CPU only, and of ``XLA_FLAGS`` only the
-    suite's compile-speed flag (``conftest.py``; a device count or dump flag from outside
-    stays out) and ``xla_flags``."""
+    flags ``conftest.py`` added for the suite (``SUITE_XLA_FLAGS``; a device count or dump
+    flag from outside stays out) and ``xla_flags``."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    kept = [f for f in env.pop("XLA_FLAGS", "").split()
-            if f.startswith("--xla_cpu_use_fusion_emitters")]
+    env.pop("XLA_FLAGS", None)
+    kept = env.get("SUITE_XLA_FLAGS", "").split()
     if kept or xla_flags:
         env["XLA_FLAGS"] = " ".join([*kept, *xla_flags])
     return env
