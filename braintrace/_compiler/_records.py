@@ -142,6 +142,11 @@ class InputRelation:
         :meth:`FlatMap.take`.
         """
         tail = value.shape[len(self.group_shape):]
+        if self.y_shape == self.group_shape and self.hidden_map.is_identity:
+            # Unit k of y feeds hidden unit k (a layer into its own neurons): nothing to
+            # map. Also not through flat ``B·N`` positions, which GSPMD cannot keep split by
+            # neuron: it gathered every block's stacked Jacobians whole onto each device.
+            return value
         sample = self.sample_hidden_map
         if sample is not None and batch_shards() > 1:
             # The batch split over devices: one map per sample, so XLA keeps each device's

@@ -36,9 +36,37 @@ from braintrace._primitives._sparse_kernels import pullback, slot_product, sum_r
 __all__ = ["product", "sparse_product_p", "weight_pullback"]
 
 
+def _whole_inputs(x: jax.Array) -> jax.Array:
+    """``x (..., I)`` with its input axis whole on every device, when the program is split.
+
+    Each connection reads the input ``pre`` names, so a device needs every input even
+    when ``x`` arrives split by neuron (neuron parallel). Said here, XLA gathers ``x``
+    once per product; left to itself it gathered each row a loop reads on its own (eight
+    all-gathers per step of :func:`~braintrace._primitives._sparse_kernels.sum_rows`, and
+    all-to-alls). Fewer, dependent collectives are also what keeps forced host devices
+    from waiting in different ones (README, "More than one device"): a 4-device D-RTRL
+    program of a spiking net held 79 all-gathers and 4 all-to-alls; 41 and none with this,
+    17 with it and the identity map of ``InputRelation.gather_hidden`` kept as is. The
+    other axes keep their sharding (a batch split over devices stays split).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from braintrace._primitives._sparse_product import _whole_inputs
+        >>> _whole_inputs(jnp.ones((2, 3))).shape   # no mesh: x itself
+        (2, 3)
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return x
+    free = jax.sharding.PartitionSpec.UNCONSTRAINED
+    spec = jax.sharding.PartitionSpec(*[free] * (x.ndim - 1), None)
+    return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
+
+
 def product(x: jax.Array, weight: jax.Array, connectivity: Any) -> jax.Array:
     """``y (R, O)`` for ``x (R, I)`` in plain JAX: the slot sum over the connections grouped
     by output, or (fan-ins too uneven to group) a ``segment_sum`` over ``post``."""
+    x = _whole_inputs(x)
     if connectivity.by_output is not None:
         return slot_product(x, weight, connectivity.by_output)
     contrib = jnp.take(x, connectivity.pre, axis=-1) * weight
@@ -54,6 +82,7 @@ def weight_pullback(x: jax.Array, d: jax.Array, connectivity: Any) -> jax.Array:
     matrix product and a gather, faster on CPU.
     """
     conn = connectivity
+    x = _whole_inputs(x)
     if x.shape[0] * conn.nnz >= conn.num_in * conn.num_out:
         outer = jnp.matmul(x.T, d, precision=jax.lax.Precision.HIGHEST)
         return outer[conn.pre, conn.post]
