@@ -27,9 +27,9 @@ if (version("jaxlib").split(".")[:2] == ["0", "10"]
 # optimisation level 0 and none of LLVM's expensive passes (jax/_src/compiler.py). Both
 # act on the machine code only, after XLA's HLO passes: the optimised HLO program (its
 # fusions as the flag above makes them, its buffer assignment, which the memory tests
-# read, its sharding and collectives) is the same with or without it. tests/test_gradient_contract.py
-# 93 s -> 58 s on two workers; the whole suite (three workers) 10-11 min -> 8 min, every
-# exactness test passing unchanged. An environment variable, so JAX reads it when it is
-# imported, and subprocesses and the notebooks' kernels inherit it; set it to 0 to
-# run the suite on fully optimised code.
+# read, its sharding and collectives) is the same with or without it.
+# tests/test_gradient_contract.py 93 s -> 58 s on two workers; the whole suite (three
+# workers) 10-11 min -> 7.5-8.5 min, every exactness test passing unchanged. An
+# environment variable, so JAX reads it when it is imported, and subprocesses and the
+# notebooks' kernels inherit it; set it to 0 to run the suite on fully optimised code.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
