@@ -120,6 +120,15 @@ SCRIPT = textwrap.dedent("""
         resumed.step(xs, ys)
         out[f"restored_{name}"] = relative_gap(reference, nnx.state(learner.model, nnx.Param))
 
+    # The user's own mesh of explicit axes (jax.set_mesh, JAX's default make_mesh) around a
+    # sparse layer, eager and under nnx.jit: the values of no mesh.
+    layer = Spiking().rec
+    spikes = (jax.random.uniform(jax.random.key(2), (B, 16)) < 0.5).astype(jnp.float32)
+    alone = layer(spikes)
+    with jax.set_mesh(meshes["neuron"]):
+        out["explicit_mesh"] = [relative_gap(alone, layer(spikes)), relative_gap(
+            alone, nnx.jit(lambda m, v: m(v))(layer, spikes))]
+
     errors = {}
     for name, make, kw in [
             ("indivisible", lambda: Spiking(n=16, outputs=6), dict(neuron_axis="neuron")),
@@ -199,3 +208,10 @@ def test_temporary_memory_per_device_falls_with_the_split(measured, alg, most):
     """
     one, four = measured[f"temp/spiking/{alg}"]
     assert 0 < four <= most * one, (one, four, four / one)
+
+
+def test_a_sparse_layer_runs_under_an_explicit_mesh_of_the_users(measured):
+    """``jax.set_mesh`` with a mesh of explicit axes (``jax.make_mesh``'s default) around an
+    ``ETPSparseLinear``, eager and under ``nnx.jit``: the layer's values without a mesh (the
+    drivers' input gather applies only to the Auto-axis meshes they trace under)."""
+    assert measured["explicit_mesh"] == [0.0, 0.0]

@@ -37,7 +37,8 @@ __all__ = ["product", "sparse_product_p", "weight_pullback"]
 
 
 def _whole_inputs(x: jax.Array) -> jax.Array:
-    """``x (..., I)`` with its input axis whole on every device, when the program is split.
+    """``x (..., I)`` with its input axis whole on every device, when the drivers split the
+    program (they trace under a mesh of Auto axes).
 
     Each connection reads the input ``pre`` names, so a device needs every input even
     when ``x`` arrives split by neuron (neuron parallel). Said here, XLA gathers ``x``
@@ -57,7 +58,11 @@ def _whole_inputs(x: jax.Array) -> jax.Array:
         (2, 3)
     """
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1:
+    auto = all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
+    if mesh.empty or mesh.size == 1 or not auto:
+        # Nothing split, or a mesh of explicit axes (``jax.set_mesh`` with JAX's
+        # default ``jax.make_mesh``): there each array's sharding is part of its type
+        # and the product follows it; the drivers trace under a mesh of Auto axes.
         return x
     free = jax.sharding.PartitionSpec.UNCONSTRAINED
     spec = jax.sharding.PartitionSpec(*[free] * (x.ndim - 1), None)
