@@ -27,12 +27,13 @@ def check_against_gather(index, source_size):
     rng = np.random.default_rng(0)
     m = FlatMap.of(index, source_size)
     values = rng.standard_normal((source_size, 2)).astype(np.float32)
-    np.testing.assert_array_equal(m.take(jnp.asarray(values)), gather(values, index))
-    np.testing.assert_array_equal(m.take(jnp.asarray(values), feeds_large=True),
-                                  gather(values, index))
     cotangent = rng.standard_normal((index.size, 2)).astype(np.float32)
-    np.testing.assert_allclose(m.sum_into(jnp.asarray(cotangent)),
-                               gather_transpose(cotangent, index, source_size),
+    # one program for the three (eager, each reshape or transpose would compile on its own)
+    taken, taken_large, summed = jax.jit(lambda v, c: (m.take(v), m.take(v, feeds_large=True),
+                                                       m.sum_into(c)))(values, cotangent)
+    np.testing.assert_array_equal(taken, gather(values, index))
+    np.testing.assert_array_equal(taken_large, gather(values, index))
+    np.testing.assert_allclose(summed, gather_transpose(cotangent, index, source_size),
                                rtol=1e-6, atol=1e-6)
     return m
 

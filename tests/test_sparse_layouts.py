@@ -127,17 +127,22 @@ def test_trace_rules_scale_each_connection_by_its_output(x64, kind, rows):
 def test_derivatives_equal_the_dense_map(x64, kind, rows):
     conn, weight, dense, x, d = _case(kind, rows)
     sparse = lambda x, w: braintrace.sparse_matmul(x, w, conn)
-    _, pull = jax.vjp(sparse, x, weight)
-    dx, dw = pull(d)
+    tx, tw = jnp.ones_like(x), jnp.linspace(-1.0, 1.0, conn.nnz)
+
+    @jax.jit  # one program for the four derivatives (eager, each op compiles on its own)
+    def derivatives(x, weight, d):
+        _, pull = jax.vjp(sparse, x, weight)
+        _, ty = jax.jvp(sparse, (x, weight), (tx, tw))
+        second = jax.grad(lambda w: jnp.sum(jax.grad(lambda x: jnp.sum(sparse(x, w) ** 2))(x)))
+        return (*pull(d), ty, second(weight))
+
+    dx, dw, ty, second = derivatives(x, weight, d)
     np.testing.assert_allclose(dx, d @ dense.T, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(dw, (x.T @ d)[conn.pre, conn.post], rtol=1e-12, atol=1e-12)
-    tx, tw = jnp.ones_like(x), jnp.linspace(-1.0, 1.0, conn.nnz)
     t_dense = jnp.zeros_like(dense).at[conn.pre, conn.post].set(tw)
-    _, ty = jax.jvp(sparse, (x, weight), (tx, tw))
     np.testing.assert_allclose(ty, tx @ dense + x @ t_dense, rtol=1e-12, atol=1e-12)
-    second = jax.grad(lambda w: jnp.sum(jax.grad(lambda x: jnp.sum(sparse(x, w) ** 2))(x)))
     dense_second = jax.grad(lambda m: jnp.sum(jax.grad(lambda x: jnp.sum((x @ m) ** 2))(x)))
-    np.testing.assert_allclose(second(weight), dense_second(dense)[conn.pre, conn.post],
+    np.testing.assert_allclose(second, dense_second(dense)[conn.pre, conn.post],
                                rtol=1e-10, atol=1e-10)
 
 

@@ -41,6 +41,7 @@ from braintrace._loops import (
     finish_carry,
     init_carry,
     param_gradients,
+    restart_sums,
     run,
 )
 
@@ -223,7 +224,8 @@ def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
     length = weights.shape[0]
     split = lambda a: a.reshape(length // k, k, *a.shape[1:])
     ctx = LoopContext.build(entry.rules, loss_fn, params)
-    carry = _TrainCarry(list(params), opt_state, init_carry(ctx, hidden, other, traces),
+    carry = _TrainCarry(list(params), opt_state,
+                        init_carry(ctx, hidden, other, traces, pending=spec.defers),
                         list(ctx.operands), jnp.asarray(-1, jnp.int32),
                         jnp.zeros((len(params),), bool))
     ends = jnp.arange(1, length // k + 1, dtype=jnp.int32) * k - 1
@@ -255,9 +257,7 @@ def _train_window(entry: Entry, tx: optax.GradientTransformationExtraArgs,
     xw, yw, ww, sw, t_end = inputs
     ctx = LoopContext.build(entry.rules, loss_fn, carry.params)
     previous = finish_carry(ctx, carry.steps, carry.operands)
-    step_carry, losses = run(ctx, spec, init_carry(ctx, previous.hidden, previous.other,
-                                                   previous.traces),
-                             xw, yw, ww, sw, finish=False)
+    step_carry, losses = run(ctx, spec, restart_sums(previous), xw, yw, ww, sw, finish=False)
     grads = param_gradients(ctx, step_carry)
     step_weights = ww if ww.ndim == 1 else jnp.sum(ww, axis=-1)  # a (T, B) mask: per step
     value = jnp.sum(losses * step_weights.astype(losses.dtype))

@@ -26,6 +26,7 @@ from braintrace._loops._per_step import evolve as evolve
 from braintrace._loops._per_step import finish_carry as finish_carry
 from braintrace._loops._per_step import init_carry as init_carry
 from braintrace._loops._per_step import param_gradients as param_gradients
+from braintrace._loops._per_step import restart_sums as restart_sums
 from braintrace._loops._run import run as run
 from braintrace._loops._spec import BLOCK_MEMORY_BUDGET as BLOCK_MEMORY_BUDGET
 from braintrace._loops._spec import DEFAULT_BLOCK_SIZE as DEFAULT_BLOCK_SIZE
@@ -40,5 +41,5 @@ from braintrace._loops._step import step_jacobians as step_jacobians
 
 __all__ = ["BLOCK_MEMORY_BUDGET", "DEFAULT_BLOCK_SIZE", "Blocked", "LoopContext", "LoopSpec",
            "PerStep", "ScanCarry", "Windowed", "check_positive", "choose_loop",
-           "default_block_size", "evolve", "finish_carry", "init_carry", "param_gradients", "run",
-           "step_jacobians"]
+           "default_block_size", "evolve", "finish_carry", "init_carry", "param_gradients",
+           "restart_sums", "run", "step_jacobians"]

@@ -46,7 +46,7 @@ from braintrace._loops._context import LoopContext
 from braintrace._loops._step import add_same_step, loss_terms, step_jacobians, step_leaves
 
 __all__ = ["Pending", "ScanCarry", "evolve", "finish_carry", "init_carry", "param_gradients",
-           "run_per_step"]
+           "restart_sums", "run_per_step"]
 
 
 class Pending(NamedTuple):
@@ -75,21 +75,50 @@ class ScanCarry(NamedTuple):
 
 
 def init_carry(ctx: LoopContext, hidden: Sequence[jax.Array], other: Sequence[jax.Array],
-               traces: Any) -> ScanCarry:
-    """A carry with zero gradient sums and nothing pending (shapes by abstract evaluation)."""
+               traces: Any, *, pending: bool = False) -> ScanCarry:
+    """A carry with zero gradient sums and nothing pending.
+
+    Args:
+        ctx: The run's context.
+        hidden, other: The state entering the sequence.
+        traces: The algorithm's traces entering the sequence.
+        pending: Give the carry room for the per-step loop's deferred update
+            (zeros of one step's Jacobians and relation inputs, whose shapes
+            take an abstract trace of one step). The per-step loop makes that
+            room itself when the carry has none (:func:`run_per_step`); only a
+            caller that carries its carry across pieces of a sequence in a scan
+            of its own (``OnlineTrainer``'s windows) needs it up front. The
+            other loops defer nothing.
+    """
     rules = ctx.rules
     delta = [jnp.zeros_like(h) for h in hidden]
     shapes = jax.eval_shape(lambda t, o: rules.contribution(t, delta, o), traces, ctx.operands)
     zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     same = [jnp.zeros_like(p) for p in ctx.params]
-    return ScanCarry(list(hidden), list(other), traces, zero_sums, same,
-                     _zero_pending(ctx, hidden, other), jnp.ones((), bool))
+    room = _zero_pending(ctx, hidden, other) if pending else _NOTHING_PENDING
+    return ScanCarry(list(hidden), list(other), traces, zero_sums, same, room,
+                     jnp.ones((), bool))
+
+
+def restart_sums(carry: ScanCarry) -> ScanCarry:
+    """``carry`` with zero gradient sums: the state, traces and any pending update run on
+    into the next piece of the sequence."""
+    zeros = lambda tree: jax.tree.map(jnp.zeros_like, tree)
+    return carry._replace(summed=zeros(carry.summed), same_step=zeros(carry.same_step))
+
+
+_NOTHING_PENDING = Pending([], [], [])
+
+
+def _has_room(carry: ScanCarry) -> bool:
+    """Whether the carry holds (room for) a deferred update: each relation's ``Df``."""
+    return bool(carry.pending.df)
 
 
 def _zero_pending(ctx: LoopContext, hidden, other) -> Pending:
     """A pending update of the right shapes (never applied: the carry is ``fresh``)."""
-    if not ctx.rules.traced:
-        return Pending([], [], [])
+    if not ctx.rules.traced or ctx.rules.learning_signal.after_update:
+        return _NOTHING_PENDING
     graph = ctx.graph
     leaves = StepLeaves(list(ctx.params), list(hidden), list(other),
                         [jnp.zeros(shape, dtype) for shape, dtype in graph.input_avals])
@@ -102,11 +131,14 @@ def _zero_pending(ctx: LoopContext, hidden, other) -> Pending:
 
 
 def apply_pending(ctx: LoopContext, carry: ScanCarry, operands: Any = None) -> Any:
-    """The traces with the carry's pending update applied (unchanged when ``fresh``).
+    """The traces with the carry's pending update applied (unchanged when ``fresh`` or
+    when the carry has no room for one).
 
     ``operands``: those of the Params the pending step ran with, when they are
     not ``ctx``'s (``OnlineTrainer``'s next window applies the last one's).
     """
+    if not _has_room(carry):
+        return carry.traces
     pending = carry.pending
     new = ctx.rules.update(carry.traces, Jacobians(d=pending.d, df=pending.df), pending.rel_x,
                            ctx.operands if operands is None else operands)
@@ -156,6 +188,8 @@ def run_per_step(ctx: LoopContext, carry: ScanCarry, xs: Any, ys: Any, weights: 
             fused with them and XLA:CPU recomputes them for every trace element).
     """
     keep = ctx.rules.learning_signal.keeps_same_step(ctx.graph)
+    if not _has_room(carry):  # fresh (only a carry with room can hold an update)
+        carry = carry._replace(pending=_zero_pending(ctx, carry.hidden, carry.other))
     carry, losses = jax.lax.scan(lambda c, i: _step(ctx, keep, c, i), carry,
                                  (xs, ys, weights, signal_inputs))
     return (finish_carry(ctx, carry) if finish else carry), losses

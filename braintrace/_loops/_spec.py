@@ -17,7 +17,7 @@ mode, a learning signal of their own); nothing else decides it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 from braintrace._algorithms import GraphRules
 from braintrace._arguments import check_integer
@@ -43,12 +43,16 @@ BLOCK_MEMORY_BUDGET = 256 * 2**20
 class PerStep:
     """The per-step loop."""
 
+    defers: ClassVar[bool] = True
+    """Its carry holds a step's trace update until the next step applies it."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Blocked:
     """The time-blocked loop, ``size`` steps per block (the last block may be shorter)."""
 
     size: int
+    defers: ClassVar[bool] = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +60,7 @@ class Windowed:
     """The windowed loop, ``size`` steps per window (``size`` divides the sequence length)."""
 
     size: int
+    defers: ClassVar[bool] = False
 
 
 LoopSpec = PerStep | Blocked | Windowed
