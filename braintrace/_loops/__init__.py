@@ -16,8 +16,9 @@ gradients, evolution without gradients); ``_blocked``; ``_windowed``;
 ``_spec`` (the choice); ``_run`` (the entry point).
 
 A new loop is a module here with a ``run_<loop>(ctx, carry, xs, ys, weights, ...)``,
-a spec record in ``_spec`` (and its case in :func:`choose_loop`), and its case
-in :func:`run`.
+a spec record in ``_spec`` (its ``defers``: whether its carry holds a step's trace
+update for the next step; and its case in :func:`choose_loop`), and its case in
+:func:`run`.
 """
 
 from braintrace._loops._context import LoopContext as LoopContext
