@@ -70,6 +70,9 @@ def make(name, rngs):
         return layers.Stateful(layers.GRUCell(I, H, rngs=rngs, **f64))
     if name == "roll":
         return Roll(rngs)
+    if name == "dense-alif":  # two coupled states fed by a dense layer, no elementwise relation
+        return nnx.Sequential(layers.ETPLinear(I, H, rngs=rngs, **f64),
+                              layers.ALIF(H, tau=3.0, tau_a=5.0, **f64))
     raise AssertionError(name)
 
 
@@ -337,3 +340,55 @@ def test_fixed_recurrent_matrix_is_cut_in_diagonal_scope_and_kept_in_coupled_sco
         np.testing.assert_allclose(d, 0.0)
         (approx,) = diagonal.approximations
         assert approx.kind == "hidden-coupling" and "dot_general" in approx.detail
+
+
+def _by_jvp(graph, leaves):
+    """``D`` and ``Df`` from one JVP per state and colour (the general path)."""
+    return programs.assemble_jacobians(graph, programs.jacobian_responses(graph, leaves))
+
+
+@pytest.mark.parametrize("name", ["dense-alif", "lstm", "gru"])
+def test_pullbacks_give_the_d_and_df_of_one_jvp_per_state_and_colour(name):
+    """Where no group moves positions, ``D`` and ``Df`` come from one pullback per state
+    (the GRU's and LSTM's fused gates: no colours to pick); they equal the JVPs'."""
+    with jax.enable_x64(True):
+        _, graph, P, Hs, O, X = setup(name)
+        assert programs.pulls_jacobians(graph)
+        pulled = jax.jit(lambda *a: programs.jacobians(graph, StepLeaves(*a)))(P, Hs, O, X)
+        by_jvp = jax.jit(lambda *a: _by_jvp(graph, StepLeaves(*a)))(P, Hs, O, X)
+        assert jax.tree.structure(pulled) == jax.tree.structure(by_jvp)
+        for got, want in zip(jax.tree.leaves(pulled), jax.tree.leaves(by_jvp)):
+            assert got.shape == want.shape and got.dtype == want.dtype
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+        assert all(float(jnp.max(jnp.abs(a))) > 1e-3 for a in jax.tree.leaves(by_jvp))
+
+
+@pytest.mark.parametrize("name", ["leaky", "lif", "alif"])
+def test_an_elementwise_output_shared_over_the_batch_keeps_one_jvp(name):
+    """A learnable decay ``(H,)`` feeds every sample's unit: a pullback would sum its
+    derivative over the batch, where ``Df`` keeps one per unit."""
+    with jax.enable_x64(True):
+        _, graph, P, Hs, O, X = setup(name)
+        assert not programs.pulls_jacobians(graph)
+        run = lambda f: jax.jit(lambda *a: f(graph, StepLeaves(*a)))(P, Hs, O, X)
+        got, want = run(programs.jacobians), run(_by_jvp)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_array_equal(a, b)
+        _, df_pulled = run(programs._pulled_jacobians)  # negative control
+        r = next(r for r in graph.relations if r.y_shape != graph.groups[r.group].shape)
+        assert df_pulled[r.index].shape != want[1][r.index].shape or float(
+            jnp.max(jnp.abs(df_pulled[r.index] - want[1][r.index]))) > 1e-3
+
+
+def test_a_step_that_moves_positions_keeps_one_jvp_per_colour():
+    """With a roll a pullback would sum ``∂h[v]/∂h[u]`` over the positions ``v`` that ``u``
+    reaches, not the diagonal ``D`` keeps: such graphs keep the coloured JVPs."""
+    with jax.enable_x64(True):
+        _, graph, P, Hs, O, X = setup("roll")
+        assert not programs.pulls_jacobians(graph)
+        run = lambda f: jax.jit(lambda *a: f(graph, StepLeaves(*a)))(P, Hs, O, X)
+        (d,), _ = run(programs.jacobians)
+        (d_jvp,), _ = run(_by_jvp)
+        np.testing.assert_array_equal(d, d_jvp)
+        (d_pulled,), _ = run(programs._pulled_jacobians)  # negative control
+        assert float(jnp.max(jnp.abs(d_pulled - d))) > 1e-2

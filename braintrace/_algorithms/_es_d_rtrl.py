@@ -130,17 +130,15 @@ def es_block_rules(f_update, x_decay: float, after_update: bool = False):
     After the update, step ``k``'s term ``xy_to_dw(ε_x^k, d_k)`` with ``ε_x^k = α_x ε_x^{k-1}
     + x_k`` is ``xy_to_dw(ε_x^{k-1}, α_x d_k) + xy_to_dw(x_k, d_k)``: the block product
     below with output factors ``α_x d_k`` and same-step shares ``d_k`` (a bias's
-    ``ε_1^k = α_x ε_1^{k-1} + 1`` splits the same way).
+    ``ε_1^k = α_x ε_1^{k-1} + 1`` splits the same way). The steps stack ``d_k`` once; the
+    block scales it.
     """
 
     def block_step(r: InputRelation, s: IOTrace, signal_k, d_k, df_k) -> tuple[IOTrace, Any]:
-        """``ε_f`` one step on, and the step's output factor (from the ``ε_f`` it entered with;
-        ``after_update``: ``(α_x d_k, d_k)`` from the updated one)."""
+        """``ε_f`` one step on, and the step's output factor ``d_k`` (from the ``ε_f`` it entered
+        with; ``after_update``: from the updated one)."""
         new = f_update(r, s, d_k, df_k)
-        if after_update:
-            factor = output_factor(r, new, signal_k)
-            return new, (x_decay * factor, factor)
-        return new, output_factor(r, s, signal_k)
+        return new, output_factor(r, new if after_update else s, signal_k)
 
     def block_finish(r: InputRelation, s: IOTrace, steps: BlockSteps, theta
                      ) -> tuple[IOTrace, IOTerm]:
@@ -156,9 +154,9 @@ def es_block_rules(f_update, x_decay: float, after_update: bool = False):
         x_j``.
         """
         stepped, ds, x, dy = steps.stepped, steps.outs, steps.x, steps.dy
-        if after_update:
-            ds, share = ds
-            dy = share if dy is None else dy + share.astype(dy.dtype)
+        if after_update:  # the same-step share d_k, the temporal factor α_x d_k
+            dy = ds if dy is None else dy + ds.astype(dy.dtype)
+            ds = x_decay * ds
         length = ds.shape[0]
         filt, powers = decay_weights(x_decay, length, ds.dtype)
         e = jnp.tensordot(filt, ds, axes=1)

@@ -11,13 +11,16 @@ Each is a function of an :class:`~braintrace.ETraceGraph` and one
 * :func:`operands` / :func:`operand_pullback`: each relation's trainable
   operands ``θ`` from the Params (masks and transforms included), and the map
   of operand gradients back to Param gradients;
-* :func:`jacobians`: by forward-mode differentiation of the *cut* step (ETP
-  operations and mixing operations stopped), each group's
-  ``D = ∂h^t/∂h^{t-1}`` ``(*V, S, S)`` and each relation's ``Df = ∂h^t/∂y``,
-  one JVP per state and colour of a group and per colour of a relation —
-  exact because units of one colour never meet in one output (in two parts,
-  :func:`jacobian_responses` and :func:`assemble_jacobians`, so that a loop
-  over a block of steps can arrange the colours once for the block);
+* :func:`jacobians`: by differentiating the *cut* step (ETP operations and
+  mixing operations stopped), each group's ``D = ∂h^t/∂h^{t-1}``
+  ``(*V, S, S)`` and each relation's ``Df = ∂h^t/∂y``. Where every input
+  reaches one hidden unit only (:func:`pulls_jacobians`: no group moves
+  positions, no elementwise output shared between units) from one pullback
+  per state; elsewhere one JVP per state and colour of a group and per colour
+  of a relation — exact because units of one colour never meet in one output
+  (in two parts, :func:`jacobian_responses` and :func:`assemble_jacobians`, so
+  that a loop over a block of steps can arrange the colours once for the
+  block);
 * :func:`coupled_jacobians`: per-position blocks of the full hidden Jacobian
   (only ETP operations cut), ``N·S`` JVPs per group.
 """
@@ -50,6 +53,7 @@ __all__ = [
     "operand_pullback",
     "operands",
     "output_probes",
+    "pulls_jacobians",
     "state_probes",
 ]
 
@@ -171,9 +175,87 @@ def jacobians(graph: ETraceGraph, leaves: StepLeaves) -> tuple[list[jax.Array], 
 
     ``Df`` is ``(*y, S)`` for an operation with an input (entry ``[k, s]`` is
     ``∂h[π(k), s]/∂y[k]``) and ``(*V, S)`` for the elementwise primitive
-    (entry ``[v, s]`` is ``∂h[v, s]/∂y[σ(v)]``).
+    (entry ``[v, s]`` is ``∂h[v, s]/∂y[σ(v)]``). Read from ``S`` pullbacks
+    where :func:`pulls_jacobians` holds, else from one JVP per slot.
     """
+    if pulls_jacobians(graph):
+        return _pulled_jacobians(graph, leaves)
     return assemble_jacobians(graph, jacobian_responses(graph, leaves))
+
+
+def _cut_step(graph: ETraceGraph, leaves: StepLeaves, forward_mode: bool):
+    """``(cut_step, hidden_in, zero_y)``: the step from the hidden states and the traced
+    outputs' injections to the new hidden states, ETP and mixing operations stopped."""
+    injected = sorted(graph.traced_eqns)
+    stop = graph.cut_eqns | _etp_stops(graph)
+
+    def cut_step(hidden_in, injections):
+        inj = {e: (graph.jaxpr.eqns[e].primitive.y_outvar_index, value)
+               for e, value in zip(injected, injections)}
+        outs, _ = evaluate(graph.jaxpr, graph.consts, leaves.with_hidden(hidden_in).args(),
+                           stop_eqns=stop, injections=inj, forward_mode=forward_mode)
+        return graph.layout.split_outputs(outs).hidden
+
+    zero_y = [jnp.zeros(a.shape, a.dtype)
+              for a in (graph.relation_output_var(e).aval for e in injected)]
+    return cut_step, list(leaves.hidden), zero_y
+
+
+def pulls_jacobians(graph: ETraceGraph) -> bool:
+    """Whether ``D`` and ``Df`` can be read from ``S`` pullbacks of the cut step, one per state.
+
+    The pullback of a cotangent that is 1 on state ``s`` of every hidden unit gives, at
+    input ``u``, ``Σ_v ∂h[v, s]/∂u``. That is the one entry ``D`` or ``Df`` keeps when
+    ``u`` reaches one hidden unit only within the cut step: a hidden state its own
+    position (no group moves values between positions, ``colours is None``; groups are
+    closed under elementwise updates), an output unit ``y[k]`` its ``π(k)`` (checked when
+    the relation is made) and no other group (one relation per operation), and an
+    elementwise output its own unit (``σ`` the identity). One reverse pass per state then
+    replaces one JVP per state and colour, whose one-hot tangents XLA cannot tell from
+    dense ones (it computes every path of every tangent).
+    """
+    relations = graph.relations
+    if len({r.eqn_index for r in relations}) != len(relations):
+        return False
+    if any(g.colours is not None for g in graph.groups):
+        return False
+    for r in relations:
+        if isinstance(r, ElementwiseRelation):
+            g = graph.groups[r.group]
+            if tuple(r.y_shape) != tuple(g.shape) or not np.array_equal(
+                    r.hidden_to_y, np.arange(g.size)):
+                return False
+    return True
+
+
+def _unit_cotangent(h: jax.Array, on: bool) -> jax.Array:
+    """Ones (``on``) or zeros shaped like ``h``; ``float0`` zeros for a non-float state."""
+    if not jnp.issubdtype(h.dtype, jnp.inexact):
+        return np.zeros(h.shape, jax.dtypes.float0)
+    return jnp.full(h.shape, 1 if on else 0, h.dtype)
+
+
+def _pulled_jacobians(graph: ETraceGraph, leaves: StepLeaves
+                      ) -> tuple[list[jax.Array], list[jax.Array]]:
+    """``D`` and ``Df`` from one pullback per state (:func:`pulls_jacobians`)."""
+    if not graph.groups:
+        return [], []
+    cut_step, hidden_in, zero_y = _cut_step(graph, leaves, forward_mode=False)
+    hidden_out, pullback = jax.vjp(cut_step, hidden_in, zero_y)
+    state_of = {leaf: s for g in graph.groups for s, leaf in enumerate(g.leaves)}
+    num_states = max(g.num_states for g in graph.groups)
+    pulled = []  # per output state s: (∂/∂h_in, ∂/∂y) of Σ_v h[v, s]
+    for s in range(num_states):
+        pulled.append(pullback([_unit_cotangent(h, state_of.get(k) == s)
+                                for k, h in enumerate(hidden_out)]))
+    d = [jnp.stack([jnp.stack([pulled[s][0][leaf] for leaf in g.leaves], axis=-1)
+                    for s in range(g.num_states)], axis=-2)  # D[..., s, s']
+         for g in graph.groups]
+    position = {e: i for i, e in enumerate(sorted(graph.traced_eqns))}
+    df = [jnp.stack([pulled[s][1][position[r.eqn_index]]
+                     for s in range(graph.groups[r.group].num_states)], axis=-1)
+          for r in graph.relations]
+    return d, df
 
 
 def jacobian_responses(graph: ETraceGraph, leaves: StepLeaves) -> list[jax.Array]:
@@ -185,19 +267,9 @@ def jacobian_responses(graph: ETraceGraph, leaves: StepLeaves) -> list[jax.Array
     loop, XLA:CPU fuses the arrangement into every step's elementwise
     Jacobian and runs it element by element.
     """
+    cut_step, hidden_in, zero_y = _cut_step(graph, leaves, forward_mode=True)
     injected = sorted(graph.traced_eqns)
     y_avals = [graph.relation_output_var(e).aval for e in injected]
-    stop = graph.cut_eqns | _etp_stops(graph)
-
-    def cut_step(hidden_in, injections):
-        inj = {e: (graph.jaxpr.eqns[e].primitive.y_outvar_index, value)
-               for e, value in zip(injected, injections)}
-        outs, _ = evaluate(graph.jaxpr, graph.consts, leaves.with_hidden(hidden_in).args(),
-                           stop_eqns=stop, injections=inj, forward_mode=True)
-        return graph.layout.split_outputs(outs).hidden
-
-    hidden_in = list(leaves.hidden)
-    zero_y = [jnp.zeros(a.shape, a.dtype) for a in y_avals]
     slots = _slots(graph)
     if not slots:
         return []
@@ -224,6 +296,8 @@ def arranges_colours(graph: ETraceGraph) -> bool:
     gates), rather than only stacking states. Measured on XLA:CPU: arranging several
     colours per block instead of per step saves ~50 µs/step on a GRU (hidden 256, batch
     16); with one colour, deferring the stacking costs 3-7% (LIF, ALIF)."""
+    if pulls_jacobians(graph):  # nothing to arrange
+        return False
     return any(g.num_colours > 1 for g in graph.groups) or any(
         r.num_colours > 1 for r in graph.relations)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from braintrace._algorithms import AbstractAlgorithm, GraphRules
@@ -146,9 +147,9 @@ class OnlineLearner(Checkpointable):
         if key not in self._trace_shapes:
             self._trace_shapes[key] = self.compiled.trace_shapes(entry)
         want = self._trace_shapes[key]
-        have = jax.eval_shape(lambda t: t, self.traces)
+        have = self.traces  # read the shapes directly: an eval_shape costs ~0.3 ms per call
         if jax.tree.structure(want) != jax.tree.structure(have) or any(
-                (a.shape, a.dtype) != (b.shape, b.dtype)
+                (tuple(a.shape), a.dtype) != (tuple(np.shape(b)), jnp.result_type(b))
                 for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(have))):
             raise ValueError(
                 "The model's mode (model.eval() / model.train()) or structure changed which "
