@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.extend.core as jex_core
+import jax.numpy as jnp
 
-__all__ = ["bind_equation", "bind_forward_differentiable", "evaluate", "feedback_outputs"]
+__all__ = ["bind_equation", "bind_forward_differentiable", "bind_with_x_pullback", "evaluate",
+           "feedback_outputs"]
 
 
 def bind_equation(eqn: jex_core.JaxprEqn, invals: Sequence[Any]) -> list[Any]:
@@ -33,6 +35,7 @@ def evaluate(
     var_injections: Mapping[Any, Any] | None = None,
     record: Sequence[Any] = (),
     forward_mode: bool = False,
+    x_pullbacks: Mapping[int, tuple[Callable[[Any, Any], Any], Any]] | None = None,
 ) -> tuple[list[Any], list[Any]]:
     """Evaluates ``jaxpr`` like ``jax.core.eval_jaxpr``, with hooks.
 
@@ -55,6 +58,10 @@ def evaluate(
         record: Variables (or literals) whose values to return as well.
         forward_mode: Make ``custom_vjp`` functions forward-differentiable
             (see :func:`bind_forward_differentiable`), for ``jax.linearize``.
+        x_pullbacks: ``{eqn_index: (fn, operand)}``: that ETP equation's
+            derivative with respect to its input ``x`` is ``fn(∂/∂y, operand)``
+            (the same map, computed another way: see
+            :func:`bind_with_x_pullback`); reverse mode only.
 
     Returns:
         The jaxpr outputs and the recorded values.
@@ -62,6 +69,7 @@ def evaluate(
     bind = bind_forward_differentiable if forward_mode else bind_equation
     injections = injections or {}
     feedback = feedback or {}
+    x_pullbacks = x_pullbacks or {}
     stop_operands = stop_operands or {}
     var_injections = var_injections or {}
     env: dict[jex_core.Var, Any] = {}
@@ -83,6 +91,8 @@ def evaluate(
             invals[position] = jax.lax.stop_gradient(invals[position])
         if index in feedback:
             outs = feedback_outputs(eqn, invals, feedback[index])
+        elif index in x_pullbacks:
+            outs = bind_with_x_pullback(eqn, invals, x_pullbacks[index])
         else:
             outs = bind(eqn, invals)
         if index in stop_eqns:
@@ -121,6 +131,42 @@ def bind_forward_differentiable(eqn: jex_core.JaxprEqn, invals: Sequence[Any]) -
 
     wrapped.defjvp(jvp_rule)
     return list(wrapped(*invals))
+
+
+def bind_with_x_pullback(eqn: jex_core.JaxprEqn, invals: Sequence[Any],
+                         pullback: tuple[Callable[[Any, Any], Any], Any]) -> list[Any]:
+    """Binds the ETP equation ``eqn``; in reverse mode the cotangent of its input ``x`` is
+    ``fn(∂/∂y, operand)`` for ``pullback = (fn, operand)``, the others' the equation's own.
+
+    For a map the caller can pull back faster than JAX's transpose does, e.g. with a
+    dense kernel transposed once outside a time loop (XLA:CPU otherwise reads the kernel
+    transposed in every step's product). Value and derivatives are unchanged; ``operand``
+    gets no derivative.
+    """
+    fn, operand = pullback
+    x_position, y_position = eqn.primitive.x_invar_index, eqn.primitive.y_outvar_index
+    x_dtype = jnp.result_type(invals[x_position])
+
+    def call(args, operand):
+        del operand
+        return tuple(bind_equation(eqn, list(args)))
+
+    wrapped = jax.custom_vjp(call)
+
+    def forward(args, operand):
+        outs, vjp = jax.vjp(lambda a: call(a, None), args)
+        return outs, (vjp, operand)
+
+    def backward(residuals, cotangents):
+        vjp, operand = residuals
+        (grads,) = vjp(cotangents)
+        grads = list(grads)
+        if jnp.issubdtype(x_dtype, jnp.inexact):
+            grads[x_position] = fn(cotangents[y_position], operand).astype(x_dtype)
+        return tuple(grads), jnp.zeros_like(operand)
+
+    wrapped.defvjp(forward, backward)
+    return list(wrapped(tuple(invals), operand))
 
 
 def feedback_outputs(eqn: jex_core.JaxprEqn, invals: Sequence[Any],

@@ -38,6 +38,7 @@ import numpy as np
 from braintrace._compiler._interpret import bind_equation, evaluate
 from braintrace._compiler._layout import StepLeaves, StepOutputs
 from braintrace._compiler._records import ElementwiseRelation, HiddenGroup, InputRelation
+from braintrace._primitives import etp_dense_batched_p, etp_dense_p
 
 if TYPE_CHECKING:
     from braintrace._compiler._graph import ETraceGraph
@@ -54,6 +55,7 @@ __all__ = [
     "operands",
     "output_probes",
     "pulls_jacobians",
+    "x_pullbacks",
     "state_probes",
 ]
 
@@ -62,6 +64,7 @@ def forward(graph: ETraceGraph, leaves: StepLeaves,
             feedback: dict[int, dict[int, jax.Array]] | None = None,
             output_probes: Sequence[jax.Array | None] | None = None,
             state_probes: Sequence[jax.Array] | None = None,
+            x_pullbacks: dict[int, tuple[Any, jax.Array]] | None = None,
             ) -> tuple[StepOutputs, list[jax.Array | None]]:
     """One step of the model, and each relation's input ``x`` (``None`` without input).
 
@@ -92,6 +95,9 @@ def forward(graph: ETraceGraph, leaves: StepLeaves,
             Params, their same-step gradient by every path but the traced
             relations. A leaf whose new value is a literal, or the same
             variable as an earlier leaf's, gets a zero derivative.
+        x_pullbacks: From :func:`x_pullbacks`: those ETP equations pull their
+            input's derivative back through a kernel transposed in advance
+            (the same derivatives; reverse mode only).
     """
     inputs = [graph.relation_input_var(r) for r in graph.input_relations]
     stops, injections = {}, {}
@@ -107,9 +113,65 @@ def forward(graph: ETraceGraph, leaves: StepLeaves,
             probed[var] = probe
     outs, recorded = evaluate(graph.jaxpr, graph.consts, leaves.args(), feedback=feedback,
                               stop_operands=stops, injections=injections,
-                              var_injections=probed, record=inputs)
+                              var_injections=probed, record=inputs, x_pullbacks=x_pullbacks)
     by_relation = dict(zip((r.index for r in graph.input_relations), recorded))
     return graph.layout.split_outputs(outs), [by_relation.get(r.index) for r in graph.relations]
+
+
+def x_pullbacks(graph: ETraceGraph, operands_: Sequence[dict[str, jax.Array]],
+                feedback: dict[int, Any] | None = None) -> dict[int, tuple[Any, jax.Array]]:
+    """For :func:`forward`: each dense relation whose input reads the hidden state (a
+    recurrent kernel), its kernel ``T(K)ᵀ`` transposed once, to pull the learning signal
+    back through: ``∂/∂x = (∂/∂y) T(K)ᵀ``.
+
+    Made outside the time loop, the transposed copy is a loop invariant that the step's
+    product reads in order; JAX's transpose of the product reads ``K`` across its rows in
+    every step (XLA:CPU: 97 against 50 µs per step for a GRU's ``(16, 768) × (768, 256)``).
+    Input layers are left alone (nothing differentiates the data); so are feedback
+    equations (their pullback is the feedback matrix's).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> import braintrace
+        >>> from braintrace import layers
+        >>> from braintrace._compiler import programs
+        >>> model = layers.Stateful(layers.GRUCell(3, 4, rngs=nnx.Rngs(0)))
+        >>> braintrace.init_states(model, 2)
+        >>> graph = braintrace.compile_graph(model, jnp.ones((2, 3)))
+        >>> params = braintrace._compiler.split_model(model)[1]
+        >>> pulls = programs.x_pullbacks(graph, programs.operands(graph, jax.tree.leaves(params)))
+        >>> [graph.relations[i].param_paths for i, r in enumerate(graph.relations)
+        ...  if r.eqn_index in pulls]  # the recurrent kernel only
+        [{'kernel': ('cell.dense_h.kernel',)}]
+        >>> [k.shape for _, k in pulls.values()]
+        [(12, 4)]
+    """
+    feedback = feedback or {}
+    reads_hidden = _reads_hidden(graph)
+    pulls: dict[int, tuple[Any, jax.Array]] = {}
+    for r, theta in zip(graph.relations, operands_):
+        eqn = graph.jaxpr.eqns[r.eqn_index]
+        if (eqn.primitive not in (etp_dense_p, etp_dense_batched_p) or r.eqn_index in feedback
+                or r.eqn_index in pulls or graph.relation_input_var(r) not in reads_hidden):
+            continue
+        transform = eqn.params["kernel_transform"]
+        kernel = theta["kernel"] if transform is None else transform(theta["kernel"])
+        precision = eqn.params["precision"]
+        pulls[r.eqn_index] = (
+            lambda ct, kernel_t, p=precision: jnp.matmul(ct, kernel_t.astype(ct.dtype),
+                                                         precision=p),
+            jnp.transpose(kernel))
+    return pulls
+
+
+def _reads_hidden(graph: ETraceGraph) -> set[Any]:
+    """The jaxpr variables that depend on the hidden state the step starts from."""
+    reached = set(graph.layout.hidden_invars(graph.jaxpr))
+    for eqn in graph.jaxpr.eqns:
+        if any(not isinstance(v, jex_core.Literal) and v in reached for v in eqn.invars):
+            reached.update(v for v in eqn.outvars if not isinstance(v, jex_core.DropVar))
+    return reached
 
 
 def output_probes(graph: ETraceGraph) -> list[jax.Array | None]:

@@ -21,12 +21,15 @@ class LoopContext(NamedTuple):
         loss_fn: ``loss_fn(y_pred, y_target) -> scalar`` for one step.
         params: The Params, in the order of ``graph.param_paths`` (fixed during the run).
         operands: Each relation's trainable operands ``θ``, computed from ``params``.
+        x_pullbacks: The recurrent dense kernels transposed once, for the exact
+            learning signal's pullback (``programs.x_pullbacks``).
     """
 
     rules: GraphRules
     loss_fn: Callable[[Any, Any], jax.Array]
     params: list[jax.Array]
     operands: list[dict[str, jax.Array]]
+    x_pullbacks: dict[int, tuple[Any, jax.Array]]
 
     @property
     def graph(self) -> ETraceGraph:
@@ -37,4 +40,6 @@ class LoopContext(NamedTuple):
     def build(cls, rules: GraphRules, loss_fn: Callable[[Any, Any], jax.Array],
               params: Sequence[jax.Array]) -> LoopContext:
         """The context of a run with ``params``: their relations' operands computed once."""
-        return cls(rules, loss_fn, list(params), programs.operands(rules.graph, params))
+        operands = programs.operands(rules.graph, params)
+        pulls = programs.x_pullbacks(rules.graph, operands, rules.feedback)
+        return cls(rules, loss_fn, list(params), operands, pulls)

@@ -103,7 +103,8 @@ def _reverse_pass(ctx: LoopContext, leaves: StepLeaves, y_t: Any, weight_t: jax.
                                            ctx.rules.feedback, state_probes=start)
         else:
             outs, rel_x = programs.forward(graph, leaves._replace(params=params, hidden=start),
-                                           ctx.rules.feedback, probes)
+                                           ctx.rules.feedback, probes,
+                                           x_pullbacks=ctx.x_pullbacks)
         y = jax.tree.unflatten(graph.out_treedef, outs.y)
         if jnp.ndim(weight_t) == 1:  # per-sample weights: a (T, B) mask
             weighted, reported = per_sample_loss(loss_fn, y, y_t, weight_t)
