@@ -141,13 +141,14 @@ def test_blocked_losses_have_the_loss_dtype_and_values_of_the_per_step_form():
 
 def test_which_blocked_paths_a_model_takes():
     """The GRU's fused gates have colours, but its Jacobians come from pullbacks, which
-    need no arranging; a LIF's have no colours. ES-D-RTRL runs its ``ε_f`` in the step
-    loop (``block_step``), D-RTRL does not (its block reads the stacked steps)."""
+    need no arranging; a LIF's have one colour (JVPs, nothing to arrange). ES-D-RTRL runs
+    its ``ε_f`` in the step loop (``block_step``), D-RTRL does not (its block reads the
+    stacked steps)."""
     learners = {name: braintrace.compile(MODELS[name].build(), alg, jnp.zeros((BATCH, IN)))
                 for name, alg in (("gru", "d_rtrl"), ("lif-expsynapse", "es_d_rtrl"))}
     gru, lif = learners["gru"], learners["lif-expsynapse"]
     assert any(r.num_colours > 1 for r in gru.graph.relations)
-    assert programs.pulls_jacobians(gru.graph) and programs.pulls_jacobians(lif.graph)
+    assert programs.pulls_jacobians(gru.graph) and not programs.pulls_jacobians(lif.graph)
     assert not programs.arranges_colours(gru.graph)
     assert not programs.arranges_colours(lif.graph)
     assert not gru.rules.has_block_steps and gru.rules.reads_stacked_steps

@@ -349,17 +349,25 @@ def _by_jvp(graph, leaves):
 
 @pytest.mark.parametrize("name", ["dense-alif", "lstm", "gru"])
 def test_pullbacks_give_the_d_and_df_of_one_jvp_per_state_and_colour(name):
-    """Where no group moves positions, ``D`` and ``Df`` come from one pullback per state
-    (the GRU's and LSTM's fused gates: no colours to pick); they equal the JVPs'."""
+    """Where no group moves positions and no elementwise output is shared, one pullback per
+    state gives the JVPs' ``D`` and ``Df`` (two coupled states; the LSTM; the GRU's fused
+    gates); ``jacobians`` takes them where a relation has several colours (the GRU)."""
     with jax.enable_x64(True):
         _, graph, P, Hs, O, X = setup(name)
-        assert programs.pulls_jacobians(graph)
-        pulled = jax.jit(lambda *a: programs.jacobians(graph, StepLeaves(*a)))(P, Hs, O, X)
+        assert programs.can_pull_jacobians(graph)
+        fused = any(r.num_colours > 1 for r in graph.relations)
+        assert programs.pulls_jacobians(graph) == fused
+        assert fused == (name == "gru")  # its (in, 3h) kernel: three gates per unit
+        pulled = jax.jit(lambda *a: programs._pulled_jacobians(graph, StepLeaves(*a)))(
+            P, Hs, O, X)
         by_jvp = jax.jit(lambda *a: _by_jvp(graph, StepLeaves(*a)))(P, Hs, O, X)
+        taken = jax.jit(lambda *a: programs.jacobians(graph, StepLeaves(*a)))(P, Hs, O, X)
         assert jax.tree.structure(pulled) == jax.tree.structure(by_jvp)
         for got, want in zip(jax.tree.leaves(pulled), jax.tree.leaves(by_jvp)):
             assert got.shape == want.shape and got.dtype == want.dtype
             np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+        for got, want in zip(jax.tree.leaves(taken), jax.tree.leaves(pulled if fused else by_jvp)):
+            np.testing.assert_array_equal(got, want)
         assert all(float(jnp.max(jnp.abs(a))) > 1e-3 for a in jax.tree.leaves(by_jvp))
 
 
@@ -369,7 +377,7 @@ def test_an_elementwise_output_shared_over_the_batch_keeps_one_jvp(name):
     derivative over the batch, where ``Df`` keeps one per unit."""
     with jax.enable_x64(True):
         _, graph, P, Hs, O, X = setup(name)
-        assert not programs.pulls_jacobians(graph)
+        assert not programs.can_pull_jacobians(graph)
         run = lambda f: jax.jit(lambda *a: f(graph, StepLeaves(*a)))(P, Hs, O, X)
         got, want = run(programs.jacobians), run(_by_jvp)
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
@@ -385,7 +393,7 @@ def test_a_step_that_moves_positions_keeps_one_jvp_per_colour():
     reaches, not the diagonal ``D`` keeps: such graphs keep the coloured JVPs."""
     with jax.enable_x64(True):
         _, graph, P, Hs, O, X = setup("roll")
-        assert not programs.pulls_jacobians(graph)
+        assert not programs.can_pull_jacobians(graph)
         run = lambda f: jax.jit(lambda *a: f(graph, StepLeaves(*a)))(P, Hs, O, X)
         (d,), _ = run(programs.jacobians)
         (d_jvp,), _ = run(_by_jvp)

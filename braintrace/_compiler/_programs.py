@@ -14,9 +14,10 @@ Each is a function of an :class:`~braintrace.ETraceGraph` and one
 * :func:`jacobians`: by differentiating the *cut* step (ETP operations and
   mixing operations stopped), each group's ``D = ∂h^t/∂h^{t-1}``
   ``(*V, S, S)`` and each relation's ``Df = ∂h^t/∂y``. Where every input
-  reaches one hidden unit only (:func:`pulls_jacobians`: no group moves
-  positions, no elementwise output shared between units) from one pullback
-  per state; elsewhere one JVP per state and colour of a group and per colour
+  reaches one hidden unit only (no group moves positions, no elementwise
+  output shared between units) and a relation has several colours (fused
+  gates), from one pullback per state (:func:`pulls_jacobians`); elsewhere
+  one JVP per state and colour of a group and per colour
   of a relation — exact because units of one colour never meet in one output
   (in two parts, :func:`jacobian_responses` and :func:`assemble_jacobians`, so
   that a loop over a block of steps can arrange the colours once for the
@@ -54,6 +55,7 @@ __all__ = [
     "operand_pullback",
     "operands",
     "output_probes",
+    "can_pull_jacobians",
     "pulls_jacobians",
     "x_pullbacks",
     "state_probes",
@@ -264,7 +266,21 @@ def _cut_step(graph: ETraceGraph, leaves: StepLeaves, forward_mode: bool):
 
 
 def pulls_jacobians(graph: ETraceGraph) -> bool:
-    """Whether ``D`` and ``Df`` can be read from ``S`` pullbacks of the cut step, one per state.
+    """Whether ``D`` and ``Df`` are read from ``S`` pullbacks of the cut step, one per state:
+    where :func:`can_pull_jacobians` and a relation has several colours (fused gates).
+
+    With several colours each JVP's tangent is a mask over one colour's units, which XLA
+    cannot tell from a dense tangent: it evaluates every path of every tangent, and fuses
+    that into each consumer (a GRU's fast ES-D-RTRL step: 308 → 262 µs with pullbacks).
+    With one colour per relation the JVPs are as cheap, and the pullbacks' stored forward
+    values cost memory traffic at scale (two-state ALIF at 131,072 neurons: 3-6% slower),
+    so those graphs keep the JVPs.
+    """
+    return can_pull_jacobians(graph) and any(r.num_colours > 1 for r in graph.relations)
+
+
+def can_pull_jacobians(graph: ETraceGraph) -> bool:
+    """Whether ``S`` pullbacks of the cut step give ``D`` and ``Df`` exactly.
 
     The pullback of a cotangent that is 1 on state ``s`` of every hidden unit gives, at
     input ``u``, ``Σ_v ∂h[v, s]/∂u``. That is the one entry ``D`` or ``Df`` keeps when
@@ -272,9 +288,7 @@ def pulls_jacobians(graph: ETraceGraph) -> bool:
     position (no group moves values between positions, ``colours is None``; groups are
     closed under elementwise updates), an output unit ``y[k]`` its ``π(k)`` (checked when
     the relation is made) and no other group (one relation per operation), and an
-    elementwise output its own unit (``σ`` the identity). One reverse pass per state then
-    replaces one JVP per state and colour, whose one-hot tangents XLA cannot tell from
-    dense ones (it computes every path of every tangent).
+    elementwise output its own unit (``σ`` the identity).
     """
     relations = graph.relations
     if len({r.eqn_index for r in relations}) != len(relations):
@@ -299,7 +313,7 @@ def _unit_cotangent(h: jax.Array, on: bool) -> jax.Array:
 
 def _pulled_jacobians(graph: ETraceGraph, leaves: StepLeaves
                       ) -> tuple[list[jax.Array], list[jax.Array]]:
-    """``D`` and ``Df`` from one pullback per state (:func:`pulls_jacobians`)."""
+    """``D`` and ``Df`` from one pullback per state (:func:`can_pull_jacobians`)."""
     if not graph.groups:
         return [], []
     cut_step, hidden_in, zero_y = _cut_step(graph, leaves, forward_mode=False)
