@@ -68,10 +68,16 @@ def test_a_large_network_gets_fewer_steps_per_block():
     assert default_block_size(es.rules) == BLOCK_MEMORY_BUDGET // (b * i * 4 + 2 * per_value)
     assert default_block_size(es.rules) == 15
     assert choose_loop(es.rules, length=300) == Blocked(15)
-    # D-RTRL stacks x, dy and Df (one state) per relation, the signal and D per group
+    # with the fast signal the relations' share is in their traces: no dy stacked
+    fast = wide_network(n, braintrace.ESDRTRL(signal="fast"), b, i)
+    assert stacked_bytes_per_step(fast.rules) == b * i * 4 + per_value
+    assert default_block_size(fast.rules) == 31
+    # D-RTRL stacks x and Df (one state) per relation, the signal and D per group; no dy:
+    # here the compiler proves the fast signal exact, and D-RTRL takes it
     d = wide_network(n, "d_rtrl", b, i)
-    assert stacked_bytes_per_step(d.rules) == b * i * 4 + 4 * per_value
-    assert default_block_size(d.rules) == 7
+    assert d.rules.learning_signal.reads_new_state
+    assert stacked_bytes_per_step(d.rules) == b * i * 4 + 3 * per_value
+    assert default_block_size(d.rules) == 10
     # a budget below one step's stacks still gives blocks of 2, never the per-step form
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_spec, "BLOCK_MEMORY_BUDGET", per_value)
