@@ -39,7 +39,8 @@ class LoopContext(NamedTuple):
     @classmethod
     def build(cls, rules: GraphRules, loss_fn: Callable[[Any, Any], jax.Array],
               params: Sequence[jax.Array]) -> LoopContext:
-        """The context of a run with ``params``: their relations' operands computed once."""
+        """The context of a run with ``params``: their relations' operands, and the recurrent
+        dense kernels transposed for the learning signal, computed once."""
         operands = programs.operands(rules.graph, params)
         pulls = programs.x_pullbacks(rules.graph, operands, rules.feedback)
         return cls(rules, loss_fn, list(params), operands, pulls)
