@@ -21,7 +21,7 @@ from flax import nnx
 
 import braintrace
 from braintrace import layers
-from braintrace._compiler import StepLeaves, programs, split_model
+from braintrace._compiler import StepLeaves, _jacobians, programs, split_model
 from braintrace._compiler._interpret import evaluate
 
 B, I, H = 2, 3, 4
@@ -358,7 +358,7 @@ def test_pullbacks_give_the_d_and_df_of_one_jvp_per_state_and_colour(name):
         fused = any(r.num_colours > 1 for r in graph.relations)
         assert programs.pulls_jacobians(graph) == fused
         assert fused == (name == "gru")  # its (in, 3h) kernel: three gates per unit
-        pulled = jax.jit(lambda *a: programs._pulled_jacobians(graph, StepLeaves(*a)))(
+        pulled = jax.jit(lambda *a: _jacobians._pulled_jacobians(graph, StepLeaves(*a)))(
             P, Hs, O, X)
         by_jvp = jax.jit(lambda *a: _by_jvp(graph, StepLeaves(*a)))(P, Hs, O, X)
         taken = jax.jit(lambda *a: programs.jacobians(graph, StepLeaves(*a)))(P, Hs, O, X)
@@ -382,7 +382,7 @@ def test_an_elementwise_output_shared_over_the_batch_keeps_one_jvp(name):
         got, want = run(programs.jacobians), run(_by_jvp)
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
             np.testing.assert_array_equal(a, b)
-        _, df_pulled = run(programs._pulled_jacobians)  # negative control
+        _, df_pulled = run(_jacobians._pulled_jacobians)  # negative control
         r = next(r for r in graph.relations if r.y_shape != graph.groups[r.group].shape)
         assert df_pulled[r.index].shape != want[1][r.index].shape or float(
             jnp.max(jnp.abs(df_pulled[r.index] - want[1][r.index]))) > 1e-3
@@ -398,5 +398,5 @@ def test_a_step_that_moves_positions_keeps_one_jvp_per_colour():
         (d,), _ = run(programs.jacobians)
         (d_jvp,), _ = run(_by_jvp)
         np.testing.assert_array_equal(d, d_jvp)
-        (d_pulled,), _ = run(programs._pulled_jacobians)  # negative control
+        (d_pulled,), _ = run(_jacobians._pulled_jacobians)  # negative control
         assert float(jnp.max(jnp.abs(d_pulled - d))) > 1e-2

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from braintrace._primitives._register import register_pair
-from braintrace._primitives._rules import ETPRules, zeros_like_output
+from braintrace._primitives._rules import ETPRules, sum_leading, zeros_like_output
 
 __all__ = ["CONV_RULES", "conv", "etp_conv_batched_p", "etp_conv_p"]
 
@@ -109,8 +109,7 @@ def conv_xy_to_dw(x, d, theta, **params) -> dict[str, jax.Array]:
         kernel)
     grads = {"kernel": pullback(flat_d.astype(kernel.dtype))[0]}
     if "bias" in theta:
-        grads["bias"] = jnp.sum(flat_d.reshape(-1, flat_d.shape[-1]), axis=0).astype(
-            theta["bias"].dtype)
+        grads["bias"] = sum_leading(flat_d).astype(theta["bias"].dtype)
     return grads
 
 
