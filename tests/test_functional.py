@@ -326,6 +326,24 @@ def test_a_non_finite_step_is_a_flag_inside_jit_and_the_update_is_skipped():
     assert any(np.max(np.abs(a - b)) > 0 for a, b in zip(after, before))
 
 
+def test_the_last_windows_update_is_skipped_too_and_the_earlier_ones_stand():
+    """The last window's update is applied after the loop: a non-finite one is skipped and
+    reported there as well, and equals the run that stops before that window."""
+    xs, ys = data(jnp.float32, chunks=1)
+    xs, ys = xs[0], ys[0]
+    model = Net()
+    learner = braintrace.compile(model, "d_rtrl", jnp.zeros((B, IN)), batch_size=B)
+    train = braintrace.online_update(learner, mse, optax.sgd(0.1), update_every=2)
+    opt_state, state = train.init(model)
+    update = jax.jit(train.update)
+    params, _, _, stats = update(model, opt_state, state, xs.at[T - 1, 0, 0].set(jnp.nan), ys)
+    assert not bool(stats.finite) and int(stats.bad_update_at) == T - 1
+    kept, _, _, good = update(model, opt_state, state, xs[:T - 2], ys[:T - 2])
+    assert bool(good.finite)
+    for a, b in zip(params_of_state(params), params_of_state(kept)):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_the_eager_learner_inside_jit_says_what_to_use_instead():
     xs, ys = data(jnp.float32, chunks=1)
     model = Net()

@@ -143,7 +143,7 @@ def grad_program(entry: Entry, loss_fn: Callable[[Any, Any], jax.Array], spec: L
     carry, losses = run(ctx, spec, init_carry(ctx, hidden, other, traces), xs, ys, weights,
                         signal_inputs)
     grads = param_gradients(ctx, carry)
-    finite = jnp.stack([jnp.all(jnp.isfinite(g)) for g in grads])
+    finite = jnp.stack([_all_finite(g) for g in grads])
     hidden, other, traces = carry.hidden, carry.other, carry.traces
     if lay is not None:
         grads, hidden, other, traces = _constrain_state(lay, grads, hidden, other, traces)
@@ -192,9 +192,13 @@ class _TrainCarry(NamedTuple):
     params: list[jax.Array]
     opt_state: Any
     steps: ScanCarry  # hidden, other, traces (and a pending trace update) across windows
-    operands: list[dict[str, jax.Array]]  # those the pending update was computed with
+    operands: list[dict[str, jax.Array]]  # those the pending trace update was computed with
     bad_update_at: jax.Array
     bad_params: jax.Array
+    grads: list[jax.Array]  # the last window's gradient, its update not yet applied
+    value: jax.Array  # the last window's loss, given to ``tx`` as ``value=``
+    window_end: jax.Array  # the last step of that window
+    pending: jax.Array  # whether ``grads`` wait to be applied (not before the first window)
 
 
 @_on_its_mesh
@@ -214,6 +218,14 @@ def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
     reported: ``bad_update_at``). ``tx`` sees the Params in the structure
     ``params_def`` (that of ``nnx.state(model, nnx.Param)``), so transformations
     that select Params by path (``optax.masked``, ``optax.multi_transform``) work.
+
+    A window's update is applied at the start of the next window's loop
+    iteration (:func:`_apply_update`; the last one after the loop), before that
+    window's first step: the same sequence of Params, with the gradient passed
+    between iterations in the loop's carry. Applied in the iteration that
+    computes it, XLA:CPU fuses the gradient's sum over the batch into each
+    consumer of it and so computes it once per optimiser moment (Adam, D-RTRL on
+    the benchmark GRU, an update every step: 1.95 ms per step against 1.64).
     """
     lay = entry.layout
     if lay is not None:
@@ -224,14 +236,17 @@ def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
     length = weights.shape[0]
     split = lambda a: a.reshape(length // k, k, *a.shape[1:])
     ctx = LoopContext.build(entry.rules, loss_fn, params)
+    dtype = jnp.result_type(*params) if params else jnp.float32
     carry = _TrainCarry(list(params), opt_state,
                         init_carry(ctx, hidden, other, traces, pending=spec.defers),
                         list(ctx.operands), jnp.asarray(-1, jnp.int32),
-                        jnp.zeros((len(params),), bool))
+                        jnp.zeros((len(params),), bool), [jnp.zeros_like(p) for p in params],
+                        jnp.zeros((), dtype), jnp.asarray(-1, jnp.int32), jnp.zeros((), bool))
     ends = jnp.arange(1, length // k + 1, dtype=jnp.int32) * k - 1
     window = functools.partial(_train_window, entry, tx, loss_fn, spec, params_def)
     carry, losses = jax.lax.scan(window, carry, (*(jax.tree.map(split, a) for a in (
         xs, ys, weights, signal_inputs)), ends))
+    carry = _apply_update(tx, params_def, carry)
     params, opt_state = carry.params, carry.opt_state
     steps = finish_carry(ctx, carry.steps, carry.operands)
     hidden, other, traces = steps.hidden, steps.other, steps.traces
@@ -242,10 +257,51 @@ def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
                        carry.bad_update_at, carry.bad_params)
 
 
+def _apply_update(tx: optax.GradientTransformationExtraArgs, params_def: Any,
+                  carry: _TrainCarry) -> _TrainCarry:
+    """The carry with its pending update applied, unless it would make a Param not finite
+    (then it and every later update are skipped; the first is recorded).
+
+    The choice is a ``lax.cond``: on XLA:CPU a ``where`` over the Params and the
+    optimiser state makes one more pass over each. With the finiteness as a float
+    sum (:func:`_all_finite`): Adam, ES-D-RTRL on the benchmark GRU, an update every
+    step, 1.15 ms per step against 0.93.
+    """
+    tree = lambda leaves: jax.tree.unflatten(params_def, leaves)
+    updates, opt_state = tx.update(tree(carry.grads), carry.opt_state, tree(carry.params),
+                                   value=carry.value)
+    new_params = jax.tree.leaves(optax.apply_updates(tree(carry.params), updates))
+    bad = ~jnp.stack([_all_finite(p) for p in new_params])
+    first = carry.pending & (carry.bad_update_at < 0) & jnp.any(bad)
+    skip = ~carry.pending | (carry.bad_update_at >= 0) | first
+    params, opt_state = jax.lax.cond(skip, lambda: (carry.params, carry.opt_state),
+                                     lambda: (new_params, opt_state))
+    return carry._replace(params=params, opt_state=opt_state,
+                          bad_update_at=jnp.where(first, carry.window_end, carry.bad_update_at),
+                          bad_params=jnp.where(first, bad, carry.bad_params),
+                          pending=jnp.zeros((), bool))
+
+
+def _all_finite(a: jax.Array) -> jax.Array:
+    """Whether every entry of ``a`` is finite, as ``Σ 0·a == 0``.
+
+    ``0·a`` is ``0`` where ``a`` is finite and NaN where it is ``±inf`` or NaN, so
+    the sum is finite exactly when every entry is (it cannot overflow). XLA:CPU
+    sums floats in one vectorised pass; ``jnp.all(jnp.isfinite(a))`` reduces
+    booleans about 2.4× slower (40 against 93 µs for the benchmark GRU's Params).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> bool(_all_finite(jnp.array([1e38, 3e38]))), bool(_all_finite(jnp.array([1.0, jnp.inf])))
+        (True, False)
+    """
+    return jnp.isfinite(jnp.sum(a * 0))
+
+
 def _train_window(entry: Entry, tx: optax.GradientTransformationExtraArgs,
                   loss_fn: Callable[[Any, Any], jax.Array], spec: LoopSpec, params_def: Any,
                   carry: _TrainCarry, inputs: Any) -> tuple[_TrainCarry, jax.Array]:
-    """One window: accumulate its gradient online, apply it unless it is not finite.
+    """One window: the last window's update, then this window's gradient, accumulated online.
 
     The per-step loop leaves the window's last trace update pending; the next
     window applies it first, with the operands of the Params it was computed
@@ -255,23 +311,16 @@ def _train_window(entry: Entry, tx: optax.GradientTransformationExtraArgs,
     (D-RTRL on the benchmark GRU with an update every step: 27 ms/step instead of 4).
     """
     xw, yw, ww, sw, t_end = inputs
+    carry = _apply_update(tx, params_def, carry)
     ctx = LoopContext.build(entry.rules, loss_fn, carry.params)
     previous = finish_carry(ctx, carry.steps, carry.operands)
     step_carry, losses = run(ctx, spec, restart_sums(previous), xw, yw, ww, sw, finish=False)
     grads = param_gradients(ctx, step_carry)
     step_weights = ww if ww.ndim == 1 else jnp.sum(ww, axis=-1)  # a (T, B) mask: per step
     value = jnp.sum(losses * step_weights.astype(losses.dtype))
-    tree = lambda leaves: jax.tree.unflatten(params_def, leaves)
-    updates, opt_state = tx.update(tree(grads), carry.opt_state, tree(carry.params),
-                                   value=value)
-    new_params = jax.tree.leaves(optax.apply_updates(tree(carry.params), updates))
-    bad = ~jnp.stack([jnp.all(jnp.isfinite(p)) for p in new_params])
-    first = (carry.bad_update_at < 0) & jnp.any(bad)
-    skip = (carry.bad_update_at >= 0) | first
-    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(skip, o, n), new, old)
-    return _TrainCarry(keep(new_params, carry.params), keep(opt_state, carry.opt_state),
-                       step_carry, list(ctx.operands), jnp.where(first, t_end, carry.bad_update_at),
-                       jnp.where(first, bad, carry.bad_params)), losses
+    return carry._replace(steps=step_carry, operands=list(ctx.operands), grads=grads,
+                          value=value.astype(carry.value.dtype), window_end=t_end,
+                          pending=jnp.ones((), bool)), losses
 
 
 GRAD_PROGRAM = jax.jit(grad_program, static_argnames=("entry", "loss_fn", "spec"))
