@@ -148,7 +148,7 @@ def test_a_scan_over_chunks_equals_one_call_per_chunk(algorithm):
 def test_online_update_under_jit_equals_the_stateful_trainer():
     with jax.enable_x64(True):
         xs, ys = data(jnp.float64, chunks=2)
-        tx = optax.sgd(0.05)
+        tx = optax.adam(0.05)  # stateful: an update applied before the first window would show
         model = Net(jnp.float64)
         learner = braintrace.compile(model, "d_rtrl", jnp.zeros((B, IN), jnp.float64),
                                      batch_size=B)

@@ -205,7 +205,7 @@ class _TrainCarry(NamedTuple):
 def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
                   loss_fn: Callable[[Any, Any], jax.Array], update_every: int, spec: LoopSpec,
                   params_def: Any, params, opt_state, hidden, other, traces, xs, ys, weights,
-                  signal_inputs=None) -> TrainResult:
+                  signal_inputs=None, skip_non_finite: bool = True) -> TrainResult:
     """Online learning over a sequence: an optax update after every ``update_every`` steps.
 
     The sequence is cut into windows of ``update_every`` steps. In each window
@@ -215,7 +215,11 @@ def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
     ``optax.contrib.reduce_on_plateau``); hidden state and traces run on across
     windows (an update does not reset the traces). An update that would make a
     Param not finite is skipped, and so is every later one (the first is
-    reported: ``bad_update_at``). ``tx`` sees the Params in the structure
+    reported: ``bad_update_at``); with ``skip_non_finite=False`` every update is
+    applied and the first such one only reported, for a caller that discards
+    the whole result then (:class:`~braintrace.OnlineTrainer`; on the benchmark
+    SNN with Adam and an update every step, ES-D-RTRL 0.88 against 0.93 ms per
+    step, D-RTRL 1.24 against 1.33). ``tx`` sees the Params in the structure
     ``params_def`` (that of ``nnx.state(model, nnx.Param)``), so transformations
     that select Params by path (``optax.masked``, ``optax.multi_transform``) work.
 
@@ -243,10 +247,11 @@ def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
                         jnp.zeros((len(params),), bool), [jnp.zeros_like(p) for p in params],
                         jnp.zeros((), dtype), jnp.asarray(-1, jnp.int32), jnp.zeros((), bool))
     ends = jnp.arange(1, length // k + 1, dtype=jnp.int32) * k - 1
-    window = functools.partial(_train_window, entry, tx, loss_fn, spec, params_def)
+    window = functools.partial(_train_window, entry, tx, loss_fn, spec, params_def,
+                               skip_non_finite)
     carry, losses = jax.lax.scan(window, carry, (*(jax.tree.map(split, a) for a in (
         xs, ys, weights, signal_inputs)), ends))
-    carry = _apply_update(tx, params_def, carry)
+    carry = _apply_update(tx, params_def, skip_non_finite, carry)
     params, opt_state = carry.params, carry.opt_state
     steps = finish_carry(ctx, carry.steps, carry.operands)
     hidden, other, traces = steps.hidden, steps.other, steps.traces
@@ -258,24 +263,37 @@ def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
 
 
 def _apply_update(tx: optax.GradientTransformationExtraArgs, params_def: Any,
-                  carry: _TrainCarry) -> _TrainCarry:
-    """The carry with its pending update applied, unless it would make a Param not finite
-    (then it and every later update are skipped; the first is recorded).
+                  skip_non_finite: bool, carry: _TrainCarry) -> _TrainCarry:
+    """The carry with its pending update applied, and the first update that makes a Param
+    not finite recorded; with ``skip_non_finite`` that update and every later one are
+    skipped.
 
-    The choice is a ``lax.cond``: on XLA:CPU a ``where`` over the Params and the
-    optimiser state makes one more pass over each. With the finiteness as a float
-    sum (:func:`_all_finite`): Adam, ES-D-RTRL on the benchmark GRU, an update every
-    step, 1.15 ms per step against 0.93.
+    The choices are ``lax.cond``: on XLA:CPU a ``where`` over the Params and the
+    optimiser state makes one more pass over each. To skip, the new Params are computed
+    before the choice (their finiteness decides it), which then passes one of two values
+    on; otherwise the choice is only whether an update is pending (none before the first
+    window), and its branch computes it.
     """
     tree = lambda leaves: jax.tree.unflatten(params_def, leaves)
-    updates, opt_state = tx.update(tree(carry.grads), carry.opt_state, tree(carry.params),
-                                   value=carry.value)
-    new_params = jax.tree.leaves(optax.apply_updates(tree(carry.params), updates))
-    bad = ~jnp.stack([_all_finite(p) for p in new_params])
-    first = carry.pending & (carry.bad_update_at < 0) & jnp.any(bad)
-    skip = ~carry.pending | (carry.bad_update_at >= 0) | first
-    params, opt_state = jax.lax.cond(skip, lambda: (carry.params, carry.opt_state),
-                                     lambda: (new_params, opt_state))
+
+    def updated() -> tuple[list[jax.Array], Any]:
+        updates, opt_state = tx.update(tree(carry.grads), carry.opt_state, tree(carry.params),
+                                       value=carry.value)
+        return jax.tree.leaves(optax.apply_updates(tree(carry.params), updates)), opt_state
+
+    not_finite = lambda params: ~jnp.stack([_all_finite(p) for p in params])
+    if skip_non_finite:
+        new_params, new_state = updated()
+        bad = not_finite(new_params)
+        first = carry.pending & (carry.bad_update_at < 0) & jnp.any(bad)
+        skip = ~carry.pending | (carry.bad_update_at >= 0) | first
+        params, opt_state = jax.lax.cond(skip, lambda: (carry.params, carry.opt_state),
+                                         lambda: (new_params, new_state))
+    else:
+        params, opt_state = jax.lax.cond(carry.pending, updated,
+                                         lambda: (carry.params, carry.opt_state))
+        bad = carry.pending & not_finite(params)
+        first = (carry.bad_update_at < 0) & jnp.any(bad)
     return carry._replace(params=params, opt_state=opt_state,
                           bad_update_at=jnp.where(first, carry.window_end, carry.bad_update_at),
                           bad_params=jnp.where(first, bad, carry.bad_params),
@@ -300,7 +318,8 @@ def _all_finite(a: jax.Array) -> jax.Array:
 
 def _train_window(entry: Entry, tx: optax.GradientTransformationExtraArgs,
                   loss_fn: Callable[[Any, Any], jax.Array], spec: LoopSpec, params_def: Any,
-                  carry: _TrainCarry, inputs: Any) -> tuple[_TrainCarry, jax.Array]:
+                  skip_non_finite: bool, carry: _TrainCarry, inputs: Any
+                  ) -> tuple[_TrainCarry, jax.Array]:
     """One window: the last window's update, then this window's gradient, accumulated online.
 
     The per-step loop leaves the window's last trace update pending; the next
@@ -311,7 +330,7 @@ def _train_window(entry: Entry, tx: optax.GradientTransformationExtraArgs,
     (D-RTRL on the benchmark GRU with an update every step: 27 ms/step instead of 4).
     """
     xw, yw, ww, sw, t_end = inputs
-    carry = _apply_update(tx, params_def, carry)
+    carry = _apply_update(tx, params_def, skip_non_finite, carry)
     ctx = LoopContext.build(entry.rules, loss_fn, carry.params)
     previous = finish_carry(ctx, carry.steps, carry.operands)
     step_carry, losses = run(ctx, spec, restart_sums(previous), xw, yw, ww, sw, finish=False)
@@ -327,7 +346,7 @@ GRAD_PROGRAM = jax.jit(grad_program, static_argnames=("entry", "loss_fn", "spec"
 """:func:`grad_program` under ``jax.jit`` (compiled once per entry, loss, loop and shapes)."""
 
 TRAIN_PROGRAM = jax.jit(train_program, static_argnames=("entry", "tx", "loss_fn", "update_every",
-                                                      "spec", "params_def"))
+                                                      "spec", "params_def", "skip_non_finite"))
 """:func:`train_program` under ``jax.jit``."""
 
 EVOLVE_PROGRAM = jax.jit(evolve_program, static_argnames=("entry",))

@@ -143,7 +143,7 @@ class OnlineTrainer(Checkpointable):
             entry, self.tx, self.loss_fn, self.update_every, spec,
             jax.tree.structure(nnx.state(learner.model, nnx.Param)), params,
             self._placed(self.opt_state), hidden, other, learner._checked_traces(entry), xs, ys,
-            weights, inputs)
+            weights, inputs, skip_non_finite=False)  # a non-finite update discards the call
         raise_if_update_not_finite(learner.graph.param_paths, host_array(out.losses),
                                    int(host_array(out.bad_update_at)), host_array(out.bad_params))
         learner.load_state({"params": out.params, "hidden": out.hidden, "other": out.other,
