@@ -126,8 +126,13 @@ def test_es_d_rtrl_trace_sizes_are_linear_in_neurons(make, num_states):
             (b, i), (b2, o) = r.x_shape, r.y_shape
             assert b == b2 == batch
             assert state.x.shape == (batch, i)
+            assert state.ones.shape == ()
+            if learner.rules.leader(r.index) is not None:  # ε_f is its leader's
+                assert state.f is None and state.f_power is None
+                expected += batch * i + 1
+                continue
             assert state.f.shape == (batch, o, num_states)
-            assert state.ones.shape == state.f_power.shape == ()
+            assert state.f_power.shape == ()
             expected += batch * (i + o * num_states) + 2
         else:  # elementwise (time constant): its trace is shaped like the hidden group
             (leaf,) = jax.tree.leaves(state)

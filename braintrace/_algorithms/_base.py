@@ -28,6 +28,12 @@ and, for the time-blocked loop (``K`` steps at once, see
   rounds of ``contribution`` then ``update`` with their terms summed, plus the
   relation's own share of the same-step gradient ``Σ_k xy_to_dw(x_k, dy_k)``.
 
+A rule whose state has a part that depends on ``D`` and ``Df`` only (ES-D-RTRL's
+``ε_f``) can let relations that share ``Df`` (``summed_outputs``) keep that part
+once, with ``own(state)`` (the state without it) and ``tie(own, leader)`` (the
+state again, that part the leader's); :class:`GraphRules` then stores ``own``
+and hands every function the tied state.
+
 :meth:`AbstractAlgorithm.rules` binds an algorithm to one compiled graph once,
 at compile time, and returns :class:`~braintrace._algorithms._graph_rules.GraphRules`:
 every relation's rule, the learning-signal and window hooks and the feedback
@@ -95,6 +101,8 @@ class RelationRule(NamedTuple):
     rules: Callable[[Relation], tuple[str, ...]]
     block_step: Callable[..., tuple[Any, Any]] | None = None
     block_finish: Callable[..., tuple[Any, Any]] | None = None
+    own: Callable[[Any], Any] | None = None
+    tie: Callable[[Any, Any], Any] | None = None
 
 
 class AbstractAlgorithm(abc.ABC):

@@ -45,7 +45,7 @@ from braintrace._algorithms._fast_signal import (
 from braintrace._algorithms._graph_rules import GraphRules
 from braintrace._algorithms._signals import NEW_STATE_SIGNAL
 from braintrace._algorithms._trace_algebra import merge_steps, mix_states, param_dtypes
-from braintrace._compiler import Approximation, ETraceGraph, InputRelation
+from braintrace._compiler import Approximation, ETraceGraph, InputRelation, summed_outputs
 
 __all__ = ["ESDRTRL", "ES_D_RTRL", "IOTerm", "IOTrace", "decay_from", "es_input_rule", "pp_prop"]
 
@@ -219,10 +219,32 @@ def es_input_rule(x_decay: float, f_decay: float, after_update: bool = False) ->
         bias = r.primitive.rule("xy_to_dw")(zeros, total.bias_signal, theta, **r.params)
         return jax.tree.map(jnp.add, dict(total.grad), bias)
 
+    def own(s: IOTrace) -> IOTrace:
+        """The state without its output side (``ε_f``, ``α_f^t``: functions of ``D``, ``Df``)."""
+        return s._replace(f=None, f_power=None)
+
+    def tie(s: IOTrace, leader: IOTrace) -> IOTrace:
+        """The state with the output side of a relation with the same ``Df``."""
+        return s._replace(f=leader.f, f_power=leader.f_power)
+
     block_step, block_finish = es_block_rules(f_update, x_decay, after_update)
     return RelationRule(init=init, update=update, contribution=contribution, finalize=finalize,
                         rules=lambda r: ("init_pp", "xy_to_dw"), block_step=block_step,
-                        block_finish=block_finish)
+                        block_finish=block_finish, own=own, tie=tie)
+
+
+def _shared_output_sides(graph: ETraceGraph) -> tuple[int | None, ...]:
+    """Per relation, the relation whose ``ε_f`` it shares: the same ``Df``
+    (``summed_outputs``) and the same trace dtype; empty when none does.
+
+    Both traces start at zero and follow ``ε_f ← α_f D ε_f + (1 - α_f) Df`` with the
+    group's ``D``, so they are equal at every step.
+    """
+    relations = graph.relations
+    dtype = lambda r: jnp.result_type(*param_dtypes(graph, r).values())
+    leaders = tuple(None if a is None or dtype(relations[a]) != dtype(relations[b]) else a
+                    for b, a in enumerate(summed_outputs(graph)))
+    return leaders if any(a is not None for a in leaders) else ()
 
 
 class ESDRTRL(AbstractAlgorithm):
@@ -246,6 +268,12 @@ class ESDRTRL(AbstractAlgorithm):
 
         \\text{term}^t = \\mathrm{xy\\_to\\_dw}\\Big(\\epsilon_x^{t},\\;
             \\sum_s \\frac{\\epsilon_f^{t}[\\dots, s]}{c_{t}}\\,\\delta^t[\\dots, s]\\Big).
+
+    Operations whose outputs are added before anything reads them (a spiking
+    layer's ``W_in x + W_rec z``) have the same ``Df``, so their ``ε_f`` are equal
+    at every step: the compiler finds them (``summed_outputs``) and the trace is
+    kept once, the second operation's ``ε_f`` and output factor being the first's
+    (``GraphRules.leaders``): the same gradients with less memory and work per step.
 
     Every Param keeps its trace (the GRU's reset-gate kernel included). The
     factorised traces are not additive, so with an operation with an input the
@@ -301,7 +329,9 @@ class ESDRTRL(AbstractAlgorithm):
                      else drtrl_rule(r, after_update=fast) for r in graph.relations)
 
     def rules(self, graph: ETraceGraph) -> GraphRules:
-        rules = super().rules(graph)
+        """The bound rules; operations whose outputs are added before anything reads them
+        (``summed_outputs``: the same ``Df``) keep one ``ε_f`` for both."""
+        rules = dataclasses.replace(super().rules(graph), leaders=_shared_output_sides(graph))
         if self._uses_fast(graph):
             return dataclasses.replace(rules, learning_signal=NEW_STATE_SIGNAL)
         return rules

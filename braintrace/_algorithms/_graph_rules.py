@@ -42,6 +42,11 @@ class GraphRules:
         window: What each window of windowed mode adds (DNI), or ``None``.
         supports_windowed: Whether windowed mode may be used.
         needs_window: Whether only windowed mode may be used (BPTT, DNI).
+        leaders: Per relation, the relation whose ``Df``-only part of the state it
+            shares (its rule's ``own``/``tie``; ``summed_outputs``), or ``None``;
+            empty: none shares. A sharing relation's stored state is ``own(state)``;
+            every rule function sees ``tie(own, leader's state)``, and in a block its
+            ``block_step`` output is the leader's (not stacked twice).
     """
 
     graph: ETraceGraph
@@ -54,6 +59,7 @@ class GraphRules:
     window: Any = None
     supports_windowed: bool = True
     needs_window: bool = False
+    leaders: tuple[int | None, ...] = ()
 
     # -- what the rules offer ------------------------------------------------------
 
@@ -101,6 +107,23 @@ class GraphRules:
                     f"`{prim.name}.register_etp_rules({missing[0]}=...)` (or the single-rule "
                     "`register_*` methods), or choose an algorithm that does not need them.")
 
+    # -- shared state parts ---------------------------------------------------------------
+
+    def leader(self, index: int) -> int | None:
+        """The relation whose ``Df``-only state part relation ``index`` shares, or ``None``."""
+        return self.leaders[index] if self.leaders else None
+
+    def _tied(self, state: Sequence[Any]) -> list[Any]:
+        """Every relation's whole state (a sharing relation's tied to its leader's)."""
+        return [s if self.leader(i) is None
+                else self.relation_rules[i].tie(s, state[self.leader(i)])
+                for i, s in enumerate(state)]
+
+    def _owned(self, state: Sequence[Any]) -> list[Any]:
+        """The states as stored (a sharing relation's without the shared part)."""
+        return [s if self.leader(i) is None else self.relation_rules[i].own(s)
+                for i, s in enumerate(state)]
+
     # -- the rules mapped over the relations ----------------------------------------------
 
     def signal(self, delta: Sequence[jax.Array], relation: Relation) -> jax.Array:
@@ -109,22 +132,23 @@ class GraphRules:
 
     def init(self, operands: Sequence[dict[str, jax.Array]]) -> list[Any]:
         """Each relation's zero trace state."""
-        return [rule.init(self.graph, r, theta)
-                for r, rule, theta in zip(self.relations, self.relation_rules, operands)]
+        return self._owned([rule.init(self.graph, r, theta)
+                            for r, rule, theta in zip(self.relations, self.relation_rules,
+                                                      operands)])
 
     def update(self, state: Sequence[Any], jac: Jacobians, rel_x: Sequence[jax.Array | None],
                operands: Sequence[dict[str, jax.Array]]) -> list[Any]:
         """``ε^{t-1} → ε^t`` for every relation."""
-        return [rule.update(r, s, jac.d[r.group], jac.df[r.index], x, theta)
-                for r, rule, s, x, theta in zip(self.relations, self.relation_rules, state,
-                                                rel_x, operands)]
+        return self._owned([rule.update(r, s, jac.d[r.group], jac.df[r.index], x, theta)
+                            for r, rule, s, x, theta in zip(self.relations, self.relation_rules,
+                                                            self._tied(state), rel_x, operands)])
 
     def contribution(self, state: Sequence[Any], delta: Sequence[jax.Array],
                      operands: Sequence[dict[str, jax.Array]]) -> list[Any]:
         """Every relation's temporal gradient term, from the per-leaf signal ``delta``."""
         return [rule.contribution(r, s, self.signal(delta, r), theta)
-                for r, rule, s, theta in zip(self.relations, self.relation_rules, state,
-                                             operands)]
+                for r, rule, s, theta in zip(self.relations, self.relation_rules,
+                                             self._tied(state), operands)]
 
     def finalize(self, summed: Sequence[Any],
                  operands: Sequence[dict[str, jax.Array]]) -> list[dict[str, jax.Array]]:
@@ -136,20 +160,29 @@ class GraphRules:
     def block_step(self, state: Sequence[Any], delta: Sequence[jax.Array],
                    jac: Jacobians) -> tuple[list[Any], list[Any]]:
         """One step of every ``block_step`` (the others' states, ``None`` here, pass through,
-        outputs ``None``)."""
+        outputs ``None``; a sharing relation's output is its leader's, ``None`` here too)."""
         out = []
-        for r, rule, s in zip(self.relations, self.relation_rules, state):
+        for r, rule, s in zip(self.relations, self.relation_rules, self._tied(state)):
             out.append((s, None) if rule.block_step is None else rule.block_step(
                 r, s, self.signal(delta, r), jac.d[r.group], jac.df[r.index]))
-        return [new for new, _ in out], [o for _, o in out]
+        outs = [None if self.leader(i) is not None else o for i, (_, o) in enumerate(out)]
+        return self._owned([new for new, _ in out]), outs
 
     def block_finish(self, state: Sequence[Any], steps: Sequence[BlockSteps],
                      operands: Sequence[dict[str, jax.Array]]) -> tuple[list[Any], list[Any]]:
         """``K`` steps of every relation at once: the traces after them and their summed terms.
 
-        ``steps`` holds one :class:`BlockSteps` per relation.
+        ``steps`` holds one :class:`BlockSteps` per relation (a sharing relation's with its
+        own part of the stepped state and no outputs: both are completed from its leader's).
         """
+        steps = list(steps)
+        for i, view in enumerate(steps):
+            lead = self.leader(i)
+            if lead is not None and view.stepped is not None:
+                steps[i] = view._replace(
+                    stepped=self.relation_rules[i].tie(view.stepped, steps[lead].stepped),
+                    outs=steps[lead].outs)
         out = [rule.block_finish(r, s, view, theta)
-               for r, rule, s, view, theta in zip(self.relations, self.relation_rules, state,
-                                                  steps, operands)]
-        return [new for new, _ in out], [term for _, term in out]
+               for r, rule, s, view, theta in zip(self.relations, self.relation_rules,
+                                                  self._tied(state), steps, operands)]
+        return self._owned([new for new, _ in out]), [term for _, term in out]

@@ -6,7 +6,8 @@ Jacobians, the operands of the traced operations), the structural unit
 patterns (``reach``, ``unit_patterns``), the jaxpr walks and phrases an
 algorithm uses to describe what it approximates (``feeding``, ``reached``,
 ``eqn_names``, ``operations``, ``params_phrase``), what keeps the fast learning
-signal from being exact (``fast_signal_obstacles``) and the model split helpers.
+signal from being exact (``fast_signal_obstacles``), which operations' outputs are
+added before anything reads them (``summed_outputs``) and the model split helpers.
 """
 
 from braintrace._compiler import _programs as programs
@@ -30,6 +31,7 @@ from braintrace._compiler._records import InputRelation as InputRelation
 from braintrace._compiler._records import Relation as Relation
 from braintrace._compiler._step import leaf_paths as leaf_paths
 from braintrace._compiler._step import split_model as split_model
+from braintrace._compiler._summed_outputs import summed_outputs as summed_outputs
 from braintrace._compiler._walk import feeding as feeding
 from braintrace._compiler._walk import is_var as is_var
 from braintrace._compiler._walk import reached as reached
@@ -43,4 +45,4 @@ __all__ = ["Approximation", "ETraceGraph", "ElementwiseRelation", "Exclusion", "
            "InputRelation", "Relation", "SignalObstacle", "StepLeaves", "batch_shards",
            "compile_graph",
            "eqn_names", "fast_signal_obstacles", "feeding", "is_var", "leaf_paths", "operations", "params_phrase", "programs", "reach", "reached",
-           "split_model", "splitting_batch", "unit_patterns"]
+           "split_model", "splitting_batch", "summed_outputs", "unit_patterns"]

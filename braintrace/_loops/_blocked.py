@@ -36,7 +36,8 @@ def stacked_bytes_per_step(rules: GraphRules) -> int:
     :func:`run_blocked` stacks per step and relation the input ``x`` and the same-step share
     ``dy`` (``y``-shaped; none with a signal that reads the new state, the fast signal,
     whose relations' share is in their updated traces); for a relation with a ``block_step``
-    its output (counted as one ``y``-shaped value, ES-D-RTRL's output factor ``d``), for the
+    its output (counted as one ``y``-shaped value, ES-D-RTRL's output factor ``d``; none for a
+    relation that shares its leader's, ``GraphRules.leaders``), for the
     others the learning signal (every group's states ``V·S``) and the Jacobians ``D``
     (``V·S²`` per group) and ``Df`` (``y·S`` per relation). Each counted in its hidden
     group's dtype; batch axes included.
@@ -57,11 +58,14 @@ def stacked_bytes_per_step(rules: GraphRules) -> int:
     itemsize = lambda g: np.dtype(g.dtype).itemsize
     stacks_dy = not rules.learning_signal.reads_new_state  # probed_loss_terms' dy
     total = 0
-    for r, rule in zip(rules.relations, rules.relation_rules):
+    for i, (r, rule) in enumerate(zip(rules.relations, rules.relation_rules)):
         g = groups[r.group]
         x = size(r.x_shape) if r.has_input else 0
         y = size(r.y_shape)
-        extra = y if rule.block_step is not None else y * g.num_states  # d, or Df
+        if rule.block_step is None:
+            extra = y * g.num_states  # Df
+        else:  # d, unless the relation's is its leader's
+            extra = y if rules.leader(i) is None else 0
         total += (x + (y if stacks_dy else 0) + extra) * itemsize(g)
     if rules.reads_stacked_steps:  # the signal and D
         total += sum(g.size * (g.num_states + g.num_states ** 2) * itemsize(g) for g in groups)
