@@ -158,17 +158,19 @@ def test_the_trainer_with_a_shared_output_trace_equals_the_unshared_one():
             np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
 
 
-def test_the_follower_stores_no_output_trace_and_stacks_no_output_factor():
+@pytest.mark.parametrize(("signal", "stacked"), [("exact", 2), ("fast", 1)])
+def test_the_follower_stores_no_output_trace_and_stacks_nothing_of_its_output(signal, stacked):
+    """Per step the follower stacks neither its output factor nor (exact signal) its ``dy``."""
     with jax.enable_x64(True):
-        _, shared = grads(Summed(), braintrace.ESDRTRL())
-        _, unshared = grads(Summed(), Unshared())
+        _, shared = grads(Summed(), braintrace.ESDRTRL(signal=signal))
+        _, unshared = grads(Summed(), Unshared(signal=signal))
         leader, follower = shared.traces[:2]
         assert follower.f is None and follower.f_power is None
         assert leader.f.shape == unshared.traces[1].f.shape == (B, H, 2)  # ALIF: two states
         np.testing.assert_array_equal(leader.f, unshared.traces[1].f)  # what it stands for
-        y_bytes = B * H * 8  # one float64 output factor per step
+        y_bytes = B * H * 8  # one float64 y-shaped value per step
         assert (stacked_bytes_per_step(unshared.rules) - stacked_bytes_per_step(shared.rules)
-                == y_bytes)
+                == stacked * y_bytes)
 
 
 def test_tying_relations_whose_df_differ_changes_the_gradient():

@@ -42,11 +42,13 @@ class GraphRules:
         window: What each window of windowed mode adds (DNI), or ``None``.
         supports_windowed: Whether windowed mode may be used.
         needs_window: Whether only windowed mode may be used (BPTT, DNI).
-        leaders: Per relation, the relation whose ``Df``-only part of the state it
-            shares (its rule's ``own``/``tie``; ``summed_outputs``), or ``None``;
-            empty: none shares. A sharing relation's stored state is ``own(state)``;
-            every rule function sees ``tie(own, leader's state)``, and in a block its
-            ``block_step`` output is the leader's (not stacked twice).
+        leaders: Per relation, the relation whose output its own is added to before
+            anything reads them (``summed_outputs``: the same ``Df`` and the same output
+            cotangent ``dy``), whose ``Df``-only part of the state it shares (its rule's
+            ``own``/``tie``), or ``None``; empty: none shares. A sharing relation's stored
+            state is ``own(state)``; every rule function sees ``tie(own, leader's
+            state)``, and in a block its ``block_step`` outputs and ``dy`` are the
+            leader's (not stacked twice).
     """
 
     graph: ETraceGraph
@@ -119,6 +121,11 @@ class GraphRules:
                 else self.relation_rules[i].tie(s, state[self.leader(i)])
                 for i, s in enumerate(state)]
 
+    def unshared(self, per_relation: Sequence[Any]) -> list[Any]:
+        """``per_relation`` with a sharing relation's entry ``None`` (its leader's stands for
+        it: a ``block_step`` output or ``dy`` to stack once)."""
+        return [None if self.leader(i) is not None else v for i, v in enumerate(per_relation)]
+
     def _owned(self, state: Sequence[Any]) -> list[Any]:
         """The states as stored (a sharing relation's without the shared part)."""
         return [s if self.leader(i) is None else self.relation_rules[i].own(s)
@@ -165,15 +172,15 @@ class GraphRules:
         for r, rule, s in zip(self.relations, self.relation_rules, self._tied(state)):
             out.append((s, None) if rule.block_step is None else rule.block_step(
                 r, s, self.signal(delta, r), jac.d[r.group], jac.df[r.index]))
-        outs = [None if self.leader(i) is not None else o for i, (_, o) in enumerate(out)]
-        return self._owned([new for new, _ in out]), outs
+        return self._owned([new for new, _ in out]), self.unshared([o for _, o in out])
 
     def block_finish(self, state: Sequence[Any], steps: Sequence[BlockSteps],
                      operands: Sequence[dict[str, jax.Array]]) -> tuple[list[Any], list[Any]]:
         """``K`` steps of every relation at once: the traces after them and their summed terms.
 
         ``steps`` holds one :class:`BlockSteps` per relation (a sharing relation's with its
-        own part of the stepped state and no outputs: both are completed from its leader's).
+        own part of the stepped state and no outputs or ``dy``: they are completed from its
+        leader's).
         """
         steps = list(steps)
         for i, view in enumerate(steps):
@@ -181,7 +188,7 @@ class GraphRules:
             if lead is not None and view.stepped is not None:
                 steps[i] = view._replace(
                     stepped=self.relation_rules[i].tie(view.stepped, steps[lead].stepped),
-                    outs=steps[lead].outs)
+                    outs=steps[lead].outs, dy=steps[lead].dy)
         out = [rule.block_finish(r, s, view, theta)
                for r, rule, s, view, theta in zip(self.relations, self.relation_rules,
                                                   self._tied(state), steps, operands)]

@@ -36,11 +36,11 @@ def stacked_bytes_per_step(rules: GraphRules) -> int:
     :func:`run_blocked` stacks per step and relation the input ``x`` and the same-step share
     ``dy`` (``y``-shaped; none with a signal that reads the new state, the fast signal,
     whose relations' share is in their updated traces); for a relation with a ``block_step``
-    its output (counted as one ``y``-shaped value, ES-D-RTRL's output factor ``d``; none for a
-    relation that shares its leader's, ``GraphRules.leaders``), for the
+    its output (counted as one ``y``-shaped value, ES-D-RTRL's output factor ``d``), for the
     others the learning signal (every group's states ``V·S``) and the Jacobians ``D``
-    (``V·S²`` per group) and ``Df`` (``y·S`` per relation). Each counted in its hidden
-    group's dtype; batch axes included.
+    (``V·S²`` per group) and ``Df`` (``y·S`` per relation). A relation that shares its
+    leader's output (``GraphRules.leaders``) stacks no ``dy`` and no output. Each counted in
+    its hidden group's dtype; batch axes included.
 
     Example:
         >>> import braintrace, jax.numpy as jnp
@@ -62,11 +62,12 @@ def stacked_bytes_per_step(rules: GraphRules) -> int:
         g = groups[r.group]
         x = size(r.x_shape) if r.has_input else 0
         y = size(r.y_shape)
+        shared = rules.leader(i) is not None  # its d and dy are its leader's
         if rule.block_step is None:
             extra = y * g.num_states  # Df
-        else:  # d, unless the relation's is its leader's
-            extra = y if rules.leader(i) is None else 0
-        total += (x + (y if stacks_dy else 0) + extra) * itemsize(g)
+        else:  # d
+            extra = 0 if shared else y
+        total += (x + (y if stacks_dy and not shared else 0) + extra) * itemsize(g)
     if rules.reads_stacked_steps:  # the signal and D
         total += sum(g.size * (g.num_states + g.num_states ** 2) * itemsize(g) for g in groups)
     return total
@@ -115,7 +116,7 @@ def _run_block(ctx: LoopContext, carry: ScanCarry, inputs: Any) -> tuple[ScanCar
             signal, stacked_jac = terms.signal, programs.jacobian_responses(graph, leaves)
         else:
             signal, stacked_jac = terms.signal, (list(jac.d), list(jac.df))
-        stacked = (signal, stacked_jac, terms.rel_x, terms.dy, outs)
+        stacked = (signal, stacked_jac, terms.rel_x, rules.unshared(terms.dy), outs)
         return (terms.hidden, terms.other, add_same_step(same, terms.same_step_rest),
                 stepped), (stacked, terms.loss)
 
