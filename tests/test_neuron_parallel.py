@@ -197,7 +197,7 @@ def test_errors_name_the_param_and_the_axis(measured):
     assert "'hidden'" in measured["errors"]["no_axis"]
 
 
-@pytest.mark.parametrize(("alg", "most"), [("d_rtrl", 0.45), ("es_d_rtrl", 0.6)])
+@pytest.mark.parametrize(("alg", "most"), [("d_rtrl", 0.45), ("es_d_rtrl", 0.7)])
 def test_temporary_memory_per_device_falls_with_the_split(measured, alg, most):
     """XLA's temporary buffers of ``etrace_grad`` per device on 4 devices against one.
 
@@ -205,6 +205,10 @@ def test_temporary_memory_per_device_falls_with_the_split(measured, alg, most):
     block's stacked Jacobians are used as they are, so they stay split by neuron; mapped
     through flat ``B·N`` positions, XLA gathered them whole onto every device (measured
     here: D-RTRL 0.80 of one device before, 0.41 now; ES-D-RTRL 0.52 before, 0.53 now).
+    Since ES-D-RTRL keeps one output-side trace for the summed inputs (``summed_outputs``)
+    it stacks two ``(B, N)`` values per step fewer, which split: one device 14,872 → 11,192
+    bytes, four 7,816 → 7,344, so the part that does not split (the 3 inputs' side,
+    scalars) weighs more: 0.66.
     """
     one, four = measured[f"temp/spiking/{alg}"]
     assert 0 < four <= most * one, (one, four, four / one)
