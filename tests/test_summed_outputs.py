@@ -182,3 +182,15 @@ def test_tying_relations_whose_df_differ_changes_the_gradient():
         assert learner.rules.leaders == ()
         assert max(float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
                    for a, b in zip(wrong, right)) > 1e-3
+
+
+def test_rules_that_cannot_share_refuse_a_leader():
+    """D-RTRL's rules define no ``own``/``tie``: a leader given to them is an error naming the
+    relation's Params (never a silently wrong trace)."""
+    with jax.enable_x64(True):
+        _, learner = grads(Summed(), braintrace.D_RTRL())
+        with pytest.raises(ValueError, match=r"Relation 1 \(trains .*'rec.kernel'.*own and tie"):
+            dataclasses.replace(learner.rules, leaders=(None, 0))
+        with pytest.raises(ValueError, match="2 entries for 3"):
+            dataclasses.replace(grads(ThreeInputs(), braintrace.ESDRTRL())[1].rules,
+                                leaders=(None, 0))

@@ -63,6 +63,25 @@ class GraphRules:
     needs_window: bool = False
     leaders: tuple[int | None, ...] = ()
 
+    def __post_init__(self) -> None:
+        """Checks ``leaders``: one entry per relation, each an earlier relation that shares
+        nothing itself, with rules that can share (``own`` and ``tie``)."""
+        if not self.leaders:
+            return
+        if len(self.leaders) != len(self.relation_rules):
+            raise ValueError(f"GraphRules.leaders has {len(self.leaders)} entries for "
+                             f"{len(self.relation_rules)} relations.")
+        for i, lead in enumerate(self.leaders):
+            if lead is None:
+                continue
+            rule = self.relation_rules[i]
+            if not (0 <= lead < i and self.leaders[lead] is None
+                    and rule.own is not None and rule.tie is not None):
+                raise ValueError(
+                    f"Relation {i} (trains {list(self.graph.relations[i].all_param_paths)}) "
+                    f"cannot share relation {lead}'s state: a leader comes earlier and "
+                    "shares nothing itself, and the rule must define own and tie.")
+
     # -- what the rules offer ------------------------------------------------------
 
     @property
