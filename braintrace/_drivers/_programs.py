@@ -173,9 +173,10 @@ class TrainResult(NamedTuple):
         other: The other Variables after the last step.
         traces: The traces after the last step.
         losses: Each step's loss, ``(T,)``.
-        bad_update_at: The last step of the first update that would have made a Param
-            not finite (that update and every later one were skipped), or ``-1``.
-        bad_params: Which Params that update would have made not finite.
+        bad_update_at: The last step of the first update that made (or, skipped, would
+            have made) a Param not finite, or ``-1``. With ``skip_non_finite`` (the default)
+            that update and every later one were skipped.
+        bad_params: Which Params that update made (would have made) not finite.
     """
 
     params: list[jax.Array]
@@ -197,7 +198,6 @@ class _TrainCarry(NamedTuple):
     bad_params: jax.Array
     grads: list[jax.Array]  # the last window's gradient, its update not yet applied
     value: jax.Array  # the last window's loss, given to ``tx`` as ``value=``
-    window_end: jax.Array  # the last step of that window
     pending: jax.Array  # whether ``grads`` wait to be applied (not before the first window)
 
 
@@ -245,13 +245,13 @@ def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
                         init_carry(ctx, hidden, other, traces, pending=spec.defers),
                         list(ctx.operands), jnp.asarray(-1, jnp.int32),
                         jnp.zeros((len(params),), bool), [jnp.zeros_like(p) for p in params],
-                        jnp.zeros((), dtype), jnp.asarray(-1, jnp.int32), jnp.zeros((), bool))
+                        jnp.zeros((), dtype), jnp.zeros((), bool))
     ends = jnp.arange(1, length // k + 1, dtype=jnp.int32) * k - 1
     window = functools.partial(_train_window, entry, tx, loss_fn, spec, params_def,
                                skip_non_finite)
     carry, losses = jax.lax.scan(window, carry, (*(jax.tree.map(split, a) for a in (
         xs, ys, weights, signal_inputs)), ends))
-    carry = _apply_update(tx, params_def, skip_non_finite, carry)
+    carry = _apply_update(tx, params_def, skip_non_finite, carry, length - 1)
     params, opt_state = carry.params, carry.opt_state
     steps = finish_carry(ctx, carry.steps, carry.operands)
     hidden, other, traces = steps.hidden, steps.other, steps.traces
@@ -263,10 +263,10 @@ def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
 
 
 def _apply_update(tx: optax.GradientTransformationExtraArgs, params_def: Any,
-                  skip_non_finite: bool, carry: _TrainCarry) -> _TrainCarry:
+                  skip_non_finite: bool, carry: _TrainCarry, ended: Any) -> _TrainCarry:
     """The carry with its pending update applied, and the first update that makes a Param
-    not finite recorded; with ``skip_non_finite`` that update and every later one are
-    skipped.
+    not finite recorded (as ``ended``, the last step of its window); with
+    ``skip_non_finite`` that update and every later one are skipped.
 
     The choices are ``lax.cond``: on XLA:CPU a ``where`` over the Params and the
     optimiser state makes one more pass over each. To skip, the new Params are computed
@@ -295,7 +295,7 @@ def _apply_update(tx: optax.GradientTransformationExtraArgs, params_def: Any,
         bad = carry.pending & not_finite(params)
         first = (carry.bad_update_at < 0) & jnp.any(bad)
     return carry._replace(params=params, opt_state=opt_state,
-                          bad_update_at=jnp.where(first, carry.window_end, carry.bad_update_at),
+                          bad_update_at=jnp.where(first, ended, carry.bad_update_at),
                           bad_params=jnp.where(first, bad, carry.bad_params),
                           pending=jnp.zeros((), bool))
 
@@ -330,7 +330,8 @@ def _train_window(entry: Entry, tx: optax.GradientTransformationExtraArgs,
     (D-RTRL on the benchmark GRU with an update every step: 27 ms/step instead of 4).
     """
     xw, yw, ww, sw, t_end = inputs
-    carry = _apply_update(tx, params_def, skip_non_finite, carry)
+    previous_end = t_end - ww.shape[0]  # the last step of the window whose update is pending
+    carry = _apply_update(tx, params_def, skip_non_finite, carry, previous_end)
     ctx = LoopContext.build(entry.rules, loss_fn, carry.params)
     previous = finish_carry(ctx, carry.steps, carry.operands)
     step_carry, losses = run(ctx, spec, restart_sums(previous), xw, yw, ww, sw, finish=False)
@@ -338,8 +339,7 @@ def _train_window(entry: Entry, tx: optax.GradientTransformationExtraArgs,
     step_weights = ww if ww.ndim == 1 else jnp.sum(ww, axis=-1)  # a (T, B) mask: per step
     value = jnp.sum(losses * step_weights.astype(losses.dtype))
     return carry._replace(steps=step_carry, operands=list(ctx.operands), grads=grads,
-                          value=value.astype(carry.value.dtype), window_end=t_end,
-                          pending=jnp.ones((), bool)), losses
+                          value=value.astype(carry.value.dtype), pending=jnp.ones((), bool)), losses
 
 
 GRAD_PROGRAM = jax.jit(grad_program, static_argnames=("entry", "loss_fn", "spec"))
