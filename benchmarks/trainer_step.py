@@ -8,9 +8,16 @@ input 64, batch 16), for D-RTRL and ES-D-RTRL, each over ``T`` steps:
 * ``trainer@1``: ``OnlineTrainer(optax.adam, update_every=1)``, an update every step
   (the Params change every step, so the per-step form);
 * ``trainer@32``: ``OnlineTrainer(update_every=32)`` (each window in one time block);
+* ``evolve``: ``learner.etrace_evolve``, the model's step and its trace update alone (no loss,
+  no gradient);
+* ``optimizer``: the optax update alone (``optax.adam``, ``update`` and ``apply_updates``)
+  on the model's Params, once per step in a ``scan``;
 
 median wall time per step over ``--repeats`` passes taken round-robin (a change of machine
-load hits every variant alike), and ratios to ``grad`` in the same run.
+load hits every variant alike), and ratios to ``grad`` in the same run. ``per_step_floor``
+is ``grad@1 + optimizer``: what an update every step runs at least, the per-step gradient
+(its Params change every step, so it cannot use time blocks) and the optimiser, with nothing
+of the trainer's own around them.
 
 Usage::
 
@@ -27,13 +34,36 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import jax
 import numpy as np
 import optax
+from flax import nnx
 from _models import FULL, QUICK, build, data, environment, mse, timed, write_json
 
 import braintrace
 
-VARIANTS = ("grad", "grad@1", "trainer@1", "trainer@32")
+VARIANTS = ("grad", "grad@1", "trainer@1", "trainer@32", "evolve", "optimizer")
+
+
+def optimizer_alone(model, tx, length: int):
+    """``run()``: ``tx``'s update alone on ``model``'s Params, once per step over ``length``.
+
+    The gradient is a cheap function of the Params (``1 + 10⁻³ p``), so the update cannot
+    be hoisted out of the loop.
+    """
+    params = nnx.state(model, nnx.Param)
+    opt_state = tx.init(params)
+
+    @jax.jit
+    def steps(params, opt_state):
+        def step(carry, _):
+            p, s = carry
+            updates, s = tx.update(jax.tree.map(lambda a: 1.0 + 1e-3 * a, p), s, p)
+            return (optax.apply_updates(p, updates), s), None
+
+        return jax.lax.scan(step, (params, opt_state), None, length=length)[0]
+
+    return lambda: steps(params, opt_state)
 
 
 def prepare(model_name: str, method: str, cfg: dict, xs, ys) -> dict:
@@ -43,7 +73,11 @@ def prepare(model_name: str, method: str, cfg: dict, xs, ys) -> dict:
         model = build(model_name, cfg["inputs"], cfg["hidden"], cfg["outputs"], cfg["batch"])
         learner = braintrace.compile(model, method, xs[0], batch_size=cfg["batch"])
         kind, _, every = variant.partition("@")
-        if kind == "grad":
+        if kind == "evolve":
+            runs[variant] = lambda lr=learner: lr.etrace_evolve(xs)
+        elif kind == "optimizer":
+            runs[variant] = optimizer_alone(model, optax.adam(1e-3), xs.shape[0])
+        elif kind == "grad":
             block = None if not every else int(every)
             runs[variant] = lambda lr=learner, b=block: lr.etrace_grad(xs, ys, mse, block_size=b)
         else:
@@ -64,6 +98,8 @@ def measure(model_name: str, method: str, cfg: dict, length: int, repeats: int) 
     grad = float(np.median(times["grad"]))
     out = {v: {"step_us": float(np.median(t)), "min_us": float(np.min(t)),
                "ratio_to_grad": float(np.median(t)) / grad} for v, t in times.items()}
+    floor = out["grad@1"]["step_us"] + out["optimizer"]["step_us"]
+    out["per_step_floor"] = {"step_us": floor, "ratio_to_grad": floor / grad}
     print(model_name, method, {v: round(r["ratio_to_grad"], 2) for v, r in out.items()},
           flush=True)
     return out
@@ -76,9 +112,10 @@ def plot(results: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     rows = [(m, a) for m in results["models"] for a in results["models"][m]]
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    width = 0.8 / len(VARIANTS)
-    for i, v in enumerate(VARIANTS):
+    bars = (*VARIANTS, "per_step_floor")
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    width = 0.8 / len(bars)
+    for i, v in enumerate(bars):
         ax.bar([j + i * width for j in range(len(rows))],
                [results["models"][m][a][v]["ratio_to_grad"] for m, a in rows], width, label=v)
     ax.axhline(2.0, color="grey", lw=0.8, ls="--")

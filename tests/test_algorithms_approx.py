@@ -12,6 +12,7 @@
 """
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +23,13 @@ import reference_models as S
 import braintrace
 from braintrace._algorithms import get_algorithm
 from braintrace._algorithms._eprop import feedback_equations, random_feedback_operands
-from braintrace._algorithms._es_d_rtrl import IOTrace, decay_from
+from braintrace._algorithms._es_d_rtrl import (
+    IOTerm,
+    IOTrace,
+    decay_from,
+    es_input_rule,
+    x_free_part,
+)
 from braintrace._compiler import StepLeaves, programs, split_model
 
 
@@ -90,6 +97,54 @@ def test_es_d_rtrl_follows_its_equations():
     # the approximation is real here: this is not the BPTT gradient
     bptt = S.leaves(S.bptt_grads(S.randomize_hidden(S.DenseLeaky(2, 1)), xs, ys))
     assert np.max(np.abs(bptt["w/value"] - want["w"])) > 1e-2 * np.max(np.abs(want["w"]))
+
+
+def _products_of_shape(shape: tuple[int, ...], fn, *args) -> int:
+    """Products with a ``shape`` result in the program XLA compiles for ``fn`` (after its
+    dead-code elimination)."""
+    dims = ",".join(map(str, shape))
+    pattern = rf"= f(32|64)\[{dims}\]\{{[0-9,]*\}} dot\("
+    return len(re.findall(pattern, jax.jit(fn).lower(*args).compile().as_text()))
+
+
+def test_the_bias_correction_forms_no_product_with_zeros():
+    """ES-D-RTRL's ``finalize`` maps the bias signal ``Σ_t (ε_1 - 1)·d`` through the x-free
+    part of a dense layer's ``xy_to_dw``, the bias's ``Σ d``: no kernel product with
+    ``x = 0`` is compiled (XLA would compute it, once per update in ``OnlineTrainer``).
+    Negative control: the whole rule at ``x = 0`` has that product."""
+    from flax import nnx
+
+    from braintrace import layers
+    model = nnx.Sequential(layers.ETPLinear(3, 4, rngs=nnx.Rngs(0)), layers.LIF(4))
+    braintrace.init_states(model, 2)
+    graph = braintrace.compile_graph(model, jnp.ones((2, 3)))
+    (r,) = graph.input_relations
+    theta = programs.operands(graph, jax.tree.leaves(split_model(model)[1]))[r.index]
+    xy_to_dw = r.primitive.rule("xy_to_dw")
+    d = jax.random.normal(jax.random.key(0), (2, 4))
+    part = x_free_part(xy_to_dw, r.x_shape, d, theta, r.params)
+    whole = xy_to_dw(jnp.zeros(r.x_shape), d, theta, **r.params)
+    assert set(part) == {"bias"} and set(whole) == {"kernel", "bias"}
+    np.testing.assert_allclose(part["bias"], whole["bias"], rtol=1e-15)
+    np.testing.assert_allclose(part["bias"], d.sum(0), rtol=1e-12)
+    kernel = theta["kernel"].shape
+    grad = {"kernel": jnp.ones(kernel), "bias": jnp.ones(4)}
+    finalize = lambda d: es_input_rule(0.5, 0.5).finalize(r, IOTerm(grad, d), theta)
+    np.testing.assert_allclose(finalize(d)["bias"], 1.0 + d.sum(0), rtol=1e-12)
+    np.testing.assert_array_equal(finalize(d)["kernel"], grad["kernel"])
+    assert _products_of_shape(kernel, finalize, d) == 0
+    whole = lambda d: xy_to_dw(jnp.zeros(r.x_shape), d, theta, **r.params)
+    assert _products_of_shape(kernel, whole, d) == 1
+
+
+def test_x_free_part_leaves_out_every_entry_computed_from_x():
+    """An entry that reads ``x`` is left out even where it is not zero at ``x = 0``; one
+    that does not, and a constant, are kept."""
+    rule = lambda x, d, theta: {"bias": d.sum(0), "kernel": x.T @ d, "shifted": (x + 1.0).sum() * d,
+                         "constant": jnp.ones(3)}
+    part = x_free_part(rule, (2, 3), jnp.ones((2, 3)), {}, {})
+    assert set(part) == {"bias", "constant"}
+    np.testing.assert_array_equal(part["bias"], [2.0, 2.0, 2.0])
 
 
 @pytest.mark.parametrize("algorithm", [

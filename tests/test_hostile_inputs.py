@@ -185,6 +185,26 @@ def test_trainer_update_to_non_finite_params_is_an_error_naming_the_param():
     assert_same(before, snapshot(learner, trainer))
 
 
+def test_trainer_names_the_first_update_to_non_finite_params_not_the_last():
+    """The trainer checks the Params once, after the last update, and only on failure runs
+    the call again, checked after every update: the error names the first bad update
+    (after step 1, ``out.kernel`` alone), not the state at the end (every Param after step 7,
+    the NaN spread by the later updates)."""
+    xs, ys = data(8)
+    learner = warmed(leaky())
+    kernel_out = lambda params: jax.tree_util.tree_map_with_path(
+        lambda path, _: "out" in jax.tree_util.keystr(path)
+        and "kernel" in jax.tree_util.keystr(path), params)
+    tx = optax.chain(optax.sgd(0.1), optax.masked(optax.scale(jnp.inf), kernel_out))
+    trainer = braintrace.OnlineTrainer(learner, tx, loss_fn=mse, update_every=2)
+    before = snapshot(learner, trainer)
+    with pytest.raises(FloatingPointError,
+                       match=r"update after time step 1 of this call made Param 'out.kernel' "
+                             r"not finite although"):
+        trainer.step(xs, ys)
+    assert_same(before, snapshot(learner, trainer))
+
+
 # -- 4. reset on a per-sample learner; a failed reset changes nothing ---------------------------
 
 def test_reset_gives_a_per_sample_learner_a_batch_axis():

@@ -45,9 +45,17 @@ from braintrace._algorithms._fast_signal import (
 from braintrace._algorithms._graph_rules import GraphRules
 from braintrace._algorithms._signals import NEW_STATE_SIGNAL
 from braintrace._algorithms._trace_algebra import merge_steps, mix_states, param_dtypes
-from braintrace._compiler import Approximation, ETraceGraph, InputRelation, summed_outputs
+from braintrace._compiler import (
+    Approximation,
+    ETraceGraph,
+    InputRelation,
+    is_var,
+    reached,
+    summed_outputs,
+)
 
-__all__ = ["ESDRTRL", "ES_D_RTRL", "IOTerm", "IOTrace", "decay_from", "es_input_rule", "pp_prop"]
+__all__ = ["ESDRTRL", "ES_D_RTRL", "IOTerm", "IOTrace", "decay_from", "es_input_rule", "pp_prop",
+           "x_free_part"]
 
 
 def decay_from(decay_or_rank: float) -> float:
@@ -178,6 +186,35 @@ def es_block_rules(f_update, x_decay: float, after_update: bool = False):
     return block_step, block_finish
 
 
+def x_free_part(xy_to_dw: Any, x_shape: tuple[int, ...], signal: jax.Array,
+                theta: dict[str, jax.Array], params: dict[str, Any]) -> dict[str, jax.Array]:
+    """The entries of ``xy_to_dw(x, signal)`` that do not depend on ``x`` (a bias's).
+
+    ``xy_to_dw`` is evaluated at ``x = 0`` and the entries computed from ``x`` (found in
+    its jaxpr) are left out: they hold the products with ``x``, which vanish there, and
+    left in they would still be computed (XLA does not fold a product with a zero
+    operand: once per optimiser update in ``OnlineTrainer``, a ``(B, I)ᵀ(B, O)`` product
+    per dense layer).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> def xy_to_dw(x, d, theta):  # a dense layer's: kernel xᵀd, bias Σ d
+        ...     return {"kernel": x.T @ d, "bias": d.sum(0)}
+        >>> part = x_free_part(xy_to_dw, (2, 3), jnp.ones((2, 4)), {}, {})
+        >>> list(part), part["bias"].tolist()
+        (['bias'], [2.0, 2.0, 2.0, 2.0])
+    """
+    zeros = jnp.zeros(x_shape, signal.dtype)
+    at = lambda x: xy_to_dw(x, signal, theta, **params)
+    closed, out_shape = jax.make_jaxpr(at, return_shape=True)(zeros)
+    from_x = reached(closed.jaxpr, closed.jaxpr.invars)[0]
+    keys = jax.tree.structure(out_shape).unflatten(
+        [is_var(v) and v in from_x for v in closed.jaxpr.outvars])
+    values = at(zeros)
+    return {key: values[key] for key in values
+            if not any(jax.tree.leaves(keys[key]))}
+
+
 def es_input_rule(x_decay: float, f_decay: float, after_update: bool = False) -> RelationRule:
     """The ES-D-RTRL rule of an operation with an input, for ``α_x`` and ``α_f``
     (``after_update``: its time-blocked form reads the fast signal, see :func:`es_block_rules`)."""
@@ -215,9 +252,10 @@ def es_input_rule(x_decay: float, f_decay: float, after_update: bool = False) ->
                       bias_signal=(s.ones - 1.0) * d)
 
     def finalize(r: InputRelation, total: IOTerm, theta) -> dict:
-        zeros = jnp.zeros(r.x_shape, total.bias_signal.dtype)
-        bias = r.primitive.rule("xy_to_dw")(zeros, total.bias_signal, theta, **r.params)
-        return jax.tree.map(jnp.add, dict(total.grad), bias)
+        bias = x_free_part(r.primitive.rule("xy_to_dw"), r.x_shape, total.bias_signal, theta,
+                           r.params)
+        return {key: value + bias[key] if key in bias else value
+                for key, value in total.grad.items()}
 
     def own(s: IOTrace) -> IOTrace:
         """The state without its output side (``ε_f``, ``α_f^t``: functions of ``D``, ``Df``)."""

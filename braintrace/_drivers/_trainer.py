@@ -8,6 +8,7 @@ runs the program under ``jax.jit`` and writes the results back with
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -139,13 +140,23 @@ class OnlineTrainer(Checkpointable):
             inputs = None if inputs is None else learner._place_inputs(entry, inputs)
         block_size = None if self.blocked is None else (None if self.blocked else 1)
         spec = window_loop(entry, self.update_every, block_size)
-        out: TrainResult = TRAIN_PROGRAM(
-            entry, self.tx, self.loss_fn, self.update_every, spec,
+        run = functools.partial(
+            TRAIN_PROGRAM, entry, self.tx, self.loss_fn, self.update_every, spec,
             jax.tree.structure(nnx.state(learner.model, nnx.Param)), params,
             self._placed(self.opt_state), hidden, other, learner._checked_traces(entry), xs, ys,
-            weights, inputs, skip_non_finite=False)  # a non-finite update discards the call
+            weights, inputs)
+        # Every update applied, the Params checked after the last: a non-finite update
+        # discards the call, and only then is it run again, checked after every update, to
+        # name the first one.
+        out: TrainResult = run(skip_non_finite=False)
+        bad_update_at, bad_params = int(host_array(out.bad_update_at)), out.bad_params
+        if bad_update_at >= 0:
+            checked: TrainResult = run(skip_non_finite=True)
+            if int(host_array(checked.bad_update_at)) >= 0:
+                bad_update_at = int(host_array(checked.bad_update_at))
+                bad_params = checked.bad_params
         raise_if_update_not_finite(learner.graph.param_paths, host_array(out.losses),
-                                   int(host_array(out.bad_update_at)), host_array(out.bad_params))
+                                   bad_update_at, host_array(bad_params))
         learner.load_state({"params": out.params, "hidden": out.hidden, "other": out.other,
                             "traces": out.traces})
         self.opt_state = out.opt_state
