@@ -37,8 +37,8 @@ sys.path.insert(0, HERE)
 import jax
 import numpy as np
 import optax
-from flax import nnx
 from _models import FULL, QUICK, build, data, environment, mse, timed, write_json
+from flax import nnx
 
 import braintrace
 

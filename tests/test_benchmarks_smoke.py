@@ -215,3 +215,21 @@ def test_published_ours_only_quick_writes_times_cosines_and_exits_2_without_a_ve
     assert set(fast["cosine_per_param"]) == set(methods["bptt"]["cosine_per_param"])
     assert finite(fast["ms_per_step"]) and fast["ms_per_step"] > 0
     assert finite(fast["ratio_to_our_bptt"])
+
+
+def test_trainer_step_quick_writes_ratios_and_the_per_step_floor(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "trainer_step.py"), "--quick",
+         "--repeats", "2", "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
+        timeout=600, check=False)
+    assert proc.returncode == 0, f"trainer_step --quick failed:\n{(proc.stdout + proc.stderr)[-4000:]}"
+    assert (tmp_path / "trainer_step.png").stat().st_size > 0
+    payload = json.loads((tmp_path / "trainer_step.json").read_text())
+    for model in ("gru", "snn"):
+        for method in ("d_rtrl", "es_d_rtrl"):
+            row = payload["models"][model][method]
+            for variant in payload["variants"]:
+                assert finite(row[variant]["step_us"]) and row[variant]["step_us"] > 0, variant
+            assert row["grad"]["ratio_to_grad"] == pytest.approx(1.0)
+            floor = row["grad@1"]["step_us"] + row["optimizer"]["step_us"]
+            assert row["per_step_floor"]["step_us"] == pytest.approx(floor)
