@@ -191,10 +191,10 @@ def x_free_part(xy_to_dw: Any, x_shape: tuple[int, ...], signal: jax.Array,
     """The entries of ``xy_to_dw(x, signal)`` that do not depend on ``x`` (a bias's).
 
     ``xy_to_dw`` is evaluated at ``x = 0`` and the entries computed from ``x`` (found in
-    its jaxpr) are left out: they hold the products with ``x``, which vanish there, and
-    left in they would still be computed (XLA does not fold a product with a zero
-    operand: once per optimiser update in ``OnlineTrainer``, a ``(B, I)ᵀ(B, O)`` product
-    per dense layer).
+    its jaxpr) are left out, whatever their value there. Where ``xy_to_dw`` is linear in
+    ``x`` (a kernel's ``xᵀd``) they vanish at ``x = 0``; left in, they would still be
+    computed (XLA does not fold a product with a zero operand: once per optimiser update
+    in ``OnlineTrainer``, a ``(B, I)ᵀ(B, O)`` product per dense layer).
 
     Example:
         >>> import jax.numpy as jnp
