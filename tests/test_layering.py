@@ -21,6 +21,7 @@ LAYERS = {
     "braintrace._version": 0,
     "braintrace._arguments": 0,
     "braintrace._hidden": 0,
+    "braintrace._platform": 0,
     "braintrace._primitives": 0,
     "braintrace._compiler": 1,
     "braintrace._algorithms": 2,

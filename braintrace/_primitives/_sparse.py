@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from braintrace._platform import by_platform
 from braintrace._primitives._register import register_pair
 from braintrace._primitives._rules import (
     ETPRules,
@@ -236,18 +237,27 @@ def sparse_dt_to_t(d, trace, *, connectivity: Connectivity, **params) -> dict[st
 
 
 def sparse_contract(d, trace, *, connectivity: Connectivity, **params) -> dict[str, jax.Array]:
-    """``Σ_lead sparse_dt_to_t(d, trace)``, summed a group of rows at a time."""
+    """``Σ_lead sparse_dt_to_t(d, trace)``: on the CPU summed a group of rows at a time
+    (``sum_rows``), elsewhere as one reduction over the rows that XLA fuses with the scaling
+    (``platform.by_platform``)."""
     out = {}
     for key, value in trace.items():
+        scale = functools.partial(_scale_one, key=key, connectivity=connectivity, **params)
         lead = jnp.broadcast_shapes(d.shape[:-1], value.shape[:-1])
         if not lead:
-            out[key] = sparse_dt_to_t(d, {key: value}, connectivity=connectivity, **params)[key]
+            out[key] = scale(d, value)
             continue
         d2 = jnp.broadcast_to(d, (*lead, d.shape[-1])).reshape(-1, d.shape[-1])
         t2 = jnp.broadcast_to(value, (*lead, value.shape[-1])).reshape(-1, value.shape[-1])
-        out[key] = sum_rows(lambda dr, tr, key=key: sparse_dt_to_t(
-            dr, {key: tr}, connectivity=connectivity, **params)[key], d2, t2)
+        out[key] = by_platform(cpu=functools.partial(sum_rows, scale),
+                               accelerator=lambda d2, t2: jnp.sum(scale(d2, t2), axis=0))(d2, t2)
     return out
+
+
+def _scale_one(d: jax.Array, value: jax.Array, *, key: str, connectivity: Connectivity,
+               **params) -> jax.Array:
+    """:func:`sparse_dt_to_t` of the one trace ``value`` of Param ``key``."""
+    return sparse_dt_to_t(d, {key: value}, connectivity=connectivity, **params)[key]
 
 
 SPARSE_RULES = ETPRules(

@@ -24,6 +24,7 @@ this one (``_sparse.py``); its own JVP follows from this JVP.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -31,6 +32,8 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
+from braintrace._platform import by_platform
+from braintrace._primitives import _sparse_accelerator as accelerator
 from braintrace._primitives._sparse_kernels import pullback, slot_product, sum_rows
 
 __all__ = ["product", "sparse_product_p", "weight_pullback"]
@@ -70,9 +73,17 @@ def _whole_inputs(x: jax.Array) -> jax.Array:
 
 
 def product(x: jax.Array, weight: jax.Array, connectivity: Any) -> jax.Array:
-    """``y (R, O)`` for ``x (R, I)`` in plain JAX: the slot sum over the connections grouped
-    by output, or (fan-ins too uneven to group) a ``segment_sum`` over ``post``."""
-    x = _whole_inputs(x)
+    """``y (R, O)`` for ``x (R, I)`` in plain JAX: on the CPU the slot sum over the
+    connections grouped by output, or (fan-ins too uneven to group) a ``segment_sum`` over
+    ``post``; elsewhere ``_sparse_accelerator.product``."""
+    return by_platform(cpu=functools.partial(_cpu_product, connectivity=connectivity),
+                       accelerator=functools.partial(accelerator.product,
+                                                     connectivity=connectivity)
+                       )(_whole_inputs(x), weight)
+
+
+def _cpu_product(x: jax.Array, weight: jax.Array, connectivity: Any) -> jax.Array:
+    """:func:`product` on the CPU."""
     if connectivity.by_output is not None:
         return slot_product(x, weight, connectivity.by_output)
     contrib = jnp.take(x, connectivity.pre, axis=-1) * weight
@@ -83,15 +94,23 @@ def product(x: jax.Array, weight: jax.Array, connectivity: Any) -> jax.Array:
 def weight_pullback(x: jax.Array, d: jax.Array, connectivity: Any) -> jax.Array:
     """``dw[k] = Σ_r x[r, pre[k]]·d[r, post[k]]`` for ``x (R, I)``, ``d (R, O)``: ``(nnz,)``.
 
-    Summed a group of rows at a time (never ``R × nnz`` values at once). Where
-    ``R·nnz ≥ I·O`` (dense-like, many rows) it is ``(xᵀ d)[pre, post]``, one
-    matrix product and a gather, faster on CPU.
+    Where ``R·nnz ≥ I·O`` (dense-like, many rows) it is ``(xᵀ d)[pre, post]``, one
+    matrix product and a gather. Otherwise, on the CPU, summed a group of rows at a time
+    (never ``R × nnz`` values at once); elsewhere ``_sparse_accelerator.weight_pullback``.
     """
     conn = connectivity
     x = _whole_inputs(x)
     if x.shape[0] * conn.nnz >= conn.num_in * conn.num_out:
         outer = jnp.matmul(x.T, d, precision=jax.lax.Precision.HIGHEST)
         return outer[conn.pre, conn.post]
+    return by_platform(cpu=functools.partial(_cpu_weight_pullback, connectivity=conn),
+                       accelerator=functools.partial(accelerator.weight_pullback,
+                                                     connectivity=conn))(x, d)
+
+
+def _cpu_weight_pullback(x: jax.Array, d: jax.Array, connectivity: Any) -> jax.Array:
+    """:func:`weight_pullback` on the CPU, below the dense-like size."""
+    conn = connectivity
     if conn.by_output is not None:
         return pullback(x, d, conn.by_output)
     return sum_rows(lambda xr, dr: jnp.take(xr, conn.pre) * jnp.take(dr, conn.post), x, d)
@@ -106,8 +125,13 @@ def _abstract_eval(x: Any, weight: Any, *, connectivity: Any) -> jax.core.Shaped
 
 
 def _x_transpose(ct: jax.Array, x: Any, weight: jax.Array, *, connectivity: Any) -> jax.Array:
+    """On the CPU the same product over the transposed connectivity; elsewhere a scatter-add
+    (``_sparse_accelerator.transposed_product``)."""
     del x
-    return sparse_product_p.bind(ct, weight, connectivity=connectivity.transposed)
+    transposed = lambda ct, w: sparse_product_p.bind(ct, w, connectivity=connectivity.transposed)
+    return by_platform(cpu=transposed,
+                       accelerator=functools.partial(accelerator.transposed_product,
+                                                     connectivity=connectivity))(ct, weight)
 
 
 def _w_transpose(ct: jax.Array, x: jax.Array, weight: Any, *, connectivity: Any) -> jax.Array:

@@ -1,0 +1,85 @@
+"""Formulations chosen by the backend a program is lowered for.
+
+The same sum can be written in ways that one XLA backend runs well and another
+badly. XLA:CPU walks a reduction over a leading axis with a stride, fuses index
+arithmetic into every element of a large consumer, and runs a gather of single
+elements as cheaply as a load; XLA:TPU (and GPU) run reductions and broadcasts
+as vector operations, but a gather of single elements one at a time (measured on
+a TPU v5e: 84 µs to spread 4,096 values over 12,288 positions, against well
+under a microsecond as a reshape and a broadcast). :func:`by_platform` keeps
+both formulations of one computation and lets JAX pick one when the program is
+lowered (``jax.lax.platform_dependent``): a program lowered for the CPU holds
+only the CPU formulation, one lowered for an accelerator only the other. Both
+are pure JAX, so the tests compare them on the CPU: :func:`formulation` makes
+every :func:`by_platform` take one of them whatever the backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+
+__all__ = ["FORMULATIONS", "by_platform", "formulation"]
+
+FORMULATIONS = ("cpu", "accelerator")
+"""The formulations :func:`by_platform` chooses between."""
+
+_forced: list[str] = []
+"""The formulation :func:`formulation` imposes (innermost last); empty: by backend."""
+
+
+@contextlib.contextmanager
+def formulation(name: str) -> Iterator[None]:
+    """Within the block, every :func:`by_platform` function runs its ``name`` formulation.
+
+    For comparing the two formulations on one backend (the tests run the accelerator
+    formulation on the CPU, in float64, against the CPU one). JAX's caches of traced
+    programs are cleared on entry and exit, so a program traced inside is not reused
+    outside, nor one traced outside inside.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from braintrace._platform import by_platform, formulation
+        >>> which = by_platform(cpu=lambda a: a, accelerator=lambda a: -a)
+        >>> with formulation("accelerator"):
+        ...     float(jax.jit(which)(jnp.ones(())))
+        -1.0
+    """
+    if name not in FORMULATIONS:
+        raise ValueError(f"formulation must be one of {FORMULATIONS}, got {name!r}.")
+    jax.clear_caches()
+    _forced.append(name)
+    try:
+        yield
+    finally:
+        _forced.pop()
+        jax.clear_caches()
+
+
+def by_platform(cpu: Callable[..., Any], accelerator: Callable[..., Any]) -> Callable[..., Any]:
+    """A function that runs ``cpu`` in programs lowered for the CPU, ``accelerator`` elsewhere.
+
+    Both must take the same arguments (arrays or pytrees of arrays) and return the same
+    shapes and dtypes. Static configuration goes into the functions themselves
+    (``functools.partial``), not into the arguments.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from braintrace._platform import by_platform
+        >>> total = by_platform(cpu=lambda a: jnp.ones(a.shape[0]) @ a,
+        ...                     accelerator=lambda a: jnp.sum(a, axis=0))
+        >>> jax.jit(total)(jnp.arange(6.0).reshape(3, 2)).tolist()
+        [6.0, 9.0]
+    """
+
+    @functools.wraps(accelerator)
+    def run(*args: Any) -> Any:
+        if _forced:
+            return (cpu if _forced[-1] == "cpu" else accelerator)(*args)
+        return jax.lax.platform_dependent(*args, cpu=cpu, default=accelerator)
+
+    return run

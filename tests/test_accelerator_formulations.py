@@ -1,0 +1,195 @@
+"""The formulations chosen for accelerators, against the CPU ones and dense oracles (float64).
+
+``braintrace._platform.by_platform`` keeps two formulations of one computation and lets
+the lowering pick one. The CPU suite runs the accelerator formulation too
+(``formulation('accelerator')``), so every one is checked here:
+
+* the sparse sums of ``_sparse_accelerator.py`` (product, the cotangent of ``x``, the
+  weight pullback over few and many rows and over groups of rows, ``contract``) against the
+  masked dense map, for every connectivity layout;
+* a hidden map spread by reshapes (``FlatMap``) equals its gather;
+* whole learners (D-RTRL and ES-D-RTRL, blocked and per step, on a GRU and on the sparse
+  ALIF network of ``benchmarks/scale.py``, and BPTT through the sparse layer) give the same
+  gradients under both formulations;
+* a program lowered for a TPU holds only the accelerator formulation (cross-platform
+  lowering, no TPU needed): no element gathers in a GRU's D-RTRL step, no slot loop in the
+  sparse product.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from helpers import mse
+from test_sparse_layouts import KINDS, _case
+
+import braintrace
+from braintrace import layers
+from braintrace._compiler._index_maps import FlatMap
+from braintrace._platform import by_platform, formulation
+from braintrace._primitives import _sparse_accelerator as accelerator
+from braintrace._primitives._rules import sum_leading
+from braintrace._primitives._sparse import SPARSE_RULES, Connectivity
+
+TOL = 1e-12
+
+
+@pytest.fixture
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+def test_by_platform_runs_one_formulation_per_lowering():
+    pick = by_platform(cpu=lambda a: a + 1.0, accelerator=lambda a: a - 1.0)
+    traced = jax.jit(pick).trace(jnp.zeros(()))
+    assert float(jax.jit(pick)(jnp.zeros(()))) == 1.0  # this suite runs on the CPU
+    assert "subtract" in traced.lower(lowering_platforms=("tpu",)).as_text()
+    assert "subtract" not in traced.lower(lowering_platforms=("cpu",)).as_text()
+    with formulation("accelerator"):
+        assert float(jax.jit(pick)(jnp.zeros(()))) == -1.0
+    assert float(jax.jit(pick)(jnp.zeros(()))) == 1.0  # nothing traced inside is reused
+    with pytest.raises(ValueError, match="formulation must be one of"):
+        with formulation("gpu"):
+            pass
+
+
+@pytest.mark.parametrize("rows", (3, 19))
+@pytest.mark.parametrize("kind", KINDS)
+def test_accelerator_sparse_sums_equal_the_dense_map(x64, monkeypatch, kind, rows):
+    conn, weight, dense, x, d = _case(kind, rows)
+    np.testing.assert_allclose(accelerator.product(x, weight, conn), x @ dense, rtol=TOL,
+                               atol=TOL)
+    np.testing.assert_allclose(accelerator.transposed_product(d, weight, conn), d @ dense.T,
+                               rtol=TOL, atol=TOL)
+    expected = (x.T @ d)[conn.pre, conn.post]
+    np.testing.assert_allclose(accelerator.weight_pullback(x, d, conn), expected, rtol=TOL,
+                               atol=TOL)
+    # the output-grouped table for many rows, and the sum over groups of rows
+    monkeypatch.setattr(accelerator, "ROWS_FOR_TABLE", 1)
+    monkeypatch.setattr(accelerator, "GATHER_BUDGET", 2 * conn.nnz * x.dtype.itemsize)
+    np.testing.assert_allclose(accelerator.weight_pullback(x, d, conn), expected, rtol=TOL,
+                               atol=TOL)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sparse_rules_agree_under_both_formulations(x64, kind):
+    conn, weight, _, x, d = _case(kind, 5)
+    trace = jnp.asarray(np.random.default_rng(1).standard_normal((5, conn.nnz)))
+    theta = {"weight": weight}
+
+    @jax.jit
+    def rules(x, d, trace, weight):
+        pull = jax.vjp(lambda x, w: braintrace.sparse_matmul(x, w, conn), x, weight)[1](d)
+        return (SPARSE_RULES.xy_to_dw(x, d, theta, connectivity=conn)["weight"],
+                SPARSE_RULES.contract(d, {"weight": trace}, connectivity=conn)["weight"],
+                sum_leading(d), *pull)
+
+    on_cpu = rules(x, d, trace, weight)
+    with formulation("accelerator"):
+        on_accelerator = jax.jit(rules.__wrapped__)(x, d, trace, weight)
+    for a, b in zip(on_cpu, on_accelerator, strict=True):
+        np.testing.assert_allclose(b, a, rtol=TOL, atol=TOL)
+    np.testing.assert_allclose(on_cpu[1], (trace * d[:, conn.post]).sum(0), rtol=TOL, atol=TOL)
+
+
+@pytest.mark.parametrize("index, source", [
+    (np.tile(np.arange(4), 3), 4),                                   # a GRU's fused gates
+    (np.arange(12).reshape(3, 4).T.reshape(-1), 12),                 # a transpose
+    (np.repeat(np.arange(4), 2), 4),                                 # each unit twice
+    ((np.arange(6)[:, None] * 4 + np.tile(np.arange(4), 3)[None]).reshape(-1), 24),  # per sample
+])
+def test_spread_hidden_map_equals_its_gather(x64, index, source):
+    flat = FlatMap.of(index, source)
+    assert flat.is_reshape and not flat.is_identity
+    values = jnp.asarray(np.random.default_rng(0).standard_normal((source, 2)))
+    np.testing.assert_array_equal(flat._spread(values), flat._gather(values))
+    np.testing.assert_array_equal(flat.take(values, feeds_large=True), flat._gather(values))
+
+
+def _gru(batch: int):
+    model = layers.Stateful(layers.GRUCell(3, 5, rngs=nnx.Rngs(0), param_dtype=jnp.float64))
+    braintrace.init_states(model, batch)
+    return model
+
+
+def _sparse_alif(batch: int):
+    """``benchmarks/scale.py``'s model at 24 neurons: dense input, sparse recurrence, ALIF."""
+    n, degree = 24, 3
+    rng = np.random.default_rng(0)
+    pre = np.concatenate([rng.choice(n, degree, replace=False) for _ in range(n)])
+
+    class SparseALIF(nnx.Module):
+        def __init__(self, rngs):
+            self.inp = layers.ETPLinear(4, n, rngs=rngs, param_dtype=jnp.float64)
+            self.rec = layers.ETPSparseLinear(n, n, connectivity=(pre, np.repeat(np.arange(n),
+                                                                                 degree)),
+                                              use_bias=False, rngs=rngs, param_dtype=jnp.float64)
+            self.neuron = layers.ALIF(n, param_dtype=jnp.float64)
+            self.readout = layers.LeakyReadout(n, 2, rngs=rngs, param_dtype=jnp.float64)
+
+        def __call__(self, x):
+            return self.readout(self.neuron(self.inp(x) + 4.0 * self.rec(self.neuron.spikes())))
+
+    model = SparseALIF(nnx.Rngs(0))
+    braintrace.init_states(model, batch)
+    return model
+
+
+@pytest.mark.parametrize("method", ["d_rtrl", "es_d_rtrl", "d_rtrl@1", "es_d_rtrl@1", "bptt"])
+@pytest.mark.parametrize("make", [_gru, _sparse_alif], ids=["gru", "sparse-alif"])
+def test_learners_give_the_same_gradients_under_both_formulations(x64, make, method):
+    name, _, block = method.partition("@")
+    batch, steps = 2, 7
+    rng = np.random.default_rng(3)
+    model = make(batch)
+    example = jnp.zeros((batch, 3 if make is _gru else 4))
+    xs = jnp.asarray(2.0 * rng.standard_normal((steps, *example.shape)))
+    ys = jnp.asarray(rng.standard_normal((steps, batch, 5 if make is _gru else 2)))
+
+    def gradients():
+        learner = braintrace.compile(nnx.clone(model), name, example, batch_size=batch)
+        grads = learner.etrace_grad(xs, ys, mse, block_size=int(block) if block else None)
+        return jax.tree.leaves(grads)
+
+    on_cpu = gradients()
+    assert any(float(jnp.max(jnp.abs(g))) > 0 for g in on_cpu)  # a live reference
+    with formulation("accelerator"):
+        on_accelerator = gradients()
+    for a, b in zip(on_cpu, on_accelerator, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-10, atol=1e-12)
+
+
+def _lowered_for_tpu(learner, xs, ys, block_size):
+    from braintrace._drivers._programs import GRAD_PROGRAM
+
+    entry, spec, args = learner._grad_call(xs, ys, mask=None, chunk_size=None,
+                                           block_size=block_size, reduction="mean",
+                                           signal_inputs={})
+    traced = GRAD_PROGRAM.trace(entry, mse, spec, *args)
+    return (traced.lower(lowering_platforms=("cpu",)).as_text(),
+            traced.lower(lowering_platforms=("tpu",)).as_text())
+
+
+def test_gru_d_rtrl_step_lowered_for_a_tpu_spreads_its_gates_without_gathers():
+    """The per-step D-RTRL update maps ``D`` from hidden units to the ``(in, 3h)`` kernel's
+    outputs: a gather on the CPU (measured faster there), reshapes for a TPU."""
+    batch = 4
+    model = layers.Stateful(layers.GRUCell(3, 8, rngs=nnx.Rngs(0)))
+    braintrace.init_states(model, batch)
+    learner = braintrace.compile(model, "d_rtrl", jnp.zeros((batch, 3)), batch_size=batch)
+    xs, ys = jnp.ones((4, batch, 3)), jnp.zeros((4, batch, 8))
+    cpu, tpu = _lowered_for_tpu(learner, xs, ys, block_size=1)
+    assert "stablehlo.gather" in cpu  # the negative control: the CPU formulation gathers
+    assert "stablehlo.gather" not in tpu
+
+
+def test_sparse_product_lowered_for_a_tpu_has_no_slot_loop():
+    conn = Connectivity.from_indices(np.arange(64) % 16, np.repeat(np.arange(16), 4), 16, 16)
+    fn = jax.jit(lambda x, w: braintrace.sparse_matmul(x, w, conn))
+    traced = fn.trace(jnp.ones((8, 16)), jnp.ones(conn.nnz))
+    assert "stablehlo.while" in traced.lower(lowering_platforms=("cpu",)).as_text()
+    assert "stablehlo.while" not in traced.lower(lowering_platforms=("tpu",)).as_text()
