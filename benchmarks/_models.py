@@ -133,6 +133,38 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
+def device_seconds(fn: Callable[[], Any]) -> float | None:
+    """Seconds the accelerator spent executing ``fn()``'s programs, from a profile.
+
+    ``fn`` runs once under ``jax.profiler.trace``; the durations of the device's
+    ``XLA Modules`` (whole programs) are summed from the Perfetto trace it writes. What the
+    host spends dispatching, checking and copying is left out. ``None`` on the CPU backend,
+    whose programs run on the host (no device lane in the trace).
+    """
+    import glob
+    import gzip
+    import tempfile
+
+    if jax.default_backend() == "cpu":
+        return None
+    with tempfile.TemporaryDirectory() as logdir:
+        with jax.profiler.trace(logdir, create_perfetto_trace=True):
+            block(fn())
+        files = glob.glob(f"{logdir}/**/perfetto_trace.json.gz", recursive=True)
+        if not files:
+            return None
+        with gzip.open(files[0]) as f:
+            trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    names = {(e["pid"], e.get("tid")): e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+               and "/device:" in e["args"]["name"]}
+    total = sum(e.get("dur", 0.0) for e in events if e.get("ph") == "X" and e["pid"] in devices
+                and names.get((e["pid"], e.get("tid"))) == "XLA Modules")
+    return total * 1e-6
+
+
 def library_state() -> dict[str, Any]:
     """Which braintrace was measured: the commit and a hash of uncommitted library changes."""
     import hashlib
@@ -159,6 +191,7 @@ def environment() -> dict[str, Any]:
         "braintrace": library_state(),
         "jax": jax.__version__,
         "backend": jax.default_backend(),
+        "device_kind": jax.devices()[0].device_kind,
         "devices": [str(d) for d in jax.devices()],
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),

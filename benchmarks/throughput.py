@@ -52,6 +52,7 @@ from _models import (
     block,
     bptt_grad_fn,
     build,
+    device_seconds,
     count_params,
     data,
     environment,
@@ -221,6 +222,12 @@ def main(argv: list[str] | None = None) -> dict:
                    help=f"comma-separated (default {','.join(METHODS)}; with --quick "
                         f"{','.join(QUICK_METHODS)})")
     p.add_argument("--length", type=int, default=None, help="steps per pass (T)")
+    p.add_argument("--hidden", type=int, default=None, help="hidden units (default 256)")
+    p.add_argument("--batch", type=int, default=None, help="batch size (default 16)")
+    p.add_argument("--name", default=None, help=f"the JSON/PNG file name (default {NAME})")
+    p.add_argument("--device-time", action="store_true",
+                   help="also profile one pass per method: the accelerator's own time per step "
+                        "(none on the CPU backend)")
     p.add_argument("--repeats", type=int, default=None, help="timed passes per method")
     p.add_argument("--xla-multi-output-fusion", action="store_true",
                    help="switch on XLA:CPU's multi-output fusion (for every method); writes "
@@ -228,7 +235,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=None,
                    help="also time the parts of one online step (default: on, off with --quick)")
     args = p.parse_args(argv)
-    cfg = QUICK if args.quick else FULL
+    sizes = {k: v for k, v in (("hidden", args.hidden), ("batch", args.batch)) if v}
     T = args.length or (20 if args.quick else 200)
     repeats = args.repeats or (3 if args.quick else 7)
     methods = (args.methods.split(",") if args.methods
@@ -244,6 +251,7 @@ def main(argv: list[str] | None = None) -> dict:
     models = args.models.split(",") if args.models else (["gru"] if args.quick else list(MODELS))
     for model_name in models:
         cfg = DEMO if model_name == "demo" and not args.quick else (QUICK if args.quick else FULL)
+        cfg = {**cfg, **sizes}
         xs, ys = data(model_name, T, cfg["inputs"], cfg["outputs"], cfg["batch"])
         runs, entry = {}, {}
         for method in methods:
@@ -259,11 +267,17 @@ def main(argv: list[str] | None = None) -> dict:
             t = np.asarray(times[m]) / T * 1e6
             entry[m].update({"step_us_median": float(np.median(t)), "step_us_min": float(t.min()),
                              "step_us_all": t.tolist()})
+            if args.device_time:
+                seconds = device_seconds(runs[m])
+                entry[m]["device_step_us"] = None if seconds is None else seconds / T * 1e6
         base = entry["bptt"]["step_us_median"]
         base_min = entry["bptt"]["step_us_min"]
         for m in methods:
             entry[m]["ratio_to_bptt"] = entry[m]["step_us_median"] / base
             entry[m]["ratio_to_bptt_min"] = entry[m]["step_us_min"] / base_min
+            if entry[m].get("device_step_us") is not None:
+                entry[m]["device_ratio_to_bptt"] = (entry[m]["device_step_us"]
+                                                    / entry["bptt"]["device_step_us"])
             if m in TARGETS:
                 entry[m]["target_ratio"] = TARGETS[m]
                 entry[m]["meets_target"] = bool(entry[m]["ratio_to_bptt"] <= TARGETS[m])
@@ -282,9 +296,11 @@ def main(argv: list[str] | None = None) -> dict:
             results[model_name]["profile_us"] = prof
         for m in methods:
             e = entry[m]
+            device = (f"  device {e['device_step_us']:.1f} us x{e['device_ratio_to_bptt']:.2f}"
+                      if e.get("device_step_us") is not None else "")
             print(f"{model_name:4s} {m:10s} step {e['step_us_median']:10.1f} us (min "
                   f"{e['step_us_min']:.1f})  x{e['ratio_to_bptt']:.2f} BPTT  compile "
-                  f"{e['compile_s']:.2f}s", flush=True)
+                  f"{e['compile_s']:.2f}s{device}", flush=True)
         if do_profile:
             for m, parts in results[model_name]["profile_us"].items():
                 shown = parts.get("marginal_us_per_step", parts)
@@ -299,7 +315,7 @@ def main(argv: list[str] | None = None) -> dict:
     payload = {
         "benchmark": NAME,
         "quick": args.quick,
-        "config": {**(QUICK if args.quick else FULL), "demo_model": DEMO, "T": T,
+        "config": {**(QUICK if args.quick else FULL), **sizes, "demo_model": DEMO, "T": T,
                    "repeats": repeats, "dtype": "float32", "loss": "mse",
                    "xla_flags": os.environ.get("XLA_FLAGS", "")},
         "environment": {**environment(), "loadavg_at_end": load},
@@ -321,7 +337,7 @@ def main(argv: list[str] | None = None) -> dict:
         "total_wall_s": time.perf_counter() - start_all,
     }
     os.makedirs(args.out, exist_ok=True)
-    name = f"{NAME}_xla_mof" if args.xla_multi_output_fusion else NAME
+    name = args.name or (f"{NAME}_xla_mof" if args.xla_multi_output_fusion else NAME)
     write_json(os.path.join(args.out, f"{name}.json"), payload)
     plot(results, os.path.join(args.out, f"{name}.png"),
          " (XLA multi-output fusion)" if args.xla_multi_output_fusion else "")

@@ -193,3 +193,30 @@ def test_sparse_product_lowered_for_a_tpu_has_no_slot_loop():
     traced = fn.trace(jnp.ones((8, 16)), jnp.ones(conn.nnz))
     assert "stablehlo.while" in traced.lower(lowering_platforms=("cpu",)).as_text()
     assert "stablehlo.while" not in traced.lower(lowering_platforms=("tpu",)).as_text()
+
+
+@pytest.mark.parametrize("make, method", [(_gru, "d_rtrl"), (_sparse_alif, "es_d_rtrl")],
+                         ids=["gru-d_rtrl", "sparse-alif-es_d_rtrl"])
+def test_blocks_stacking_steps_in_groups_give_the_same_gradients(x64, monkeypatch, make, method):
+    """Accelerators run a block's steps 8 per loop iteration (``_blocked.step_group``); the
+    CPU one. A block of 16 steps and a shorter last one of 5, both ways, float64."""
+    from braintrace._loops import _blocked
+
+    batch, steps = 2, 21
+    rng = np.random.default_rng(4)
+    model = make(batch)
+    example = jnp.zeros((batch, 3 if make is _gru else 4))
+    xs = jnp.asarray(2.0 * rng.standard_normal((steps, *example.shape)))
+    ys = jnp.asarray(rng.standard_normal((steps, batch, 5 if make is _gru else 2)))
+
+    def gradients():
+        jax.clear_caches()
+        learner = braintrace.compile(nnx.clone(model), method, example, batch_size=batch)
+        return jax.tree.leaves(learner.etrace_grad(xs, ys, mse, block_size=16))
+
+    assert _blocked.step_group(16) == 1  # the CPU's
+    one_by_one = gradients()
+    monkeypatch.setattr(_blocked, "step_group", lambda length: 8 if length % 8 == 0 else 1)
+    grouped = gradients()
+    for a, b in zip(one_by_one, grouped, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-10, atol=1e-12)
