@@ -148,11 +148,14 @@ def step_group(length: int) -> int:
     step for a GRU's ``(16, 768)`` value, 16 µs for a readout's ``(16, 10)``, 40-75% of the
     step). :data:`STEP_GROUP` steps stacked at once fill whole tiles (D-RTRL on a two-layer
     LIF network: 21.5 -> 4.8 µs per step on the device; ES-D-RTRL on a GRU: 5.9 -> 2.9).
-    On the CPU, whose layouts are row-major, one step per iteration (grouping only adds
-    compile time there). Chosen by the default backend when the loop is traced.
+    A block of at most :data:`STEP_GROUP` steps runs as one group (131,072 neurons take
+    blocks of 3), a longer one in groups of its largest divisor up to that. On the CPU,
+    whose layouts are row-major, one step per iteration (grouping only adds compile time
+    there). Chosen by the default backend when the loop is traced.
     """
-    group = 1 if jax.default_backend() == "cpu" else STEP_GROUP
-    return group if length % group == 0 and length > group else 1
+    if jax.default_backend() == "cpu":
+        return 1
+    return max(g for g in range(1, min(STEP_GROUP, length) + 1) if length % g == 0)
 
 
 def _scan_grouped(step: Any, start: Any, inputs: Any) -> tuple[Any, Any]:
