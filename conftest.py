@@ -22,8 +22,14 @@ os.environ.setdefault("BRAINTRACE_QUICK", "1")
 # compiles the same programs in 15-23% less time (tests/test_functional.py and two more
 # files: 11.8 s -> 10.0 s); the whole suite, three workers, 6 min 16 s -> 5 min 36 s.
 # SUITE_XLA_FLAGS names what was added, for tests/helpers.py::subprocess_env.
+#
+# On an accelerator (BRAINTRACE_DEVICE_TESTS=1, README "On a TPU or GPU") none of this: the
+# flags are XLA:CPU's, and matrix products run at full float32 precision, as the exactness
+# tests assume (at JAX's default precision a TPU multiplies float32 in bfloat16 passes).
 _FAST_COMPILE = "--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1"
-if (version("jaxlib").split(".")[:2] == ["0", "10"]
+if os.environ.get("BRAINTRACE_DEVICE_TESTS"):
+    os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"
+elif (version("jaxlib").split(".")[:2] == ["0", "10"]
         and "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", "")):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE}".strip()
     os.environ["SUITE_XLA_FLAGS"] = _FAST_COMPILE
@@ -37,4 +43,5 @@ if (version("jaxlib").split(".")[:2] == ["0", "10"]
 # workers) 10-11 min -> 7.5-8.5 min, every exactness test passing unchanged. An
 # environment variable, so JAX reads it when it is imported, and subprocesses and the
 # notebooks' kernels inherit it; set it to 0 to run the suite on fully optimised code.
-os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+if not os.environ.get("BRAINTRACE_DEVICE_TESTS"):
+    os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")

@@ -46,12 +46,13 @@ def x64():
 def test_by_platform_runs_one_formulation_per_lowering():
     pick = by_platform(cpu=lambda a: a + 1.0, accelerator=lambda a: a - 1.0)
     traced = jax.jit(pick).trace(jnp.zeros(()))
-    assert float(jax.jit(pick)(jnp.zeros(()))) == 1.0  # this suite runs on the CPU
+    by_backend = 1.0 if jax.default_backend() == "cpu" else -1.0
+    assert float(jax.jit(pick)(jnp.zeros(()))) == by_backend
     assert "subtract" in traced.lower(lowering_platforms=("tpu",)).as_text()
     assert "subtract" not in traced.lower(lowering_platforms=("cpu",)).as_text()
     with formulation("accelerator"):
         assert float(jax.jit(pick)(jnp.zeros(()))) == -1.0
-    assert float(jax.jit(pick)(jnp.zeros(()))) == 1.0  # nothing traced inside is reused
+    assert float(jax.jit(pick)(jnp.zeros(()))) == by_backend  # nothing traced inside is reused
     with pytest.raises(ValueError, match="formulation must be one of"):
         with formulation("gpu"):
             pass
@@ -203,6 +204,9 @@ def test_blocks_stacking_steps_in_groups_give_the_same_gradients(x64, monkeypatc
     group), both ways, float64."""
     from braintrace._loops import _blocked
 
+    if jax.default_backend() == "cpu":
+        assert _blocked.step_group(16) == 1
+
     batch, steps = 2, 21
     rng = np.random.default_rng(4)
     model = make(batch)
@@ -215,7 +219,7 @@ def test_blocks_stacking_steps_in_groups_give_the_same_gradients(x64, monkeypatc
         learner = braintrace.compile(nnx.clone(model), method, example, batch_size=batch)
         return jax.tree.leaves(learner.etrace_grad(xs, ys, mse, block_size=16))
 
-    assert _blocked.step_group(16) == 1  # the CPU's
+    monkeypatch.setattr(_blocked, "step_group", lambda length: 1)
     one_by_one = gradients()
     monkeypatch.setattr(_blocked, "step_group", lambda length: 8 if length == 16 else length)
     grouped = gradients()
