@@ -26,6 +26,7 @@ from braintrace._drivers._checkpointable import Checkpointable
 from braintrace._drivers._compiled import CompiledModel, Entry
 from braintrace._drivers._evaluate import batch_size_of, evaluate
 from braintrace._drivers._inputs import (
+    cast_inputs,
     check_inputs,
     check_signal_inputs,
     loss_weights,
@@ -340,7 +341,8 @@ class OnlineLearner(Checkpointable):
         For evaluation: the model runs in its current mode (``model.eval()``) from
         its hidden states' initial values; neither hidden state, traces nor any
         Variable of the model or the learner change, and no training program is
-        compiled (see :func:`braintrace.evaluate`).
+        compiled (see :func:`braintrace.evaluate`). Float inputs of another width
+        are cast to the compiled input's dtype, as in every other call.
 
         Args:
             xs: Inputs, time axis leading; the batch axis (second) may have any size.
@@ -356,8 +358,9 @@ class OnlineLearner(Checkpointable):
             (6, 50, 4)
         """
         refuse_traced("learner.evaluate", xs)
-        return evaluate(self.model, xs, batch_size=batch_size_of(xs, self._entry().example,
-                                                                 self._batch_size))
+        example = self._entry().example
+        return evaluate(self.model, cast_inputs(xs, example),
+                        batch_size=batch_size_of(xs, example, self._batch_size))
 
     def etrace_grad(
         self,
