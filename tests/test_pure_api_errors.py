@@ -68,7 +68,8 @@ def test_float_inputs_of_another_width_are_cast_to_the_compiled_dtype(algorithm,
                                                                      every_driver):
     """Each driver gives what it gives for the inputs cast to the compiled dtype first (the
     programs of the learner and of the pure functions: ``etrace_grad``, ``online_update``;
-    with ``every_driver``, ``online_grad``, ``etrace_evolve`` and ``learner.evaluate``)."""
+    with ``every_driver``, ``online_grad``, ``etrace_evolve``, ``learner.evaluate`` and the
+    trainer)."""
     with jax.enable_x64(True):
         xs, ys = data(given)
         ys = ys.astype(dtype)
@@ -76,6 +77,8 @@ def test_float_inputs_of_another_width_are_cast_to_the_compiled_dtype(algorithm,
         learner = braintrace.compile(model, algorithm, jnp.zeros((B, IN), dtype), batch_size=B)
         online = braintrace.online_grad(learner, mse)
         train = braintrace.online_update(learner, mse, optax.sgd(0.1), update_every=2)
+        trainer = braintrace.OnlineTrainer(learner, optax.sgd(0.1), loss_fn=mse, update_every=2)
+        params = arrays(nnx.state(model, nnx.Param))
 
         def run(xs):
             learner.reset()
@@ -83,7 +86,10 @@ def test_float_inputs_of_another_width_are_cast_to_the_compiled_dtype(algorithm,
                        nnx.jit(train.update)(model, *train.init(model), xs, ys)]
             if every_driver:
                 results += [nnx.jit(online.grad)(model, online.init(model), xs, ys),
-                            learner.evaluate(xs), learner.etrace_evolve(xs)]
+                            learner.evaluate(xs), learner.etrace_evolve(xs),
+                            trainer.step(xs, ys), arrays(nnx.state(model, nnx.Param))]
+                nnx.update(model, jax.tree.unflatten(jax.tree.structure(
+                    nnx.state(model, nnx.Param)), params))
             return results
 
         assert_same(run(xs), run(xs.astype(dtype)))

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import flax.errors
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -40,9 +41,9 @@ class Dropped(nnx.Module):
         return self.out(self.lif(self.drop(self.enc(x)) + 1.0))
 
 
-def batch(seed, batch_size=B, length=T):
-    xs = jax.random.normal(jax.random.key(seed), (length, batch_size, IN), F64)
-    ys = jax.random.normal(jax.random.key(seed + 50), (length, batch_size, OUT), F64)
+def batch(seed, batch_size=B, length=T, dtype=F64):
+    xs = jax.random.normal(jax.random.key(seed), (length, batch_size, IN), dtype)
+    ys = jax.random.normal(jax.random.key(seed + 50), (length, batch_size, OUT), dtype)
     return xs, ys
 
 
@@ -138,6 +139,30 @@ def test_the_same_seed_gives_the_same_run_and_the_stateful_learners_masks():
             learner.reset()
             _, losses = learner.etrace_grad(*batch(k), mse, return_losses=True)
             np.testing.assert_allclose(first[k], losses, rtol=1e-12)
+
+
+def test_under_jax_jit_the_state_carries_the_rng_and_a_closed_over_model_is_named():
+    """``jax.jit`` drops writes to a model passed as an argument, as for any Flax module: the
+    carried state's ``other`` still advances the RNG. A model closed over by the jit cannot be
+    written at all (Flax's TraceContextError), and the message says to pass it."""
+    model = Dropped(dtype=jnp.float32)
+    learner = braintrace.compile(model, "d_rtrl", jnp.zeros((B, IN)), batch_size=B)
+    online = braintrace.online_grad(learner, mse)
+    xs, ys = batch(1, dtype=jnp.float32)
+    state = online.init(model)
+    losses = []
+    for _ in range(2):
+        _, state, stats = jax.jit(online.grad)(model, state, xs, ys)
+        losses.append(stats.losses)
+    assert not np.array_equal(losses[0], losses[1])
+    assert rng_counts(model) == [0] and jax.tree.leaves(nnx.state(state.other,
+                                                                  nnx.RngCount)) == [2 * T]
+    with pytest.raises(flax.errors.TraceContextError,
+                       match=r"online_grad: grad writes the model's RNG counters and batch "
+                             r"statistics \(\['drop\.rngs\.count', 'drop\.rngs\.key'\]\).*"
+                             r"Pass the model as an argument"):
+        jax.jit(lambda s, x, y: online.grad(model, s, x, y))(state, xs, ys)
+    assert rng_counts(model) == [0]
 
 
 # -- any batch size ------------------------------------------------------------------------

@@ -178,10 +178,10 @@ def _sequence_length(name: str, checked: CheckedState, xs: Any, ys: Any) -> int:
     return length
 
 
-def _new_state(model: nnx.Module, checked: CheckedState, hidden: list[Any], other: list[Any],
-               traces: Any) -> OnlineState:
+def _new_state(name: str, model: nnx.Module, checked: CheckedState, hidden: list[Any],
+               other: list[Any], traces: Any) -> OnlineState:
     """The state after a call; the model's own Variables written into ``model``."""
-    write_model_variables(model, checked.model_other_def, other)
+    write_model_variables(name, model, checked.model_other_def, other)
     return OnlineState(jax.tree.unflatten(checked.hidden_def, hidden),
                        jax.tree.unflatten(checked.other_def, other), traces)
 
@@ -225,6 +225,9 @@ def online_grad(learner: Any, loss_fn: Callable[[Any, Any], jax.Array], *,
             looks batch-major); the state was made by another learner, algorithm or
             model, or in another mode (the message names what differs). Nothing is
             written then.
+        flax.errors.TraceContextError: ``grad`` was traced by a ``jit`` that closed over
+            a model with RNG counters or batch statistics (Flax cannot write it there,
+            as it cannot call the model there): pass the model as an argument.
 
     Example:
         >>> import jax, jax.numpy as jnp, optax
@@ -277,7 +280,8 @@ def online_grad(learner: Any, loss_fn: Callable[[Any, Any], jax.Array], *,
                            state.traces, xs, ys, weights, inputs)
         finite = jnp.all(out.finite) & jnp.all(jnp.isfinite(out.losses))
         return (param_state(model, out.grads),
-                _new_state(model, checked, out.hidden, out.other, out.traces),
+                _new_state("online_grad: grad", model, checked, out.hidden, out.other,
+                           out.traces),
                 GradStats(out.losses, finite, out.finite))
 
     return OnlineGradient(init, grad)
@@ -358,7 +362,8 @@ def online_update(learner: Any, loss_fn: Callable[[Any, Any], jax.Array],
                             weights / update_every, inputs)
         finite = (out.bad_update_at < 0) & jnp.all(jnp.isfinite(out.losses))
         return (param_state(model, out.params), out.opt_state,
-                _new_state(model, checked, out.hidden, out.other, out.traces),
+                _new_state("online_update: update", model, checked, out.hidden, out.other,
+                           out.traces),
                 UpdateStats(out.losses, finite, out.bad_update_at, out.bad_params))
 
     return OnlineUpdate(init, update)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple
 
+import flax.errors
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -160,7 +161,8 @@ def check_state(name: str, compiled: CompiledModel, model: nnx.Module, state: An
                         jax.tree.structure(state.other), jax.tree.structure(other))
 
 
-def write_model_variables(model: nnx.Module, model_other_def: Any, other: list[Any]) -> None:
+def write_model_variables(name: str, model: nnx.Module, model_other_def: Any,
+                          other: list[Any]) -> None:
     """Writes the model's own Variables after a call into ``model``.
 
     ``other`` are the other Variables after the call (in the graph's order);
@@ -169,9 +171,23 @@ def write_model_variables(model: nnx.Module, model_other_def: Any, other: list[A
     written, as a call of the model advances them. Under ``nnx.jit`` the write
     reaches the caller's model; under ``jax.jit`` it is dropped, as for any
     Flax module (the state's ``other`` still carries it).
+
+    Raises:
+        flax.errors.TraceContextError: ``model`` was closed over by a ``jax.jit``-ed
+            function, where Flax refuses to write it (as it refuses a call of the
+            model there); the message says to pass the model as an argument.
     """
-    state = jax.tree.unflatten(model_other_def, list(other))
-    nnx.update(model, nnx.filter_state(state, nnx.Not(HiddenState)))
+    written = nnx.filter_state(jax.tree.unflatten(model_other_def, list(other)),
+                               nnx.Not(HiddenState))
+    try:
+        nnx.update(model, written)
+    except flax.errors.TraceContextError as err:
+        raise flax.errors.TraceContextError(
+            f"{name} writes the model's RNG counters and batch statistics "
+            f"({_listed(leaf_paths(written))}) after the sequence, as a call of the model "
+            "does, but the model was closed over by a jit-ed function, where Flax cannot "
+            "write it. Pass the model as an argument: nnx.jit(lambda model, state, xs, ys: "
+            "...)(model, state, xs, ys) keeps the new values in it.") from err
 
 
 _MAKE_ONE = ("Make the state with this learner's init: state = online.init(model), or "
