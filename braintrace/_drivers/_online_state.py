@@ -19,7 +19,6 @@ host, so all of it runs while the caller's ``jit`` traces.
 
 from __future__ import annotations
 
-import re
 from typing import Any, NamedTuple
 
 import flax.errors
@@ -209,14 +208,6 @@ def _listed(paths: tuple[str, ...]) -> str:
     return f"[{shown}]" if paths else "nothing"
 
 
-def _structure(tree: Any) -> str:
-    """A tree's structure in a few words: ``4 arrays as [IOTrace(*, *, *, *)]``."""
-    text = str(jax.tree.structure(tree)).removeprefix("PyTreeDef(").removesuffix(")")
-    text = re.sub(r"CustomNode\(namedtuple\[(\w+)\], \[([^\]]*)\]\)", r"\1(\2)", text)
-    text = text if len(text) <= 80 else text[:77] + "..."
-    return f"{len(jax.tree.leaves(tree))} arrays as {text}"
-
-
 def _aval(a: Any) -> str:
     return f"{tuple(np.shape(a))} {jnp.result_type(a)}"
 
@@ -239,18 +230,11 @@ def _check_state_arrays(name: str, entry: Entry, hidden: list[Any], other: list[
 
 def _check_traces(name: str, compiled: CompiledModel, entry: Entry, traces: Any) -> None:
     """Checks ``traces`` have the structure, shapes and dtypes of ``entry``'s traces."""
-    want = compiled.trace_shapes(entry)
-    if jax.tree.structure(want) != jax.tree.structure(traces):
-        detail = (f"they are {_structure(traces)}; this learner's are {_structure(want)}")
-    else:
-        detail = next((f"one is {_aval(b)} where this learner's is {tuple(a.shape)} {a.dtype}"
-                       for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(traces), strict=True)
-                       if (tuple(a.shape), a.dtype) != (tuple(np.shape(b)),
-                                                        jnp.result_type(b))), None)
-        if detail is None:
-            return
-    raise ValueError(
-        f"{name}: state.traces were not made by this learner, which runs algorithm "
-        f"'{entry.rules.name}' {runs_at(entry.batch_size)} in the model's current mode "
-        f"({detail}). The state was made by another learner (another algorithm or model), or "
-        f"before the model's mode changed (model.eval() / model.train()). {_MAKE_ONE}")
+    detail = compiled.trace_mismatch(entry, traces)
+    if detail is not None:
+        raise ValueError(
+            f"{name}: state.traces were not made by this learner, which runs algorithm "
+            f"'{entry.rules.name}' {runs_at(entry.batch_size)} in the model's current mode "
+            f"({detail}). The state was made by another learner (another algorithm or model), "
+            "or before the model's mode changed (model.eval() / model.train()). "
+            f"{_MAKE_ONE}")
