@@ -20,9 +20,10 @@ state, stats)``).
 ``model`` supplies the Params and the mode (``model.eval()``/``model.train()``:
 each mode is compiled once, then reused). Its Params and hidden states are never
 written; its RNG counters and batch statistics advance as a call of the model
-advances them (under ``nnx.jit``, or eagerly): so ``state = online.init(model)``
-for every batch draws new Dropout masks each time, as the stateful learner does,
-and the same seed gives the same run. Any batch size runs: the state's hidden
+advances them (under ``nnx.jit``, or eagerly; ``jax.jit`` drops the write, as for
+any Flax module, and the carried state still advances them): so ``state =
+online.init(model)`` for every batch draws new Dropout masks each time, as the
+stateful learner does, and the same seed gives the same run. Any batch size runs: the state's hidden
 states set it (``init(model, batch_size=20)`` for a last, partial batch), and
 each batch size is compiled once, then reused. Floating-point inputs of another
 width than the compiled example are cast to its dtype, as a Flax layer casts

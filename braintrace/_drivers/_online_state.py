@@ -37,6 +37,10 @@ __all__ = ["CheckedState", "OnlineState", "check_state", "compiled_of", "init_st
            "write_model_variables"]
 
 
+_MAKE_ONE = ("Make the state with this learner's init: state = online.init(model), or "
+             "online.init(model, batch_size=...) for another batch size.")
+
+
 class OnlineState(NamedTuple):
     """What online learning carries from one call to the next (a pytree).
 
@@ -189,10 +193,6 @@ def write_model_variables(name: str, model: nnx.Module, model_other_def: Any,
             "...)(model, state, xs, ys) keeps the new values in it.") from err
 
 
-_MAKE_ONE = ("Make the state with this learner's init: state = online.init(model), or "
-             "online.init(model, batch_size=...) for another batch size.")
-
-
 def _not_a_state(name: str, state: Any) -> str:
     """Why ``state`` is not an :class:`OnlineState`, and what to pass."""
     pair = (isinstance(state, tuple) and len(state) == 2
@@ -214,11 +214,14 @@ def _aval(a: Any) -> str:
 
 def _check_state_arrays(name: str, entry: Entry, hidden: list[Any], other: list[Any]) -> None:
     """Checks the state's hidden states and other Variables have the shapes and dtypes the
-    learner runs them at (at the state's batch size)."""
+    learner runs them at (at the state's batch size). Another number of them is a model whose
+    structure changed after compiling: ``check_leaves`` says so."""
     graph = entry.graph
     avals = entry.leaf_avals[graph.num_params:]
     fields = [("hidden", p) for p in graph.hidden_paths] + [("other", p)
                                                            for p in graph.other_paths]
+    if len(fields) != len(hidden) + len(other):
+        return
     for (field, path), leaf, (shape, dtype) in zip(fields, [*hidden, *other], avals,
                                                   strict=True):
         if tuple(np.shape(leaf)) != shape or jnp.result_type(leaf) != dtype:
