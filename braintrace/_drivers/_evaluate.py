@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from braintrace._compiler import leaf_paths
 from braintrace._drivers._model_state import strong
 from braintrace._drivers._states import check_batch_size, init_states
 
@@ -23,6 +25,9 @@ def evaluate(model: nnx.Module, xs: Any, *, batch_size: int | None) -> Any:
     ``batch_size``. Nothing of the model changes (hidden states, RNG counters,
     batch statistics), no eligibility trace is made, and it runs under
     ``jax.jit`` and ``nnx.jit``. Eager calls are compiled once per mode and shape.
+    ``xs`` is given to the model as it is (its layers promote or cast it as they
+    do in a call of the model; ``learner.evaluate`` casts float inputs to the
+    compiled dtype first).
 
     Args:
         model: A stateful NNX module whose call ``model(x)`` is one time step.
@@ -32,6 +37,14 @@ def evaluate(model: nnx.Module, xs: Any, *, batch_size: int | None) -> Any:
 
     Returns:
         The outputs of every step, time axis leading.
+
+    Raises:
+        ValueError: ``batch_size`` is not a positive int or ``None``; the
+            model's step fails on ``xs`` because its second axis is not the batch
+            (batch-major inputs, or another batch size: the message says which to
+            pass; the model's error is chained); or a step changes a state's
+            dtype (a float input of another width: the message names the state and
+            the dtype to cast ``xs`` to).
 
     Example:
         >>> import jax.numpy as jnp
@@ -47,9 +60,44 @@ def evaluate(model: nnx.Module, xs: Any, *, batch_size: int | None) -> Any:
     if batch_size is not None:
         batch_size = check_batch_size("evaluate: batch_size", batch_size)
     graphdef, state = nnx.split(model)
-    if any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves((state, xs))):
-        return _run(graphdef, state, xs, batch_size)
-    return _RUN(graphdef, state, xs, batch_size)
+    traced = any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves((state, xs)))
+    try:
+        return (_run if traced else _RUN)(graphdef, state, xs, batch_size)
+    except Exception as err:  # the model's own error, told in terms of xs where that fits
+        hint = _batch_axis_hint(xs, batch_size)
+        if hint is None:
+            raise
+        raise ValueError(f"evaluate: {hint}") from err
+
+
+def _batch_axis_hint(xs: Any, batch_size: int | None) -> str | None:
+    """What is wrong with ``xs`` when its second axis is not ``batch_size``, else ``None``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> print(_batch_axis_hint(jnp.ones((4, 7, 2)), 4))
+        xs has shape (4, 7, 2), but batch_size=4. Inputs are time-major: (T, batch,
+        *features). This looks batch-major (4 sequences of 7 steps): pass
+        jnp.swapaxes(xs, 0, 1).
+        >>> print(_batch_axis_hint(jnp.ones((7, 3, 2)), 4))
+        xs has shape (7, 3, 2), but batch_size=4. Inputs are time-major: (T, batch,
+        *features), so its second axis is a batch of 3: pass batch_size=3.
+        >>> print(_batch_axis_hint(jnp.ones((7, 4, 2)), 4))
+        None
+    """
+    if batch_size is None:
+        return None
+    for path, a in jax.tree_util.tree_leaves_with_path(xs):
+        shape = tuple(np.shape(a))
+        if len(shape) < 2 or shape[1] == batch_size:
+            continue
+        got = (f"xs{jax.tree_util.keystr(path)} has shape {shape}, but batch_size={batch_size}. "
+               "Inputs are time-major: (T, batch, *features)")
+        if shape[0] == batch_size:
+            return (f"{got}. This looks batch-major ({batch_size} sequences of {shape[1]} "
+                    "steps): pass jnp.swapaxes(xs, 0, 1).")
+        return f"{got}, so its second axis is a batch of {shape[1]}: pass batch_size={shape[1]}."
+    return None
 
 
 def _run(graphdef: Any, state: Any, xs: Any, batch_size: int | None) -> Any:
@@ -61,9 +109,24 @@ def _run(graphdef: Any, state: Any, xs: Any, batch_size: int | None) -> Any:
     def step(state, x_t):
         m = nnx.merge(graphdef, state, copy=True)
         y = m(x_t)
-        return nnx.split(m)[1], y
+        new = nnx.split(m)[1]
+        _check_kept_dtypes(state, new, x_t)
+        return new, y
 
     return jax.lax.scan(step, state, xs)[1]
+
+
+def _check_kept_dtypes(state: Any, new: Any, x_t: Any) -> None:
+    """Refuses a step that changes a Variable's dtype (a float input wider than the model's
+    state, written with ``set_value``): the scan over time cannot carry it."""
+    for path, old, now in zip(leaf_paths(state), jax.tree.leaves(state), jax.tree.leaves(new)):
+        if jnp.result_type(old) != jnp.result_type(now):
+            given = sorted({str(jnp.result_type(a)) for a in jax.tree.leaves(x_t)})
+            raise ValueError(
+                f"evaluate: one step of the model changes '{path}' from "
+                f"{jnp.result_type(old)} to {jnp.result_type(now)} (xs is {', '.join(given)}); "
+                "each state must keep its dtype over the sequence. Cast the inputs to the "
+                f"model's dtype: xs.astype(jnp.{jnp.result_type(old)}).")
 
 
 _RUN = jax.jit(_run, static_argnames=("graphdef", "batch_size"))

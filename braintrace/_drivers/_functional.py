@@ -2,9 +2,10 @@
 
 :func:`online_grad` returns an :class:`OnlineGradient`: a pair of pure functions,
 
-* ``init(model) -> OnlineState``: the state online learning carries from one
-  call to the next — the model's hidden states and other Variables (RNG
-  counters, batch statistics) as ``nnx.State``\\ s, and the algorithm's traces;
+* ``init(model, *, batch_size=KEEP) -> OnlineState``: the state online learning
+  carries from one call to the next — the model's hidden states and other
+  Variables (RNG counters, batch statistics) as ``nnx.State``\\ s, and the
+  algorithm's traces; with ``batch_size``, fresh hidden states at that batch size;
 * ``grad(model, state, xs, ys, *, mask=None) -> (grads, state, stats)``: the
   online gradient of a sequence (time axis leading) from ``state``, as an
   ``nnx.State`` shaped like ``nnx.state(model, nnx.Param)`` (what
@@ -17,14 +18,23 @@ state)``, ``update(model, opt_state, state, xs, ys) -> (params, opt_state,
 state, stats)``).
 
 ``model`` supplies the Params and the mode (``model.eval()``/``model.train()``:
-each mode is compiled once, then reused); it is read, never written. Nothing
-syncs with the host: both functions run under ``jax.jit``, ``nnx.jit``,
-``jax.lax.scan`` (one call per chunk of a long stream) and with sharded inputs.
-A non-finite loss or gradient is never hidden: ``stats.finite`` is ``False``
-(use ``optax.apply_if_finite`` or check it), and :class:`OnlineUpdate` skips an
-update that would make a Param not finite and reports it. The stateful
-:class:`~braintrace.OnlineLearner` and :class:`~braintrace.OnlineTrainer` run the
-same programs with host-side checks and clear errors.
+each mode is compiled once, then reused). Its Params and hidden states are never
+written; its RNG counters and batch statistics advance as a call of the model
+advances them (under ``nnx.jit``, or eagerly; ``jax.jit`` drops the write, as for
+any Flax module, and the carried state still advances them): so ``state =
+online.init(model)`` for every batch draws new Dropout masks each time, as the
+stateful learner does, and the same seed gives the same run. Any batch size runs: the state's hidden
+states set it (``init(model, batch_size=20)`` for a last, partial batch), and
+each batch size is compiled once, then reused. Floating-point inputs of another
+width than the compiled example are cast to its dtype, as a Flax layer casts
+its input to its compute dtype. Nothing syncs with the host: both functions
+run under ``jax.jit``, ``nnx.jit``, ``jax.lax.scan`` (one call per chunk of a
+long stream) and with sharded inputs. A non-finite loss or gradient is never
+hidden: ``stats.finite`` is ``False`` (use ``optax.apply_if_finite`` or check
+it), and :class:`OnlineUpdate` skips an update that would make a Param not
+finite and reports it. The stateful :class:`~braintrace.OnlineLearner` and
+:class:`~braintrace.OnlineTrainer` run the same programs with host-side checks
+and clear errors.
 """
 
 from __future__ import annotations
@@ -38,8 +48,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from braintrace._compiler import split_model
-from braintrace._drivers._compiled import CompiledModel, Entry
+from braintrace._drivers._compiled import Entry
 from braintrace._drivers._inputs import (
     REDUCTIONS,
     check_inputs,
@@ -47,27 +56,21 @@ from braintrace._drivers._inputs import (
     check_signal_inputs,
     check_targets,
 )
-from braintrace._drivers._model_state import Leaves, check_leaves, param_state, strong
+from braintrace._drivers._model_state import param_state
+from braintrace._drivers._online_state import (
+    CheckedState,
+    OnlineState,
+    check_state,
+    compiled_of,
+    init_state,
+    write_model_variables,
+)
 from braintrace._drivers._programs import grad_program, train_program
+from braintrace._drivers._states import KEEP
 from braintrace._loops import check_positive, choose_loop, default_block_size
 
 __all__ = ["GradStats", "OnlineGradient", "OnlineState", "OnlineUpdate", "UpdateStats",
            "online_grad", "online_update", "trace_weights"]
-
-
-class OnlineState(NamedTuple):
-    """What online learning carries from one call to the next (a pytree).
-
-    Attributes:
-        hidden: The model's differentiable hidden states, an ``nnx.State``.
-        other: Its other Variables (RNG counters, batch statistics, integer
-            states), an ``nnx.State``.
-        traces: The algorithm's eligibility traces.
-    """
-
-    hidden: nnx.State
-    other: nnx.State
-    traces: Any
 
 
 class GradStats(NamedTuple):
@@ -105,14 +108,14 @@ class UpdateStats(NamedTuple):
 class OnlineGradient(NamedTuple):
     """A pair of pure functions, ``init`` and ``grad`` (module docstring)."""
 
-    init: Callable[[nnx.Module], OnlineState]
+    init: Callable[..., OnlineState]
     grad: Callable[..., tuple[nnx.State, OnlineState, GradStats]]
 
 
 class OnlineUpdate(NamedTuple):
     """A pair of pure functions, ``init`` and ``update`` (module docstring)."""
 
-    init: Callable[[nnx.Module], tuple[Any, OnlineState]]
+    init: Callable[..., tuple[Any, OnlineState]]
     update: Callable[..., tuple[nnx.State, Any, OnlineState, UpdateStats]]
 
 
@@ -154,27 +157,34 @@ def _check_reduction(reduction: str) -> None:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}.")
 
 
-def _entry_and_leaves(compiled: CompiledModel, model: nnx.Module,
-                      state: OnlineState) -> tuple[Entry, Leaves, Any, Any]:
-    """The entry of ``model``'s mode at the state's batch size, and the flat leaves."""
-    _, params, hidden_tree, other_tree = split_model(model)
-    del hidden_tree, other_tree
-    hidden = [strong(h) for h in jax.tree.leaves(state.hidden)]
-    other = jax.tree.leaves(state.other)
-    batch_size = compiled.batch_size_of(hidden)
-    entry = compiled.entry_of(model, batch_size)
-    leaves = check_leaves(Leaves(jax.tree.leaves(params), hidden, other), entry.graph,
-                          entry.leaf_avals, batch_size)
-    return (entry, leaves, jax.tree.structure(state.hidden), jax.tree.structure(state.other))
+def _check_loss_fn(name: str, loss_fn: Any) -> None:
+    if not callable(loss_fn):
+        raise TypeError(f"braintrace.{name}: loss_fn must be a function loss_fn(y_pred, "
+                        f"y_target) -> scalar, got a {type(loss_fn).__name__}.")
 
 
-def _init(compiled: CompiledModel, model: nnx.Module) -> OnlineState:
-    """The model's hidden states and other Variables as they are, and zero traces."""
-    _, params, hidden, other = split_model(model)
-    hidden = jax.tree.map(strong, hidden)
-    batch_size = compiled.batch_size_of(jax.tree.leaves(hidden))
-    entry = compiled.entry_of(model, batch_size)
-    return OnlineState(hidden, other, compiled.zero_traces(entry, jax.tree.leaves(params)))
+def _sequence_length(name: str, checked: CheckedState, xs: Any, ys: Any) -> int:
+    """The number of steps of ``xs``, after checking ``xs`` and ``ys`` against the state."""
+    entry = checked.entry
+    hint = (lambda b: f"make its state with online.init(model, batch_size={b}) (each batch "
+            "size is compiled once, then reused).")
+    try:
+        length = check_inputs(xs, entry.example, another_batch=hint)
+    except ValueError as err:  # an ArgumentTypeError (a dtype) stays one
+        raise type(err)(f"{name}: {err}") from None
+    if length == 0:
+        raise ValueError(f"{name}: xs has no time steps (T = 0): there is no loss to "
+                         "differentiate. Give at least one step.")
+    check_targets(ys, length)
+    return length
+
+
+def _new_state(name: str, model: nnx.Module, checked: CheckedState, hidden: list[Any],
+               other: list[Any], traces: Any) -> OnlineState:
+    """The state after a call; the model's own Variables written into ``model``."""
+    write_model_variables(name, model, checked.model_other_def, other)
+    return OnlineState(jax.tree.unflatten(checked.hidden_def, hidden),
+                       jax.tree.unflatten(checked.other_def, other), traces)
 
 
 def online_grad(learner: Any, loss_fn: Callable[[Any, Any], jax.Array], *,
@@ -193,9 +203,32 @@ def online_grad(learner: Any, loss_fn: Callable[[Any, Any], jax.Array], *,
             and 32, see ``braintrace._loops.default_block_size``; ``1``: per step).
 
     Returns:
-        An :class:`OnlineGradient` ``(init, grad)``; ``grad(model, state, xs, ys, *,
-        mask=None, **signal_inputs)`` (``signal_inputs``: an algorithm's own per-step
-        inputs, e.g. ThreeFactor's ``modulators=``).
+        An :class:`OnlineGradient` ``(init, grad)``:
+
+        * ``init(model, *, batch_size=KEEP) -> OnlineState``: by default the
+          model's hidden states as they are; with ``batch_size`` (``None``: per
+          sample), every hidden state's initial value at that batch size (the model
+          is not changed). Zero traces either way.
+        * ``grad(model, state, xs, ys, *, mask=None, **signal_inputs) -> (grads,
+          state, stats)`` (``signal_inputs``: an algorithm's own per-step inputs,
+          e.g. ThreeFactor's ``modulators=``). It runs at the batch size of
+          ``state`` and writes the model's RNG counters and batch statistics after
+          the sequence into ``model`` (see the module docstring).
+
+    Raises:
+        TypeError: ``learner`` is not a compiled learner (a model, for instance), or
+            ``loss_fn`` is not callable. ``grad``: ``state`` is not an
+            :class:`~braintrace.OnlineState`; an input's dtype cannot stand for the
+            compiled one (a float for integer indices).
+        ValueError: ``reduction``, ``chunk_size`` or ``block_size`` is invalid.
+            ``grad``: ``xs`` has no steps or another shape than the state's batch
+            runs (the message says to make a state for its batch size, or that it
+            looks batch-major); the state was made by another learner, algorithm or
+            model, or in another mode (the message names what differs). Nothing is
+            written then.
+        flax.errors.TraceContextError: ``grad`` was traced by a ``jit`` that closed over
+            a model with RNG counters or batch statistics (Flax cannot write it there,
+            as it cannot call the model there): pass the model as an argument.
 
     Example:
         >>> import jax, jax.numpy as jnp, optax
@@ -216,17 +249,29 @@ def online_grad(learner: Any, loss_fn: Callable[[Any, Any], jax.Array], *,
         ...                            jnp.zeros((5, 2, 4)))
         >>> losses.shape
         (5,)
+
+        A last batch of another size runs from a state made for it (compiled once):
+
+        >>> state = online.init(model, batch_size=3)
+        >>> state, losses = train_step(model, optimizer, state, jnp.ones((5, 3, 3)),
+        ...                            jnp.zeros((5, 3, 4)))
+        >>> state.hidden['layers'][1]['v'].shape
+        (3, 4)
     """
+    compiled = compiled_of("online_grad", learner)
+    _check_loss_fn("online_grad", loss_fn)
     _check_reduction(reduction)
     chunk_size = None if chunk_size is None else check_positive("chunk_size", chunk_size)
     block_size = None if block_size is None else check_positive("block_size", block_size)
-    compiled: CompiledModel = learner.compiled
+
+    def init(model: nnx.Module, *, batch_size: Any = KEEP) -> OnlineState:
+        return init_state(compiled, model, batch_size)
 
     def grad(model: nnx.Module, state: OnlineState, xs: Any, ys: Any, *, mask: Any = None,
              **signal_inputs: Any) -> tuple[nnx.State, OnlineState, GradStats]:
-        entry, leaves, hidden_def, other_def = _entry_and_leaves(compiled, model, state)
-        length = check_inputs(xs, entry.example)
-        check_targets(ys, length)
+        checked = check_state("online_grad: grad", compiled, model, state)
+        entry, leaves = checked.entry, checked.leaves
+        length = _sequence_length("online_grad: grad", checked, xs, ys)
         spec = choose_loop(entry.rules, length=length, chunk_size=chunk_size,
                            block_size=block_size)
         weights = trace_weights(mask, length, reduction, jnp.result_type(*leaves.params),
@@ -234,13 +279,13 @@ def online_grad(learner: Any, loss_fn: Callable[[Any, Any], jax.Array], *,
         inputs = check_signal_inputs(entry.rules, leaves.hidden, signal_inputs, length)
         out = grad_program(entry, loss_fn, spec, leaves.params, leaves.hidden, leaves.other,
                            state.traces, xs, ys, weights, inputs)
-        new_state = OnlineState(jax.tree.unflatten(hidden_def, out.hidden),
-                                jax.tree.unflatten(other_def, out.other), out.traces)
         finite = jnp.all(out.finite) & jnp.all(jnp.isfinite(out.losses))
-        return (param_state(model, out.grads), new_state,
+        return (param_state(model, out.grads),
+                _new_state("online_grad: grad", model, checked, out.hidden, out.other,
+                           out.traces),
                 GradStats(out.losses, finite, out.finite))
 
-    return OnlineGradient(lambda model: _init(compiled, model), grad)
+    return OnlineGradient(init, grad)
 
 
 def online_update(learner: Any, loss_fn: Callable[[Any, Any], jax.Array],
@@ -250,7 +295,10 @@ def online_update(learner: Any, loss_fn: Callable[[Any, Any], jax.Array],
 
     Every ``update_every`` steps the gradient accumulated since the last update
     (the mean over those steps, times the mask) is applied with ``tx``; hidden
-    state and traces run on across updates.
+    state and traces run on across updates. As :func:`online_grad`, it runs at
+    the batch size of the state, casts float inputs of another width to the
+    compiled dtype, and writes the model's RNG counters and batch statistics
+    (never its Params: write ``params`` with ``nnx.update(model, params)``).
 
     Args:
         learner: The :class:`~braintrace.OnlineLearner` from :func:`braintrace.compile`.
@@ -261,10 +309,15 @@ def online_update(learner: Any, loss_fn: Callable[[Any, Any], jax.Array],
             where the algorithm has a blocked form; ``1``: per step).
 
     Returns:
-        An :class:`OnlineUpdate`: ``init(model) -> (opt_state, state)`` and
+        An :class:`OnlineUpdate`: ``init(model, *, batch_size=KEEP) -> (opt_state,
+        state)`` (``batch_size`` as :func:`online_grad`'s ``init``) and
         ``update(model, opt_state, state, xs, ys, *, mask=None, **signal_inputs) ->
         (params, opt_state, state, stats)``, ``params`` an ``nnx.State`` to write
         with ``nnx.update(model, params)``.
+
+    Raises:
+        TypeError, ValueError: As :func:`online_grad`; and a sequence length that
+            is not a multiple of ``update_every``.
 
     Example:
         >>> import jax, jax.numpy as jnp, optax
@@ -276,29 +329,30 @@ def online_update(learner: Any, loss_fn: Callable[[Any, Any], jax.Array],
         >>> train = braintrace.online_update(learner, lambda y, t: jnp.mean((y - t) ** 2),
         ...                                  optax.sgd(0.1), update_every=5)
         >>> opt_state, state = train.init(model)
-        >>> params, opt_state, state, stats = jax.jit(train.update)(
+        >>> params, opt_state, state, stats = nnx.jit(train.update)(
         ...     model, opt_state, state, jnp.ones((10, 2, 3)), jnp.zeros((10, 2, 4)))
         >>> nnx.update(model, params)
         >>> bool(stats.finite), stats.losses.shape
         (True, (10,))
     """
+    compiled = compiled_of("online_update", learner)
+    _check_loss_fn("online_update", loss_fn)
     update_every = check_positive("update_every", update_every)
     block_size = None if block_size is None else check_positive("block_size", block_size)
-    compiled: CompiledModel = learner.compiled
     tx = optax.with_extra_args_support(tx)
 
-    def init(model: nnx.Module) -> tuple[Any, OnlineState]:
-        return tx.init(nnx.state(model, nnx.Param)), _init(compiled, model)
+    def init(model: nnx.Module, *, batch_size: Any = KEEP) -> tuple[Any, OnlineState]:
+        return tx.init(nnx.state(model, nnx.Param)), init_state(compiled, model, batch_size)
 
     def update(model: nnx.Module, opt_state: Any, state: OnlineState, xs: Any, ys: Any, *,
                mask: Any = None, **signal_inputs: Any
                ) -> tuple[nnx.State, Any, OnlineState, UpdateStats]:
-        entry, leaves, hidden_def, other_def = _entry_and_leaves(compiled, model, state)
-        length = check_inputs(xs, entry.example)
-        check_targets(ys, length)
+        checked = check_state("online_update: update", compiled, model, state)
+        entry, leaves = checked.entry, checked.leaves
+        length = _sequence_length("online_update: update", checked, xs, ys)
         if length % update_every:
-            raise ValueError(f"The sequence length {length} must be a multiple of "
-                             f"update_every={update_every}.")
+            raise ValueError(f"online_update: update: the sequence length {length} must be a "
+                             f"multiple of update_every={update_every}.")
         spec = window_loop(entry, update_every, block_size)
         weights = trace_weights(mask, length, "sum", jnp.result_type(*leaves.params),
                                 entry.batch_size)
@@ -307,10 +361,10 @@ def online_update(learner: Any, loss_fn: Callable[[Any, Any], jax.Array],
                             jax.tree.structure(nnx.state(model, nnx.Param)), leaves.params,
                             opt_state, leaves.hidden, leaves.other, state.traces, xs, ys,
                             weights / update_every, inputs)
-        new_state = OnlineState(jax.tree.unflatten(hidden_def, out.hidden),
-                                jax.tree.unflatten(other_def, out.other), out.traces)
         finite = (out.bad_update_at < 0) & jnp.all(jnp.isfinite(out.losses))
-        return (param_state(model, out.params), out.opt_state, new_state,
+        return (param_state(model, out.params), out.opt_state,
+                _new_state("online_update: update", model, checked, out.hidden, out.other,
+                           out.traces),
                 UpdateStats(out.losses, finite, out.bad_update_at, out.bad_params))
 
     return OnlineUpdate(init, update)

@@ -6,15 +6,18 @@ a clear error instead of a wrong result or an error from deep inside XLA.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from braintrace._arguments import ArgumentTypeError, check_integer
 
 __all__ = [
     "REDUCTIONS",
+    "cast_inputs",
     "check_chunk_size",
     "check_example_batch",
     "check_input_dtype",
@@ -37,8 +40,18 @@ def shape_of(a: Any) -> tuple[int, ...]:
     return tuple(a.shape) if hasattr(a, "shape") else tuple(np.shape(a))
 
 
-def check_inputs(xs: Any, example: Any) -> int:
+def check_inputs(xs: Any, example: Any, *,
+                 another_batch: Callable[[int], str] | None = None) -> int:
     """The number of time steps of ``xs``, after checking each step matches ``example``.
+
+    Args:
+        xs: Inputs, time axis leading.
+        example: The compiled input of one step (``jax.ShapeDtypeStruct`` leaves).
+        another_batch: What to do for inputs of another batch size ``b`` (the
+            second axis), as ``another_batch(b)``; by default the stateful
+            learner's advice (``learner.reset(batch_size=b)``). When it is given,
+            inputs that could be either of another batch size or batch-major are
+            told both.
 
     Raises:
         ValueError: ``xs`` has another structure, leaves of different lengths,
@@ -57,7 +70,7 @@ def check_inputs(xs: Any, example: Any) -> int:
         raise ValueError("Every input in xs needs the same leading time axis.")
     for a, e in zip(leaves, examples):
         if shape_of(a)[1:] != tuple(e.shape):
-            raise ValueError(_shape_mismatch(shape_of(a), tuple(e.shape)))
+            raise ValueError(_shape_mismatch(shape_of(a), tuple(e.shape), another_batch))
     for (path, a), e in zip(jax.tree_util.tree_leaves_with_path(xs), examples):
         check_input_dtype(f"xs{jax.tree_util.keystr(path)}", a, e.dtype)
     return lengths.pop()
@@ -92,14 +105,21 @@ def check_example_batch(example_x: Any, batch_size: int | None) -> None:
                 f"an example of shape {(batch_size, *shape[1:])}{other}.")
 
 
-_KIND_RANK = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
+_KINDS = (jnp.bool_, jnp.integer, jnp.floating, jnp.complexfloating)
+
+
+def _kind_rank(dtype: Any) -> int:
+    """0 bool, 1 integer, 2 floating (``bfloat16`` too), 3 complex, 4 anything else."""
+    return next((rank for rank, kind in enumerate(_KINDS) if jnp.issubdtype(dtype, kind)),
+                len(_KINDS))
 
 
 def check_input_dtype(name: str, a: Any, compiled: Any) -> None:
     """Checks that input ``a`` may stand for an input of dtype ``compiled``.
 
-    Integers may feed a floating-point input (they are promoted), but floats
-    may not feed integer indices (e.g. :class:`~braintrace.layers.ETPEmbed`'s)
+    Integers may feed a floating-point input (they are promoted), and a float
+    of another width a floating-point input (it is cast, see :func:`cast_inputs`),
+    but floats may not feed integer indices (e.g. :class:`~braintrace.layers.ETPEmbed`'s)
     nor complex numbers a real input.
 
     Raises:
@@ -118,28 +138,68 @@ def check_input_dtype(name: str, a: Any, compiled: Any) -> None:
     """
     given = np.dtype(a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype)
     compiled = np.dtype(compiled)
-    if _KIND_RANK.get(given.kind, 9) > _KIND_RANK.get(compiled.kind, 9):
-        hint = " (e.g. integer indices)" if compiled.kind in "iu" else ""
+    if _kind_rank(given) > _kind_rank(compiled):
+        hint = " (e.g. integer indices)" if _kind_rank(compiled) == 1 else ""
         raise ArgumentTypeError(
             f"{name} has dtype {given}, but the model was compiled for {compiled} inputs{hint}; "
             f"cast it: {name}.astype(jnp.{compiled}).")
 
 
-def _shape_mismatch(shape: tuple[int, ...], step: tuple[int, ...]) -> str:
-    """Why inputs of ``shape`` do not fit a model compiled for steps of shape ``step``."""
+def _shape_mismatch(shape: tuple[int, ...], step: tuple[int, ...],
+                    another_batch: Callable[[int], str] | None = None) -> str:
+    """Why inputs of ``shape`` do not fit a model compiled for steps of shape ``step``
+    (``another_batch``: see :func:`check_inputs`)."""
     got = (f"xs has shape {shape}: {shape[0]} time steps of shape {shape[1:]}, but the model "
            f"was compiled for steps of shape {step}.")
     time_major = "Inputs are time-major: (T, batch, *features)."
-    batch_major = (len(shape) == len(step) + 1 and len(step) >= 1 and shape[0] == step[0]
-                   and shape[2:] == step[1:])
-    if batch_major:
-        return (f"{got} {time_major} This looks batch-major ({step[0]} sequences of "
-                f"{shape[1]} steps): pass jnp.swapaxes(xs, 0, 1) (and the same for ys).")
-    if len(shape) == len(step) + 1 and shape[2:] == step[1:]:
+    batched = len(shape) == len(step) + 1 and len(step) >= 1 and shape[2:] == step[1:]
+    swap = (f"This looks batch-major ({step[0]} sequences of {shape[1]} steps): pass "
+            "jnp.swapaxes(xs, 0, 1) (and the same for ys).")
+    if batched and another_batch is not None:
+        other = f"For a batch of {shape[1]}: {another_batch(shape[1])}"
+        if shape[0] == step[0]:
+            swap = (f"If it is batch-major ({step[0]} sequences of {shape[1]} steps), pass "
+                    "jnp.swapaxes(xs, 0, 1) (and the same for ys).")
+            return f"{got} {time_major} {other} {swap}"
+        return f"{got} {time_major} {other}"
+    if batched and shape[0] == step[0]:
+        return f"{got} {time_major} {swap}"
+    if batched:
         return (f"{got} {time_major} For another batch size than {step[0]}, call "
                 f"learner.reset(batch_size={shape[1]}) (or evaluate with learner.evaluate(xs), "
                 "which runs at any batch size).")
     return f"{got} {time_major}"
+
+
+def cast_inputs(xs: Any, example: Any) -> Any:
+    """``xs`` with each floating-point leaf cast to the floating dtype it was compiled for.
+
+    A learner's programs carry hidden states and traces in the dtypes they were
+    compiled for, so a float input of another width (``float64`` data into a
+    ``float32`` learner under ``jax_enable_x64``, ``float32`` data into a
+    ``bfloat16`` model) is cast to the compiled input's dtype, as a Flax layer
+    casts its input to its compute dtype (``nnx.Linear(..., dtype=...)``).
+    Other leaves (integers, booleans) are left as they are: the model promotes
+    them as usual. Runs inside ``jit`` (no host work).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> example = jax.ShapeDtypeStruct((2,), jnp.bfloat16)
+        >>> cast_inputs(jnp.ones((3, 2), jnp.float32), example).dtype
+        dtype(bfloat16)
+        >>> cast_inputs(jnp.ones((3, 2), jnp.int32), example).dtype
+        dtype('int32')
+    """
+    leaves, treedef = jax.tree.flatten(xs)
+    return jax.tree.unflatten(treedef, [
+        jnp.asarray(a, e.dtype) if _float_to_float(jnp.result_type(a), e.dtype) else a
+        for a, e in zip(leaves, jax.tree.leaves(example), strict=True)])
+
+
+def _float_to_float(given: Any, compiled: Any) -> bool:
+    """Whether ``given`` and ``compiled`` are two different floating-point dtypes."""
+    return (jnp.issubdtype(given, jnp.floating) and jnp.issubdtype(compiled, jnp.floating)
+            and np.dtype(given) != np.dtype(compiled))
 
 
 def check_targets(ys: Any, length: int) -> None:

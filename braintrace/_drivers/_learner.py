@@ -16,44 +16,37 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from braintrace._algorithms import AbstractAlgorithm, GraphRules
-from braintrace._compiler import ETraceGraph, split_model
-from braintrace._drivers._checkpoint import Item, leaf_names, optimizer_item
+from braintrace._compiler import ETraceGraph
+from braintrace._drivers._checkpoint import Item
 from braintrace._drivers._checkpointable import Checkpointable
 from braintrace._drivers._compiled import CompiledModel, Entry
 from braintrace._drivers._evaluate import batch_size_of, evaluate
-from braintrace._drivers._inputs import (
-    check_inputs,
-    check_signal_inputs,
-    loss_weights,
-    refuse_traced,
+from braintrace._drivers._grad_call import grad_call, place_learner_inputs
+from braintrace._drivers._inputs import cast_inputs, check_inputs, refuse_traced
+from braintrace._drivers._learner_state import (
+    checked_traces,
+    checkpoint_items,
+    fresh_traces,
+    load_state,
+    place_model,
+    placed_leaves,
+    reset_state,
+    restored_state,
 )
-from braintrace._drivers._model_state import (
-    Leaves,
-    check_leaves,
-    model_leaves,
-    param_state,
-    runs_at,
-    strong,
-    write_params,
-    write_state,
-)
+from braintrace._drivers._model_state import Leaves, model_leaves, param_state, write_state
 from braintrace._drivers._not_finite import raise_if_grad_not_finite
 from braintrace._drivers._programs import EVOLVE_PROGRAM, GRAD_PROGRAM, GradArgs, GradResult
-from braintrace._drivers._sharding import host_array, place, place_inputs
-from braintrace._drivers._states import check_batch_size, init_states
-from braintrace._loops import LoopSpec, check_positive, choose_loop
+from braintrace._drivers._sharding import host_array
+from braintrace._drivers._states import KEEP
+from braintrace._loops import LoopSpec
 
-__all__ = ["KEEP", "OnlineLearner"]
+__all__ = ["OnlineLearner"]
 
 UNCHANGED = ("the model's Params and hidden state and the learner's traces are as they were "
              "before this call")
-
-KEEP: Any = type("Keep", (), {"__repr__": lambda self: "KEEP"})()
-"""``reset``'s default: keep the current batch size (``None`` means per sample)."""
 
 
 class OnlineLearner(Checkpointable):
@@ -90,9 +83,8 @@ class OnlineLearner(Checkpointable):
         self.compiled = CompiledModel(model, algorithm, example_x, strict=strict, mesh=mesh,
                                       data_axis=data_axis, neuron_axis=neuron_axis)
         self._batch_size = self.compiled.base_batch_size
-        self._trace_shapes: dict[int, Any] = {}
-        self._place_model()
-        self.traces = self._fresh_traces(self._entry())
+        place_model(model, self._entry())
+        self.traces = fresh_traces(self.compiled, self._entry(), model)
 
     # -- what was compiled ---------------------------------------------------------------
 
@@ -143,31 +135,7 @@ class OnlineLearner(Checkpointable):
 
     def _checked_traces(self, entry: Entry) -> Any:
         """The traces, after checking they fit ``entry`` (a mode may change what is traced)."""
-        key = id(entry)
-        if key not in self._trace_shapes:
-            self._trace_shapes[key] = self.compiled.trace_shapes(entry)
-        want = self._trace_shapes[key]
-        have = self.traces  # read the shapes directly: an eval_shape costs ~0.3 ms per call
-        if jax.tree.structure(want) != jax.tree.structure(have) or any(
-                (tuple(a.shape), a.dtype) != (tuple(np.shape(b)), jnp.result_type(b))
-                for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(have))):
-            raise ValueError(
-                "The model's mode (model.eval() / model.train()) or structure changed which "
-                "operations are traced since the traces were made; call learner.reset() to "
-                "start fresh traces in this mode.")
-        return self.traces
-
-    def _place_model(self) -> None:
-        """Puts the model's Params and states on the mesh (nothing without one)."""
-        lay = self._entry().layout
-        if lay is not None:
-            params, hidden, other = model_leaves(self.model)
-            write_params(self.model, place(params, lay.params))
-            write_state(self.model, place(hidden, lay.hidden), place(other, lay.other))
-
-    def _fresh_traces(self, entry: Entry) -> Any:
-        traces = self.compiled.zero_traces(entry, model_leaves(self.model).params)
-        return traces if entry.layout is None else place(traces, entry.layout.traces)
+        return checked_traces(self.compiled, entry, self.traces)
 
     # -- state ---------------------------------------------------------------
 
@@ -196,13 +164,7 @@ class OnlineLearner(Checkpointable):
         return self._leaves(self._entry())
 
     def _leaves(self, entry: Entry) -> Leaves:
-        leaves = check_leaves(model_leaves(self.model), entry.graph, entry.leaf_avals,
-                              self._batch_size)
-        lay = entry.layout
-        if lay is None:
-            return leaves
-        return Leaves(place(leaves.params, lay.params), place(leaves.hidden, lay.hidden),
-                      place(leaves.other, lay.other))
+        return placed_leaves(self.model, entry, self._batch_size)
 
     def check_inputs(self, xs: Any) -> int:
         """The number of time steps of ``xs``, after checking each step has the compiled shape.
@@ -253,22 +215,8 @@ class OnlineLearner(Checkpointable):
             (8, (5, 8, 3))
         """
         target = self._batch_size if batch_size is KEEP else batch_size
-        if target is not None:
-            target = check_batch_size("reset: batch_size", target,
-                                      note="; the learner is unchanged")
-        try:
-            entry = self._entry(target)
-            fresh = nnx.clone(self.model)
-            init_states(fresh, target)
-            traces = self.compiled.zero_traces(entry, model_leaves(fresh).params)
-        except ValueError as err:
-            raise ValueError(
-                f"reset(batch_size={target}): {err} The learner is unchanged and still runs "
-                f"{runs_at(self._batch_size)}.") from err
-        init_states(self.model, target)
-        self._batch_size = target
-        self._place_model()
-        self.traces = traces if entry.layout is None else place(traces, entry.layout.traces)
+        self._batch_size, self.traces = reset_state(self.compiled, self.model, self._batch_size,
+                                                    target)
 
     def state(self) -> dict[str, Any]:
         """Everything a resumed run needs: Params, hidden and other state, traces."""
@@ -277,35 +225,16 @@ class OnlineLearner(Checkpointable):
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Loads a :meth:`state` into the model and the learner (onto the mesh, if any)."""
-        lay = self._entry().layout
-        if lay is not None:
-            state = {"params": place(state["params"], lay.params),
-                     "hidden": place(state["hidden"], lay.hidden),
-                     "other": place(state["other"], lay.other),
-                     "traces": place(state["traces"], lay.traces)}
-        write_params(self.model, state["params"])
-        write_state(self.model, state["hidden"], state["other"])
-        self.traces = state["traces"]
+        self.traces = load_state(self.model, self._entry(), state)
 
     def _checkpoint_items(self, optimizer: nnx.Optimizer | None = None) -> dict[str, Item]:
         """Params, hidden and other state, traces (and ``optimizer``'s state), as named items."""
-        graph = self.graph
-        _, params, hidden, other = split_model(self.model)
-        items = {"params": Item(params, [f"params/{p}" for p in graph.param_paths]),
-                 "hidden": Item(hidden, [f"hidden/{p}" for p in graph.hidden_paths]),
-                 "other": Item(other, [f"other/{p}" for p in graph.other_paths]),
-                 "traces": Item(self.traces, leaf_names("traces", self.traces), flax=False)}
-        if optimizer is not None:
-            items["optimizer"] = optimizer_item(optimizer)
-        return items
+        return checkpoint_items(self.model, self.graph, self.traces, optimizer)
 
     def _load_checkpoint(self, restored: dict[str, Any],
                          optimizer: nnx.Optimizer | None = None) -> None:
         """Writes restored items (of :meth:`_checkpoint_items`) into the model and learner."""
-        self.load_state({"params": jax.tree.leaves(restored["params"]),
-                         "hidden": [strong(h) for h in jax.tree.leaves(restored["hidden"])],
-                         "other": jax.tree.leaves(restored["other"]),
-                         "traces": restored["traces"]})
+        self.load_state(restored_state(restored))
         if optimizer is not None:
             nnx.update(optimizer, restored["optimizer"])
 
@@ -340,7 +269,8 @@ class OnlineLearner(Checkpointable):
         For evaluation: the model runs in its current mode (``model.eval()``) from
         its hidden states' initial values; neither hidden state, traces nor any
         Variable of the model or the learner change, and no training program is
-        compiled (see :func:`braintrace.evaluate`).
+        compiled (see :func:`braintrace.evaluate`). Float inputs of another width
+        are cast to the compiled input's dtype, as in every other call.
 
         Args:
             xs: Inputs, time axis leading; the batch axis (second) may have any size.
@@ -356,8 +286,9 @@ class OnlineLearner(Checkpointable):
             (6, 50, 4)
         """
         refuse_traced("learner.evaluate", xs)
-        return evaluate(self.model, xs, batch_size=batch_size_of(xs, self._entry().example,
-                                                                 self._batch_size))
+        example = self._entry().example
+        return evaluate(self.model, cast_inputs(xs, example),
+                        batch_size=batch_size_of(xs, example, self._batch_size))
 
     def etrace_grad(
         self,
@@ -486,30 +417,13 @@ class OnlineLearner(Checkpointable):
                    ) -> tuple[Entry, LoopSpec, GradArgs]:
         """The entry, the loop and the checked arguments of an ``etrace_grad`` call."""
         entry = self._entry()
-        xs, ys = self._place_inputs(entry, xs), self._place_inputs(entry, ys)
-        weights = loss_weights(xs, ys, entry.example, mask, chunk_size, reduction,
-                               entry.batch_size)
-        length = len(weights)
-        spec = choose_loop(entry.rules, length=length, chunk_size=chunk_size,
-                           block_size=None if block_size is None
-                           else check_positive("block_size", block_size))
-        params, hidden, other = self._leaves(entry)
-        inputs = check_signal_inputs(entry.rules, hidden, signal_inputs, length)
-        if inputs is not None:
-            inputs = self._place_inputs(entry, inputs)
-        weights = jnp.asarray(weights, jnp.result_type(*params))
-        if entry.layout is not None:
-            weights = place(weights, entry.layout.replicated)
-        return entry, spec, GradArgs(params, hidden, other, self._checked_traces(entry), xs, ys,
-                                     weights, inputs)
+        spec, args = grad_call(entry, xs, ys, mask=mask, chunk_size=chunk_size,
+                               block_size=block_size, reduction=reduction,
+                               signal_inputs=signal_inputs, leaves=lambda: self._leaves(entry),
+                               traces=lambda: self._checked_traces(entry))
+        return entry, spec, args
 
     @staticmethod
     def _place_inputs(entry: Entry, tree: Any) -> Any:
-        """Inputs or targets split over the mesh's data axis (as they are without a mesh).
-
-        ``jax.ShapeDtypeStruct`` leaves (for :meth:`lower_etrace_grad`) stay as they are.
-        """
-        lay = entry.layout
-        if lay is None or any(isinstance(a, jax.ShapeDtypeStruct) for a in jax.tree.leaves(tree)):
-            return tree
-        return place_inputs(lay, tree)
+        """Inputs or targets split over the mesh's data axis (:func:`place_learner_inputs`)."""
+        return place_learner_inputs(entry, tree)

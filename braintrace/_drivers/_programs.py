@@ -12,7 +12,9 @@ these, under ``jax.jit`` (:data:`GRAD_PROGRAM`, :data:`TRAIN_PROGRAM`,
 * :func:`train_program`: an optax update after every ``k`` steps, inside the loop;
 * :func:`evolve_program`: hidden state and traces advanced without gradients.
 
-With a mesh (data parallel) the state keeps its shardings from entry to exit.
+Floating-point inputs of another width are cast to the compiled input's dtype
+(:func:`~braintrace._drivers._inputs.cast_inputs`). With a mesh (data parallel)
+the state keeps its shardings from entry to exit.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import jax.numpy as jnp
 import optax
 
 from braintrace._drivers._compiled import Entry
+from braintrace._drivers._inputs import cast_inputs
 from braintrace._drivers._sharding import (
     Layout,
     constrain,
@@ -135,6 +138,7 @@ def grad_program(entry: Entry, loss_fn: Callable[[Any, Any], jax.Array], spec: L
         weights: ``(T,)`` weights ``w_t``.
         signal_inputs: The learning signal's per-step inputs, or ``None``.
     """
+    xs = cast_inputs(xs, entry.example)
     lay = entry.layout
     if lay is not None:
         params, hidden, other, traces = _constrain_state(lay, params, hidden, other, traces)
@@ -153,6 +157,7 @@ def grad_program(entry: Entry, loss_fn: Callable[[Any, Any], jax.Array], spec: L
 @_on_its_mesh
 def evolve_program(entry: Entry, params, hidden, other, traces, xs) -> tuple[Any, ...]:
     """Outputs, hidden state, other Variables and traces after ``xs`` (no gradients)."""
+    xs = cast_inputs(xs, entry.example)
     lay = entry.layout
     if lay is None:
         return evolve(entry.rules, params, hidden, other, traces, xs)
@@ -238,6 +243,7 @@ def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
     consumer of it and so computes it once per optimiser moment (Adam, D-RTRL on
     the benchmark GRU, an update every step: 1.95 ms per step against 1.64).
     """
+    xs = cast_inputs(xs, entry.example)
     lay = entry.layout
     if lay is not None:
         params, hidden, other, traces = _constrain_state(lay, params, hidden, other, traces)

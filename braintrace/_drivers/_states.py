@@ -12,7 +12,11 @@ from flax import nnx
 from braintrace._arguments import check_integer
 from braintrace._hidden import HiddenState
 
-__all__ = ["check_batch_size", "check_sample_shapes", "init_states"]
+__all__ = ["KEEP", "check_batch_size", "check_sample_shapes", "init_states"]
+
+KEEP: Any = type("Keep", (), {"__repr__": lambda self: "KEEP"})()
+"""The default batch size of ``learner.reset`` and ``online.init``: keep the current one
+(``None`` means per sample, so it cannot be the default)."""
 
 
 def init_states(model: nnx.Module, batch_size: int | None = None) -> None:
