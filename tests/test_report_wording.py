@@ -87,7 +87,7 @@ def test_windowed_mode_is_advised_by_the_argument_of_the_drivers_that_take_it():
     braintrace.init_states(model, B)
     online = braintrace.online_grad(braintrace.compile(model, "d_rtrl", jnp.ones((B, I))),
                                     lambda y, t: jnp.mean((y - t) ** 2), chunk_size=2)
-    grads, _, stats = online.grad(model, online.init(model), jnp.ones((4, B, I)),
+    _, _, stats = online.grad(model, online.init(model), jnp.ones((4, B, I)),
                                   jnp.zeros((4, B, H)))
     assert stats.losses.shape == (4,)
 

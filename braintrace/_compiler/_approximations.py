@@ -40,7 +40,6 @@ import jax.extend.core as jex_core
 
 from braintrace._compiler._layout import StepLayout
 from braintrace._compiler._modules import ModuleMap
-from braintrace._compiler._positions import OPAQUE_CALLS
 from braintrace._compiler._phrases import (
     EXACT_ALTERNATIVES,
     eqn_names,
@@ -48,6 +47,7 @@ from braintrace._compiler._phrases import (
     params_phrase,
     states_phrase,
 )
+from braintrace._compiler._positions import OPAQUE_CALLS
 from braintrace._compiler._records import Approximation, Exclusion, HiddenGroup, Relation
 from braintrace._compiler._walk import feeding, is_var, reached
 
