@@ -136,7 +136,7 @@ def test_param_inside_a_custom_derivative_is_reported_with_a_same_step_gradient(
     assert "opaque" in report
 
 
-@pytest.mark.parametrize("algorithm", ["d_rtrl", "es_d_rtrl", "eprop", "ostl_feedforward"])
+@pytest.mark.parametrize("algorithm", ["d_rtrl", "es_d_rtrl", "eprop", "ostl_feedforward", "rtrl"])
 @pytest.mark.parametrize("wrapper", WRAPPERS)
 def test_nothing_traced_equals_bptt_at_one_step(wrapper, algorithm):
     xs, ys = _data(1)
