@@ -12,8 +12,8 @@ from flax.nnx.nn.recurrent import default_kernel_init
 from flax.typing import Dtype, Initializer
 
 from ._cell import AbstractCell
+from ._initializers import zeros
 from ._linear import ETPLinear
-from ._recurrent import _zeros
 
 __all__ = ["MinLSTMCell"]
 
@@ -68,7 +68,7 @@ class MinLSTMCell(AbstractCell):
         *,
         gate_fn: Callable[..., Any] = nnx.sigmoid,
         kernel_init: Initializer = default_kernel_init,
-        bias_init: Initializer = _zeros,
+        bias_init: Initializer = zeros,
         dtype: Dtype | None = None,
         param_dtype: Dtype = jnp.float32,
         rngs: nnx.Rngs,

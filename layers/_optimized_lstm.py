@@ -19,8 +19,8 @@ from braintrace._primitives import matmul
 
 from ._cell import AbstractCell
 from ._checks import check_features
+from ._initializers import orthogonal, zeros
 from ._linear import ETPLinear
-from ._recurrent import _orthogonal, _zeros
 
 __all__ = ["OptimizedLSTMCell"]
 
@@ -98,8 +98,8 @@ class OptimizedLSTMCell(AbstractCell):
         gate_fn: Callable[..., Any] = nnx.sigmoid,
         activation_fn: Callable[..., Any] = nnx.tanh,
         kernel_init: Initializer = default_kernel_init,
-        recurrent_kernel_init: Initializer = _orthogonal,
-        bias_init: Initializer = _zeros,
+        recurrent_kernel_init: Initializer = orthogonal,
+        bias_init: Initializer = zeros,
         dtype: Dtype | None = None,
         param_dtype: Dtype = jnp.float32,
         carry_init: Initializer | None = None,

@@ -16,18 +16,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from flax.nnx.nn import initializers
 from flax.nnx.nn.recurrent import default_kernel_init, modified_orthogonal
 from flax.typing import Dtype, Initializer
 
 from ._cell import AbstractCell
+from ._initializers import lecun_normal, orthogonal, zeros
 from ._linear import ETPLinear
 
 __all__ = ["GRUCell", "LSTMCell", "MinGRUCell", "SimpleCell"]
 
-_lecun_normal = initializers.lecun_normal()
-_orthogonal = initializers.orthogonal()
-_zeros = initializers.zeros_init()
 
 
 class SimpleCell(AbstractCell):
@@ -75,9 +72,9 @@ class SimpleCell(AbstractCell):
         param_dtype: Dtype = jnp.float32,
         residual: bool = False,
         activation_fn: Callable[..., Any] = nnx.tanh,
-        kernel_init: Initializer = _lecun_normal,
-        recurrent_kernel_init: Initializer = _orthogonal,
-        bias_init: Initializer = _zeros,
+        kernel_init: Initializer = lecun_normal,
+        recurrent_kernel_init: Initializer = orthogonal,
+        bias_init: Initializer = zeros,
         rngs: nnx.Rngs,
         kernel_metadata: Mapping[str, Any] = MappingProxyType({}),
         recurrent_kernel_metadata: Mapping[str, Any] = MappingProxyType({}),
@@ -157,8 +154,8 @@ class GRUCell(AbstractCell):
         gate_fn: Callable[..., Any] = nnx.sigmoid,
         activation_fn: Callable[..., Any] = nnx.tanh,
         kernel_init: Initializer = default_kernel_init,
-        recurrent_kernel_init: Initializer = _orthogonal,
-        bias_init: Initializer = _zeros,
+        recurrent_kernel_init: Initializer = orthogonal,
+        bias_init: Initializer = zeros,
         dtype: Dtype | None = None,
         param_dtype: Dtype = jnp.float32,
         rngs: nnx.Rngs,
@@ -246,7 +243,7 @@ class LSTMCell(AbstractCell):
         activation_fn: Callable[..., Any] = nnx.tanh,
         kernel_init: Initializer = default_kernel_init,
         recurrent_kernel_init: Initializer = modified_orthogonal,
-        bias_init: Initializer = _zeros,
+        bias_init: Initializer = zeros,
         dtype: Dtype | None = None,
         param_dtype: Dtype = jnp.float32,
         rngs: nnx.Rngs,
@@ -335,7 +332,7 @@ class MinGRUCell(AbstractCell):
         *,
         gate_fn: Callable[..., Any] = nnx.sigmoid,
         kernel_init: Initializer = default_kernel_init,
-        bias_init: Initializer = _zeros,
+        bias_init: Initializer = zeros,
         dtype: Dtype | None = None,
         param_dtype: Dtype = jnp.float32,
         rngs: nnx.Rngs,

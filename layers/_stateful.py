@@ -27,6 +27,23 @@ def _key_name(key: Any) -> str:
     return str(key)
 
 
+def _initial_carry(cell: nnx.Module, rngs: nnx.Rngs | None) -> Any:
+    """``cell.initialize_carry((in_features,), rngs)``; without ``rngs``, a failure is a
+    ValueError naming the cell and the argument to pass."""
+    if rngs is not None:
+        return cell.initialize_carry((cell.in_features,), rngs)
+    try:
+        return cell.initialize_carry((cell.in_features,), None)
+    except (ValueError, TypeError, AttributeError) as error:
+        cls = type(cell)
+        name = f"nnx.{cls.__name__}" if cls.__module__.startswith("flax.") else cls.__name__
+        raise ValueError(
+            f"Stateful({name}) was given no rngs, but {name}.initialize_carry needs them to "
+            f"draw the initial carry ({type(error).__name__}: {error}). A Flax cell's "
+            "initialize_carry takes rngs: pass them as layers.Stateful(cell, "
+            "rngs=nnx.Rngs(0)).") from error
+
+
 class Stateful(nnx.Module):
     """Wraps a Flax-protocol cell so that a call is one time step on stored state.
 
@@ -40,7 +57,13 @@ class Stateful(nnx.Module):
     Args:
         cell: A cell with ``__call__(carry, x) -> (carry, y)``,
             ``initialize_carry(input_shape, rngs)`` and ``in_features``.
-        rngs: Passed to ``initialize_carry`` (Flax's own cells require it).
+        rngs: Passed to ``initialize_carry`` (Flax's own cells, such as
+            ``nnx.GRUCell``, require it; braintrace's cells start at zeros
+            without it).
+
+    Raises:
+        ValueError: ``rngs`` is not given and ``cell.initialize_carry`` fails
+            without it (the message names the cell and says to pass ``rngs=``).
 
     Example:
         >>> import jax.numpy as jnp
@@ -58,7 +81,7 @@ class Stateful(nnx.Module):
     """
 
     def __init__(self, cell: nnx.Module, *, rngs: nnx.Rngs | None = None):
-        carry = cell.initialize_carry((cell.in_features,), rngs)
+        carry = _initial_carry(cell, rngs)
         self.cell = cell
         self.carry = nnx.data(jax.tree.map(HiddenState, carry))
 

@@ -73,7 +73,7 @@ def test_the_strict_error_gives_the_sentence_the_alternatives_and_then_the_detai
         braintrace.compile(MODELS["lif"].build(), braintrace.ES_D_RTRL(0.7), x, strict=True)
     message = str(error.value)
     sentence = message.index("ESDRTRL ('es_d_rtrl') replaces D-RTRL's traces")
-    alternatives = message.index("Exact on this model (strict=True accepts them): D_RTRL(), "
+    alternatives = message.index("Exact on this model (strict=True accepts them): DRTRL(), "
                                  "RTRL()")
     details = message.index("Details:\n  - modules.0.bias, modules.0.kernel: factorised-traces:")
     assert sentence < alternatives < details

@@ -113,7 +113,7 @@ def test_learner_report_and_strict_speak_for_the_algorithm():
     assert lines[3].startswith("  - UORO (seed 0) keeps a random rank-one estimate of RTRL's "
                                "influence")
     assert "`modules.0.bias` and `modules.0.kernel`" in lines[3]
-    assert lines[4].startswith("  Exact on this model (strict=True accepts them): D_RTRL(), "
+    assert lines[4].startswith("  Exact on this model (strict=True accepts them): DRTRL(), "
                                "RTRL()")
     message = str(error.value)
     assert "the gradient of algorithm 'uoro' (UORO) on this model is approximate" in message

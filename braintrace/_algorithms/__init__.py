@@ -1,7 +1,7 @@
 """Online learning algorithms: rules per relation and hooks, bound to a graph once.
 
 Design note. An algorithm (``AbstractAlgorithm``) is a configuration and a
-factory of :class:`~braintrace._algorithms._base.RelationRule` records (pure
+factory of :class:`~braintrace._algorithms._relation_rule.RelationRule` records (pure
 ``init``/``update``/``contribution``/``finalize`` and block functions per
 relation), with hooks for what is unusual about it: where its learning signal
 comes from (``_signals``), what a window adds (DNI), what binds to the model,
@@ -14,9 +14,6 @@ Rules never import a loop.
 from __future__ import annotations
 
 from braintrace._algorithms._base import AbstractAlgorithm as AbstractAlgorithm
-from braintrace._algorithms._base import BlockSteps as BlockSteps
-from braintrace._algorithms._base import Jacobians as Jacobians
-from braintrace._algorithms._base import RelationRule as RelationRule
 from braintrace._algorithms._bptt import BPTT as BPTT
 from braintrace._algorithms._d_rtrl import D_RTRL as D_RTRL
 from braintrace._algorithms._d_rtrl import DRTRL as DRTRL
@@ -31,6 +28,9 @@ from braintrace._algorithms._ostl import OSTLFeedforward as OSTLFeedforward
 from braintrace._algorithms._ostl import OSTLRecurrent as OSTLRecurrent
 from braintrace._algorithms._registry import ALGORITHMS as ALGORITHMS
 from braintrace._algorithms._registry import get_algorithm as get_algorithm
+from braintrace._algorithms._relation_rule import BlockSteps as BlockSteps
+from braintrace._algorithms._relation_rule import Jacobians as Jacobians
+from braintrace._algorithms._relation_rule import RelationRule as RelationRule
 from braintrace._algorithms._rtrl import RTRL as RTRL
 from braintrace._algorithms._signals import AbstractLearningSignal as AbstractLearningSignal
 from braintrace._algorithms._snap import SnAp as SnAp

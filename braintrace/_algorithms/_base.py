@@ -43,66 +43,20 @@ operands. The loops only ever talk to that record.
 from __future__ import annotations
 
 import abc
-import dataclasses
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 from flax import nnx
 
 from braintrace._algorithms._graph_rules import GraphRules
+from braintrace._algorithms._relation_rule import BlockSteps, RelationRule
 from braintrace._algorithms._signals import LOSS_SIGNAL, AbstractLearningSignal
 from braintrace._algorithms._trace_algebra import group_signal
 from braintrace._compiler import Approximation, ETraceGraph, Relation
 
-__all__ = ["AbstractAlgorithm", "BlockSteps", "Jacobians", "RelationRule"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Jacobians:
-    """One step's hidden Jacobians ``d[g]`` ``(*V, S, S)`` and ``df[r]``."""
-
-    d: Sequence[jax.Array]
-    df: Sequence[jax.Array]
-
-
-class BlockSteps(NamedTuple):
-    """What one relation's ``block_finish`` reads of a block of ``K`` steps.
-
-    Every array is stacked on a leading ``K`` axis.
-
-    Attributes:
-        signal: The relation's learning signals ``δ̄_k`` (a rule without ``block_step``).
-        d: Its group's ``D_k`` (a rule without ``block_step``).
-        df: Its ``Df_k`` (a rule without ``block_step``).
-        x: Its inputs ``x_k`` (``None`` for an elementwise relation).
-        dy: Its output cotangents ``∂L_k/∂y_k``, or ``None`` when another relation
-            of the same equation counts the same-step share.
-        stepped: The state after ``block_step`` ran over the block (with ``block_step``).
-        outs: ``block_step``'s stacked outputs (with ``block_step``).
-    """
-
-    signal: jax.Array | None
-    d: jax.Array | None
-    df: jax.Array | None
-    x: jax.Array | None
-    dy: jax.Array | None
-    stepped: Any = None
-    outs: Any = None
-
-
-class RelationRule(NamedTuple):
-    """The pure functions of one algorithm for one kind of relation (module docstring)."""
-
-    init: Callable[[ETraceGraph, Relation, dict[str, jax.Array]], Any]
-    update: Callable[..., Any]
-    contribution: Callable[[Relation, Any, jax.Array, dict[str, jax.Array]], Any]
-    finalize: Callable[[Relation, Any, dict[str, jax.Array]], dict[str, jax.Array]]
-    rules: Callable[[Relation], tuple[str, ...]]
-    block_step: Callable[..., tuple[Any, Any]] | None = None
-    block_finish: Callable[..., tuple[Any, Any]] | None = None
-    own: Callable[[Any], Any] | None = None
-    tie: Callable[[Any, Any], Any] | None = None
+# BlockSteps and RelationRule are named here for the rules that import them with the base
+__all__ = ["AbstractAlgorithm", "BlockSteps", "RelationRule"]
 
 
 class AbstractAlgorithm(abc.ABC):

@@ -14,7 +14,8 @@ uses, now one word away (``braintrace.compile(model, 'bptt', x)``).
 
 from __future__ import annotations
 
-from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
+from braintrace._algorithms._base import AbstractAlgorithm
+from braintrace._algorithms._relation_rule import RelationRule
 from braintrace._compiler import ETraceGraph
 
 __all__ = ["BPTT"]

@@ -68,8 +68,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
+from braintrace._algorithms._base import AbstractAlgorithm
 from braintrace._algorithms._d_rtrl import DRTRL
+from braintrace._algorithms._relation_rule import RelationRule
 from braintrace._compiler import ETraceGraph, leaf_paths, split_model
 from braintrace._hidden import state_batch_size
 

@@ -43,8 +43,9 @@ from typing import Any, NamedTuple
 import jax
 
 from braintrace._algorithms._approximations import algorithm_approximation
-from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
+from braintrace._algorithms._base import AbstractAlgorithm
 from braintrace._algorithms._d_rtrl import DRTRL_ELEMENTWISE, DRTRL_INPUT
+from braintrace._algorithms._relation_rule import RelationRule
 from braintrace._compiler import (
     Approximation,
     ElementwiseRelation,

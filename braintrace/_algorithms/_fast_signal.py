@@ -29,7 +29,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from braintrace._algorithms._base import BlockSteps
+from braintrace._algorithms._relation_rule import BlockSteps
 from braintrace._compiler import (
     Approximation,
     ElementwiseRelation,

@@ -2,7 +2,7 @@
 
 :meth:`AbstractAlgorithm.rules(graph) <braintrace.AbstractAlgorithm.rules>`
 returns a :class:`GraphRules` once, at compile time. It holds every relation's
-:class:`~braintrace._algorithms._base.RelationRule` and the algorithm's hooks
+:class:`~braintrace._algorithms._relation_rule.RelationRule` and the algorithm's hooks
 (learning signal, window, feedback operands), and maps the rules over the
 graph's relations. It holds no mutable state and nothing keyed on the graph's
 identity: a new graph (another batch size, another mode) gets its own record.
@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 
+from braintrace._algorithms._relation_rule import BlockSteps, Jacobians, RelationRule
+from braintrace._algorithms._signals import AbstractLearningSignal
 from braintrace._compiler import ETraceGraph, Relation
 from braintrace._primitives import MissingRuleError
-
-if TYPE_CHECKING:
-    from braintrace._algorithms._base import BlockSteps, Jacobians, RelationRule
-    from braintrace._algorithms._signals import AbstractLearningSignal
 
 __all__ = ["GraphRules"]
 

@@ -32,8 +32,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
+from braintrace._algorithms._base import AbstractAlgorithm
 from braintrace._algorithms._graph_rules import GraphRules
+from braintrace._algorithms._relation_rule import RelationRule
 from braintrace._algorithms._trace_algebra import is_batched, operand_structs, param_dtypes
 from braintrace._arguments import check_integer
 from braintrace._compiler import ElementwiseRelation, ETraceGraph, InputRelation, Relation

@@ -37,7 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from braintrace._algorithms._approximations import algorithm_approximation
-from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
+from braintrace._algorithms._base import AbstractAlgorithm
+from braintrace._algorithms._relation_rule import RelationRule
 from braintrace._algorithms._rtrl import RTRL_ELEMENTWISE, RTRL_INPUT, flat_signal
 from braintrace._algorithms._trace_algebra import is_batched
 from braintrace._arguments import check_integer

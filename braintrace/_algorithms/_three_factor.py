@@ -38,8 +38,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
+from braintrace._algorithms._base import AbstractAlgorithm
 from braintrace._algorithms._d_rtrl import DRTRL_ELEMENTWISE, DRTRL_INPUT
+from braintrace._algorithms._relation_rule import RelationRule
 from braintrace._algorithms._signals import AbstractLearningSignal
 from braintrace._compiler import ElementwiseRelation, ETraceGraph, InputRelation
 

@@ -13,6 +13,7 @@ import jax.extend.core as jex_core
 
 from braintrace._compiler._build import build_graph
 from braintrace._compiler._graph import ETraceGraph
+from braintrace._compiler._phrases import RTRL_TIME
 
 __all__ = ["exact_algorithms", "exact_alternatives", "rescope"]
 
@@ -31,7 +32,7 @@ def _influence_bytes(graph: ETraceGraph) -> int:
     hidden = graph.layout.hidden_invars(graph.jaxpr)
     batched = any(r.batched for r in graph.relations)
     batch = hidden[0].aval.shape[0] if batched and hidden and hidden[0].aval.shape else 1
-    units = sum(math.prod(v.aval.shape[1 if batched else 0:]) for v in hidden)
+    units = _hidden_units(graph)
     jaxpr = graph.jaxpr
     size = sum(math.prod(jaxpr.eqns[r.eqn_index].invars[k].aval.shape)
                * jaxpr.eqns[r.eqn_index].invars[k].aval.dtype.itemsize
@@ -39,17 +40,27 @@ def _influence_bytes(graph: ETraceGraph) -> int:
     return batch * units * size
 
 
+def _hidden_units(graph: ETraceGraph) -> int:
+    """``N``: the hidden units of one sample."""
+    hidden = graph.layout.hidden_invars(graph.jaxpr)
+    batched = any(r.batched for r in graph.relations)
+    return sum(math.prod(v.aval.shape[1 if batched else 0:]) for v in hidden)
+
+
 def exact_algorithms(graph: ETraceGraph) -> list[str]:
     """The algorithms whose gradient equals BPTT on this model (``strict=True`` accepts
-    them): ``D_RTRL()`` without approximations in the diagonal scope, ``RTRL()`` without
-    any in the full scope (with its influence memory)."""
+    them): ``DRTRL()`` without approximations in the diagonal scope, ``RTRL()`` without
+    any in the full scope (with its memory and time per step)."""
     found = []
     if not rescope(graph, "diagonal").approximations:
-        found.append("D_RTRL()")
+        found.append("DRTRL()")
     full = rescope(graph, "full")
     if not full.approximations:
         mib = _influence_bytes(full) / 2 ** 20
-        found.append(f"RTRL() (influence memory about {mib:.3g} MiB at this batch size)")
+        n = _hidden_units(full)
+        found.append(f"RTRL() (for small models: an influence of about {mib:.3g} MiB at this "
+                     f"batch size, multiplied by the {n} × {n} step Jacobian every step: "
+                     f"{RTRL_TIME})")
     return found
 
 

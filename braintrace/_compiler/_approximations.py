@@ -47,6 +47,7 @@ from braintrace._compiler._phrases import (
     params_phrase,
     states_phrase,
 )
+from braintrace._compiler._positions import OPAQUE_CALLS
 from braintrace._compiler._records import Approximation, Exclusion, HiddenGroup, Relation
 from braintrace._compiler._walk import feeding, is_var, reached
 
@@ -194,21 +195,57 @@ def _coupling(jaxpr, layout, modules, groups, group_params, coupling_eqns, feeds
         if not params:
             continue
         paths = [p for g in sorted(sources) for p in groups[g].paths]
+        ops = operations(jaxpr, modules, eqns, ("couples", "couple")
+                         if set(fed_paths) <= set(paths) else ("carries", "carry"))
         if set(fed_paths) <= set(paths):
-            verb, what = ("couples", "couple"), f"different units of {states_phrase(modules, paths)}"
+            what = (f"{ops} different units of {states_phrase(modules, paths)} from one step to "
+                    "the next (recurrent weights, a matrix or a reduction), but the diagonal "
+                    "traces keep only each unit's own recurrence")
+            spikes = _through_spikes(jaxpr, [hidden_in[leaf] for g in sources
+                                             for leaf in groups[g].leaves], eqns)
+            remedy = SPIKING_REMEDY if spikes else RECURRENT_REMEDY
         else:
-            verb = ("carries", "carry")
-            what = (f"{states_phrase(modules, paths)} into "
-                    f"{states_phrase(modules, [p for p in fed_paths if p not in paths])}")
+            fed = states_phrase(modules, [p for p in fed_paths if p not in paths])
+            what = (f"{ops} {states_phrase(modules, paths)} into {fed} (a feed-forward "
+                    "connection between two stateful layers, or a matrix or a reduction), but "
+                    "the diagonal traces keep each hidden group's own recurrence only")
+            remedy = f"{EXACT_ALTERNATIVES}."
         yield Approximation(
             "hidden-coupling", tuple(params),
             f"{eqn_names(jaxpr, eqns)} read hidden state {paths} and feed hidden state without "
             "being elementwise; D keeps only the elementwise part of ∂h^t/∂h^{t-1}",
-            f"{operations(jaxpr, modules, eqns, verb)} {what} from one step to the next (recurrent "
-            "weights, a matrix or a reduction), but the diagonal traces keep only each unit's "
-            f"own recurrence, so the credit over time of {params_phrase(params)} through that "
-            f"coupling is dropped; {EXACT_ALTERNATIVES}, or use a layer with an elementwise "
-            "recurrence (MinGRUCell, MinLSTMCell, LRU).")
+            f"{what}, so the credit over time of {params_phrase(params)} through that coupling "
+            f"is dropped; {remedy}")
+
+
+RECURRENT_REMEDY = (f"{EXACT_ALTERNATIVES}, or use a layer with an elementwise recurrence "
+                    "(MinGRUCell, MinLSTMCell, LRU).")
+"""What to do about recurrent weights of a non-spiking layer."""
+
+SPIKING_REMEDY = ("drop the recurrent weights if the task allows (a spiking layer fed only "
+                  "forward, ETPLinear into LIF or ALIF, has exact DRTRL() traces), or keep them: "
+                  f"{EXACT_ALTERNATIVES}.")
+"""What to do about recurrent weights between spiking neurons."""
+
+_COMPARISONS = frozenset({"gt", "ge", "lt", "le"})
+
+
+def _is_spike(eqn: jex_core.JaxprEqn) -> bool:
+    """Whether ``eqn`` is a spike function: a custom-derivative call whose body compares
+    (a step forward, a surrogate derivative backward, as ``layers.spike``)."""
+    if eqn.primitive.name not in OPAQUE_CALLS:
+        return False
+    return any(inner.primitive.name in _COMPARISONS
+               for body in jex_core.jaxprs_in_params(eqn.params) for inner in body.eqns)
+
+
+def _through_spikes(jaxpr: jex_core.Jaxpr, states: Sequence[object],
+                    eqns: Sequence[int]) -> bool:
+    """Whether the coupling equations ``eqns`` read ``states`` through a spike function."""
+    feeds = feeding(jaxpr, [v for i in eqns for v in jaxpr.eqns[i].invars if is_var(v)])
+    _, from_states = reached(jaxpr, states)
+    return any(_is_spike(jaxpr.eqns[i]) for i in from_states
+               if any(is_var(v) and v in feeds for v in jaxpr.eqns[i].outvars))
 
 
 def _moved_positions(jaxpr, layout, modules, groups, group_params):

@@ -21,9 +21,10 @@ rewrite rules are:
 * ``cond``: if any operand (the index included) is tainted, converted to a
   select of branches: every branch is evaluated inline (recursively flattened)
   and the outputs are combined with :func:`jax.lax.select_n`. Otherwise kept.
-* ``scan``: if any operand is tainted and ``length <= max_unroll``, unrolled
-  (``reverse`` respected, ``ys`` stacked). A tainted scan that is longer is an
-  error. Otherwise kept.
+* ``scan``: if any operand is tainted and ``length <= max_unroll``, or the model
+  asked for it (``jax.lax.scan(..., unroll=True)``), unrolled (``reverse``
+  respected, ``ys`` stacked). A longer tainted scan is an error that says how
+  to unroll it. Otherwise kept.
 * ``while``: a tainted operand is an error (a weight or hidden state inside a
   loop with a dynamic trip count cannot be compiled into eligibility traces).
   Otherwise kept.
@@ -102,7 +103,8 @@ def flatten_jaxpr(
     Args:
         closed_jaxpr: One model step, e.g. from :func:`jax.make_jaxpr`.
         tracked: One flag per invar: ``True`` for weights and hidden states.
-        max_unroll: Longest ``scan`` over tracked inputs that is unrolled.
+        max_unroll: Longest ``scan`` over tracked inputs that is unrolled unless the
+            scan itself asks to be unrolled whole (``unroll=True``).
         invar_names: Optional names of the invars (e.g. ``"cell.kernel"``),
             used in error messages.
         module_label: Names a module path for the notes (e.g. ``'`rnn.neuron`
@@ -115,7 +117,7 @@ def flatten_jaxpr(
     Raises:
         ValueError: If ``tracked``/``invar_names`` do not match the invars, a
             ``while`` loop consumes a tracked input, or a ``scan`` over a
-            tracked input is longer than ``max_unroll``.
+            tracked input is longer than ``max_unroll`` and not ``unroll=True``.
     """
     jaxpr = closed_jaxpr.jaxpr
     num_invars = len(jaxpr.invars)
@@ -371,13 +373,14 @@ class _Flattener:
         length, reverse = params["length"], params["reverse"]
         num_consts, num_carry = params["num_consts"], params["num_carry"]
         where = self._where(path, index)
-        if length > self.max_unroll:
+        if length > self.max_unroll and params.get("unroll", 1) < length:
             raise ValueError(
-                f"scan at {where} has length {length} > max_unroll={self.max_unroll} and "
-                f"consumes tracked input(s) {self._names(_union(intaints))}. Weights and "
-                "hidden states inside a long scan cannot be compiled into eligibility "
-                f"traces. Pass max_unroll >= {length} to unroll it, or move the loop out "
-                "of the model step (one step per call).")
+                f"scan at {where} has length {length} and consumes tracked input(s) "
+                f"{self._names(_union(intaints))}. Weights and hidden states inside a rolled "
+                "loop cannot be compiled into eligibility traces, and the compiler unrolls "
+                f"such a scan itself only up to {self.max_unroll} steps. Unroll it in the "
+                "model (jax.lax.scan(..., unroll=True), or a Python for loop), or move the "
+                "loop out of the model step (one step per call).")
         self.notes.append(
             f"scan at {where} unrolled ({length} iteration(s){', reversed' if reverse else ''})")
         inner, body_consts = _split_closed(params["jaxpr"])

@@ -20,6 +20,9 @@ Example:
     '`rnn.neuron` (LIF)'
     >>> modules.leaf_label("rnn.kernel")
     '`rnn.kernel` (a Param of `rnn` (RecurrentSpiking))'
+    >>> ModuleMap(classes={"": "Net", "lstm": "OptimizedLSTMCell",
+    ...                    "lstm.dense_h": "_PromotingLinear"}, eqn_modules=()).label("lstm.dense_h")
+    '`lstm.dense_h` (in `lstm` (OptimizedLSTMCell))'
 """
 
 from __future__ import annotations
@@ -47,6 +50,11 @@ def class_label(cls: type) -> str:
     """``'nnx.LayerNorm'`` for a Flax NNX class, the bare class name otherwise."""
     module = getattr(cls, "__module__", "") or ""
     return f"nnx.{cls.__name__}" if module.startswith("flax.") else cls.__name__
+
+
+def _is_private(class_label: str) -> bool:
+    """Whether a class label names a private class (``_PromotingLinear``, ``nnx._Cell``)."""
+    return class_label.rsplit(".", 1)[-1].startswith("_")
 
 
 def _path_name(path: Iterable[Any]) -> str:
@@ -132,11 +140,31 @@ class ModuleMap:
     eqn_modules: tuple[str | None, ...]
 
     def label(self, module: str) -> str:
-        """``'`rnn.cell` (GRUCell)'``; the root is ``'the model (Net)'``."""
+        """``'`rnn.cell` (GRUCell)'``; the root is ``'the model (Net)'``.
+
+        A module of a private class (``_PromotingLinear``, a library's implementation
+        detail) is named by its path and the nearest enclosing module of a public
+        class: ``'`rnn.cell.dense_h` (in `rnn.cell` (OptimizedLSTMCell))'``.
+        """
         cls = self.classes.get(module)
+        if cls and _is_private(cls):
+            owner = self._public_owner(module)
+            if module == "":
+                return "the model"
+            return f"`{module}`" if owner is None else f"`{module}` (in {self.label(owner)})"
         if module == "":
             return f"the model ({cls})" if cls else "the model"
         return f"`{module}` ({cls})" if cls else f"`{module}`"
+
+    def _public_owner(self, module: str) -> str | None:
+        """The nearest module enclosing ``module`` whose class is public (``None``: none)."""
+        parts = module.split(".") if module else []
+        for end in range(len(parts) - 1, -1, -1):
+            prefix = ".".join(parts[:end])
+            cls = self.classes.get(prefix)
+            if cls and not _is_private(cls):
+                return prefix
+        return None
 
     def module_of(self, leaf_path: str) -> str | None:
         """The innermost module holding a Param or state path (``None`` without modules)."""

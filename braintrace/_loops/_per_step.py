@@ -160,13 +160,16 @@ def _step(ctx: LoopContext, keep: Sequence[bool], carry: ScanCarry,
     rules, signal = ctx.rules, ctx.rules.learning_signal
     leaves = step_leaves(ctx, carry.hidden, carry.other, x_t)
     terms = loss_terms(ctx, leaves, y_t, w_t, new_state=signal.reads_new_state)
-    jac = step_jacobians(rules, leaves)
     same = add_same_step(carry.same_step, terms.same_step, keep)
-    if signal.after_update:  # ε^t now; nothing is ever pending
-        traces = rules.update(carry.traces, jac, terms.rel_x, ctx.operands)
+    if not rules.traced:  # no traces (as _zero_pending): no Jacobians, nothing ever pending
+        traces, pending, fresh = carry.traces, carry.pending, carry.fresh
+    elif signal.after_update:  # ε^t now; nothing is ever pending
+        traces = rules.update(carry.traces, step_jacobians(rules, leaves), terms.rel_x,
+                              ctx.operands)
         pending, fresh = carry.pending, carry.fresh
     else:
         traces = apply_pending(ctx, carry)
+        jac = step_jacobians(rules, leaves)
         pending, fresh = Pending(list(jac.d), list(jac.df), terms.rel_x), jnp.zeros((), bool)
     term = rules.contribution(traces, signal.signal(terms.signal, inputs_t, w_t), ctx.operands)
     summed = jax.tree.map(jnp.add, carry.summed, term)
