@@ -10,6 +10,8 @@ orbax (keep only the best), and a failed call changes nothing.
 from __future__ import annotations
 
 import os
+import pathlib
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +42,14 @@ class Net(nnx.Module):
         return self.out(self.lif(self.drop(self.enc(x) + 1.0)))
 
 
+class Objects(NamedTuple):
+    model: Net
+    optimizer: nnx.Optimizer
+    learner: braintrace.OnlineLearner
+    online: braintrace.OnlineGradient
+    train_step: Any
+
+
 def setup(seed):
     """Everything a process builds before training: model, optimizer, pure functions, step."""
     model = Net(seed)
@@ -54,7 +64,7 @@ def setup(seed):
         optimizer.update(model, grads)
         return state, stats.losses
 
-    return model, optimizer, online, train_step
+    return Objects(model, optimizer, learner, online, train_step)
 
 
 def chunk(i):
@@ -80,21 +90,13 @@ def differs(a, b):
 
 
 def run(objects, state, chunks):
-    model, optimizer, _, train_step = objects
+    """The train step over ``chunks``, carrying ``state``: the last state and every loss."""
     losses = []
     for i in chunks:
-        state, step_losses = train_step(model, optimizer, state, *chunk(i))
+        state, step_losses = objects.train_step(objects.model, objects.optimizer, state,
+                                                *chunk(i))
         losses.append(np.asarray(step_losses))
     return state, np.concatenate(losses)
-
-
-def saved_run(directory):
-    """Two chunks, saved as step 2 with model, optimizer and state; the objects and state."""
-    objects = setup(0)
-    state, _ = run(objects, objects[2].init(objects[0]), range(2))
-    with braintrace.CheckpointManager(directory) as manager:
-        assert manager.save(2, model=objects[0], optimizer=objects[1], state=state)
-    return objects, state
 
 
 def snapshot(model, optimizer):
@@ -102,85 +104,106 @@ def snapshot(model, optimizer):
     return flat([nnx.state(model), nnx.state(optimizer)])
 
 
+class Stream(NamedTuple):
+    directory: pathlib.Path
+    losses: np.ndarray
+    state: list
+    params: list
+    optimizer: list
+    saved_params: list
+
+
+@pytest.fixture(scope="module")
+def stream(tmp_path_factory):
+    """Four chunks run straight; in ``directory``, step 2 saved after two chunks of a second run.
+
+    Tests only read ``directory`` (each error test checks that its files are unchanged).
+    """
+    straight = setup(0)
+    state, losses = run(straight, straight.online.init(straight.model), range(4))
+    saved = setup(0)
+    saved_state, _ = run(saved, saved.online.init(saved.model), range(2))
+    directory = tmp_path_factory.mktemp("saved")
+    with braintrace.CheckpointManager(directory) as manager:
+        assert manager.save(2, model=saved.model, optimizer=saved.optimizer, state=saved_state)
+    return Stream(directory, losses, flat(state), flat(nnx.state(straight.model, nnx.Param)),
+                  flat(nnx.state(straight.optimizer)), flat(nnx.state(saved.model, nnx.Param)))
+
+
 # -- item 1: the pure API's state ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("step_first", [False, True], ids=["latest", "restore(step, ...)"])
-def test_a_resumed_online_grad_stream_is_bit_identical_to_an_uninterrupted_one(tmp_path,
+def test_a_resumed_online_grad_stream_is_bit_identical_to_an_uninterrupted_one(stream,
                                                                                 step_first):
-    straight = setup(0)
-    want_state, want_losses = run(straight, straight[2].init(straight[0]), range(4))
-
-    saved_run(tmp_path)
-    model, optimizer, online, _ = fresh = setup(1)  # as a new process would build
-    template = online.init(model)
-    assert differs(nnx.state(model, nnx.Param), nnx.state(straight[0], nnx.Param))
-    with braintrace.CheckpointManager(tmp_path) as manager:
-        if step_first:
-            step, state = manager.restore(2, model=model, optimizer=optimizer, state=template)
-        else:
-            step, state = manager.restore(model=model, optimizer=optimizer, state=template)
+    fresh = setup(1)  # as a new process would build it, from another seed
+    template = fresh.online.init(fresh.model)
+    assert differs(nnx.state(fresh.model, nnx.Param), stream.params)
+    with braintrace.CheckpointManager(stream.directory) as manager:
+        args = {"model": fresh.model, "optimizer": fresh.optimizer, "state": template}
+        step, state = manager.restore(2, **args) if step_first else manager.restore(**args)
     assert step == 2 and isinstance(state, braintrace.OnlineState)
-    assert int(optimizer.step[...]) == 2
+    assert int(fresh.optimizer.step[...]) == 2
     state, losses = run(fresh, state, range(2, 4))
 
-    np.testing.assert_array_equal(losses, want_losses[2 * T:])
-    assert_same(nnx.state(model, nnx.Param), nnx.state(straight[0], nnx.Param))
-    assert_same(nnx.state(optimizer), nnx.state(straight[1]))
-    assert_same(state, want_state)
-    assert differs(want_losses[:2 * T], want_losses[2 * T:])  # the chunks are not all alike
+    np.testing.assert_array_equal(losses, stream.losses[2 * T:])
+    assert_same(nnx.state(fresh.model, nnx.Param), stream.params)
+    assert_same(nnx.state(fresh.optimizer), stream.optimizer)
+    assert_same(state, stream.state)
+    assert differs(stream.losses[:2 * T], stream.losses[2 * T:])  # the chunks are not alike
 
 
-def test_without_the_saved_state_or_its_rng_the_resumed_stream_differs(tmp_path):
+@pytest.mark.parametrize("keep", ["nothing", "all but the rng"])
+def test_without_the_saved_state_or_its_rng_the_resumed_stream_differs(stream, keep):
     """Negative control: the state (hidden, traces, and the dropout RNG in other) matters."""
-    straight = setup(0)
-    _, want_losses = run(straight, straight[2].init(straight[0]), range(4))
-    saved_run(tmp_path)
-    for keep in ("nothing", "all but the rng"):
-        model, optimizer, online, _ = fresh = setup(1)
-        with braintrace.CheckpointManager(tmp_path) as manager:
-            _, state = manager.restore(model=model, optimizer=optimizer,
-                                       state=online.init(model))
-        state = (online.init(model) if keep == "nothing" else
-                 state._replace(other=online.init(model).other))
-        _, losses = run(fresh, state, range(2, 4))
-        assert not np.array_equal(losses, want_losses[2 * T:]), keep
+    fresh = setup(1)
+    with braintrace.CheckpointManager(stream.directory) as manager:
+        _, state = manager.restore(model=fresh.model, optimizer=fresh.optimizer,
+                                   state=fresh.online.init(fresh.model))
+    new = fresh.online.init(fresh.model)
+    state = new if keep == "nothing" else state._replace(other=new.other)
+    _, losses = run(fresh, state, range(2, 4))
+    assert not np.array_equal(losses, stream.losses[2 * T:])
 
 
-def test_the_params_of_a_state_checkpoint_are_plain_flax_under_their_paths(tmp_path):
-    (model, _, _, _), _ = saved_run(tmp_path)
-    step_dir = os.path.join(tmp_path, "2")
+def test_the_params_of_a_state_checkpoint_are_plain_flax_under_their_paths(stream):
+    step_dir = stream.directory / "2"
     abstract = nnx.state(nnx.eval_shape(lambda: Net(7)), nnx.Param)
     with ocp.StandardCheckpointer() as checkpointer:
-        params = checkpointer.restore(os.path.join(step_dir, "params"), abstract)
-    assert_same(params, nnx.state(model, nnx.Param))
+        params = checkpointer.restore(step_dir / "params", abstract)
+    assert_same(params, stream.saved_params)
     assert {"params", "hidden", "other", "optimizer", "state_hidden", "state_other",
             "state_traces", "braintrace"} <= set(os.listdir(step_dir))
 
 
 def test_a_model_and_optimizer_without_a_state_restore_too(tmp_path):
-    model, optimizer, online, train_step = setup(0)
-    run((model, optimizer, online, train_step), online.init(model), range(1))
+    first = setup(0)
+    run(first, first.online.init(first.model), range(1))
     with braintrace.CheckpointManager(tmp_path) as manager:
-        assert manager.save(0, model=model, optimizer=optimizer)
-        fresh_model, fresh_optimizer, _, _ = setup(1)
-        assert manager.restore(model=fresh_model, optimizer=fresh_optimizer) == 0
-    assert_same(snapshot(fresh_model, fresh_optimizer), snapshot(model, optimizer))
+        assert manager.save(0, model=first.model, optimizer=first.optimizer)
+        fresh = setup(1)
+        assert manager.restore(model=fresh.model, optimizer=fresh.optimizer) == 0
+    assert_same(snapshot(fresh.model, fresh.optimizer), snapshot(first.model, first.optimizer))
 
 
-def test_a_learner_checkpoint_restores_into_a_model_of_the_same_layout(tmp_path):
-    model, _, _, _ = setup(0)
-    learner = braintrace.compile(model, "d_rtrl", jnp.zeros((B, IN)), batch_size=B)
+def test_a_learner_checkpoint_restored_into_a_bare_model_names_the_traces_it_holds(tmp_path):
+    learner = setup(0).learner
     learner.etrace_grad(*chunk(0), mse)
     with braintrace.CheckpointManager(tmp_path) as manager:
         manager.save(0, learner)
-        with pytest.raises(ValueError, match=r"holds 'traces\[0\]"):  # its traces: a learner's
-            manager.restore(model=setup(1)[0])
+        fresh = setup(1).model
+        before = snapshot(fresh, nnx.Dict())
+        with pytest.raises(ValueError, match=r"holds 'traces\[0\]"):
+            manager.restore(model=fresh)
+    assert_same(snapshot(fresh, nnx.Dict()), before)
+
+
+def other_batch_state():
+    learner = braintrace.compile(Net(3), "d_rtrl", jnp.zeros((B + 1, IN)), batch_size=B + 1)
+    return braintrace.online_grad(learner, mse).init(learner.model)
 
 
 def bad_calls(manager, learner, model, optimizer, state):
-    other_batch = braintrace.compile(Net(3), "d_rtrl", jnp.zeros((B + 1, IN)),
-                                     batch_size=B + 1)
     return {
         "neither": (lambda: manager.save(3, optimizer=optimizer), TypeError,
                     (r"CheckpointManager.save takes a learner or trainer \(target\), or the model "
@@ -209,8 +232,7 @@ def bad_calls(manager, learner, model, optimizer, state):
             r"does not match: it lacks nothing, expected here, and holds 'optimizer/"),
         "restore another batch size": (
             lambda: manager.restore(model=model, optimizer=optimizer,
-                                    state=braintrace.online_grad(other_batch, mse).init(
-                                        other_batch.model)),
+                                    state=other_batch_state()),
             ValueError, (r"does not match at 'state_hidden/lif\.v': it stores \(2, 5\) float32, "
                          r"but \(3, 5\) float32 is expected here")),
     }
@@ -223,20 +245,20 @@ CASES = ["neither", "both", "state with a learner", "online_update's pair", "not
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_a_wrong_save_or_restore_is_a_clear_error_and_changes_nothing(tmp_path, case):
-    saved_run(tmp_path)
-    model, optimizer, online, _ = setup(1)
-    learner = braintrace.compile(model, "d_rtrl", jnp.zeros((B, IN)), batch_size=B)
-    state = online.init(model)
-    before = snapshot(model, optimizer) + flat([state, learner.traces])
-    files = sorted(os.walk(tmp_path))
-    with braintrace.CheckpointManager(tmp_path) as manager:
-        call, error, message = bad_calls(manager, learner, model, optimizer, state)[case]
+def test_a_wrong_save_or_restore_is_a_clear_error_and_changes_nothing(stream, case):
+    fresh = setup(1)
+    state = fresh.online.init(fresh.model)
+    before = snapshot(fresh.model, fresh.optimizer) + flat([state, fresh.learner.traces])
+    files = sorted(os.walk(stream.directory))
+    with braintrace.CheckpointManager(stream.directory) as manager:
+        call, error, message = bad_calls(manager, fresh.learner, fresh.model, fresh.optimizer,
+                                         state)[case]
         with pytest.raises(error, match=message):
             call()
         assert manager.all_steps() == [2]
-    assert_same(snapshot(model, optimizer) + flat([state, learner.traces]), before)
-    assert sorted(os.walk(tmp_path)) == files
+    assert_same(snapshot(fresh.model, fresh.optimizer) + flat([state, fresh.learner.traces]),
+                before)
+    assert sorted(os.walk(stream.directory)) == files
 
 
 # -- item 2: the step ----------------------------------------------------------------------------
@@ -251,11 +273,13 @@ def test_a_wrong_save_or_restore_is_a_clear_error_and_changes_nothing(tmp_path, 
 ])
 def test_save_refuses_a_step_that_is_not_a_non_negative_int_and_writes_nothing(tmp_path, step,
                                                                                 error, message):
-    model, optimizer, _, _ = setup(0)
-    learner = braintrace.compile(model, "d_rtrl", jnp.zeros((B, IN)), batch_size=B)
+    objects = setup(0)
+    learner, model, optimizer = objects.learner, objects.model, objects.optimizer
     with braintrace.CheckpointManager(tmp_path) as manager:
         manager.save(0, learner)
+        learner.etrace_grad(*chunk(0), mse)  # differs from step 0 now
         files = sorted(os.walk(tmp_path))
+        before = snapshot(model, optimizer) + flat(learner.traces)
         with pytest.raises(error, match=message):
             manager.save(step, learner)
         with pytest.raises(error, match=message):
@@ -263,12 +287,15 @@ def test_save_refuses_a_step_that_is_not_a_non_negative_int_and_writes_nothing(t
         assert sorted(os.walk(tmp_path)) == files
         with pytest.raises(error, match=message.replace("save", "restore")):
             manager.restore(learner, step)
+        with pytest.raises(error, match=message.replace("save", "restore")):
+            manager.restore(step, model=model)
+        assert_same(snapshot(model, optimizer) + flat(learner.traces), before)
     with braintrace.CheckpointManager(tmp_path) as reopened:
         assert reopened.all_steps() == [0]
 
 
 def test_numpy_integer_steps_are_steps(tmp_path):
-    model, optimizer, _, _ = setup(0)
+    model, optimizer = setup(0)[:2]
     with braintrace.CheckpointManager(tmp_path) as manager:
         assert manager.save(np.int64(4), model=model, optimizer=optimizer)
         assert manager.restore(np.int32(4), model=model, optimizer=optimizer) == 4
@@ -280,7 +307,7 @@ def test_numpy_integer_steps_are_steps(tmp_path):
 
 
 def test_max_to_keep_zero_with_best_fn_keeps_only_the_best_as_orbax_does(tmp_path):
-    model, optimizer, _, _ = setup(0)
+    model, optimizer = setup(0)[:2]
     saved_params = {}
     with braintrace.CheckpointManager(tmp_path, max_to_keep=0, best_fn=lambda m: m["loss"],
                                       best_mode="min") as manager:
@@ -294,7 +321,7 @@ def test_max_to_keep_zero_with_best_fn_keeps_only_the_best_as_orbax_does(tmp_pat
         assert kept == [True, True, False, False]
         assert manager.best_step() == 1
     assert sorted(os.listdir(tmp_path)) == ["1"]
-    fresh_model, fresh_optimizer, _, _ = setup(1)
+    fresh_model, fresh_optimizer = setup(1)[:2]
     with braintrace.CheckpointManager(tmp_path) as reopened:
         assert reopened.restore(model=fresh_model, optimizer=fresh_optimizer) == 1
     assert_same(flat(nnx.state(fresh_model, nnx.Param)), saved_params[1])

@@ -13,6 +13,10 @@ process, sharded arrays included):
   their leaves under zero-padded indices (arbitrary pytrees);
 * ``optimizer``: ``nnx.state(optimizer)`` of a user's ``nnx.Optimizer``, under its
   Flax paths, when one is saved;
+* ``state_hidden``, ``state_other``, ``state_traces``: the fields of the
+  :class:`~braintrace.OnlineState` of a user's own train step, when one is
+  saved (``CheckpointManager.save(step, model=..., state=...)``; the model's
+  own Variables are then ``params``, ``hidden`` and ``other`` as above);
 * ``braintrace``: a JSON record of every item's leaves (name, shape, dtype and
   PRNG implementation).
 

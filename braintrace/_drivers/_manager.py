@@ -290,7 +290,7 @@ class CheckpointManager:
         """
         import orbax.checkpoint as ocp
 
-        if model is not None and target is not None and _is_integer(target):
+        if model is not None and target is not None and not isinstance(target, Target):
             if step is not None:
                 raise TypeError(f"CheckpointManager.restore: step given twice ({target!r} and "
                                 f"step={step!r}).")
@@ -358,10 +358,6 @@ def _checkpointed(user: str, target: Any, model: Any,
             f"{user}: state=... goes with model=...; the {type(target).__name__} carries its own "
             "hidden states and traces, saved with it.")
     return target
-
-
-def _is_integer(value: Any) -> bool:
-    return not isinstance(value, bool | np.bool_) and isinstance(value, int | np.integer)
 
 
 def _step(user: str, step: Any) -> int:
