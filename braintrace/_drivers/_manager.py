@@ -265,7 +265,8 @@ class CheckpointManager:
         Into ``target`` (a learner or trainer), or into ``model``, with
         ``optimizer`` in both cases; an :class:`~braintrace.OnlineState`, being
         immutable, is returned: pass a ``state`` of the same shapes (e.g.
-        ``online.init(model)``) and get the saved one back. As in orbax,
+        ``online.init(model)``, or ``jax.eval_shape(online.init, model)``) and
+        get the saved one back. As in orbax,
         ``restore(step, model=...)`` takes the step first when there is no
         ``target``.
 
