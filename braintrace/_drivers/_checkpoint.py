@@ -13,6 +13,10 @@ process, sharded arrays included):
   their leaves under zero-padded indices (arbitrary pytrees);
 * ``optimizer``: ``nnx.state(optimizer)`` of a user's ``nnx.Optimizer``, under its
   Flax paths, when one is saved;
+* ``state_hidden``, ``state_other``, ``state_traces``: the fields of the
+  :class:`~braintrace.OnlineState` of a user's own train step, when one is
+  saved (``CheckpointManager.save(step, model=..., state=...)``; the model's
+  own Variables are then ``params``, ``hidden`` and ``other`` as above);
 * ``braintrace``: a JSON record of every item's leaves (name, shape, dtype and
   PRNG implementation).
 
@@ -352,7 +356,7 @@ def _read_record(path: str) -> dict[str, dict[str, Any]]:
 def _check(path: str, name: str, entry: dict[str, Any], expected: Any) -> None:
     stored = _describe(entry["impl"], entry["shape"], entry["dtype"])
     if _is_key(expected):
-        impl, want = str(jax.random.key_impl(expected)), jax.random.key_data(expected)
+        impl, want = _key_parts(expected)
         if entry["impl"] != impl or entry["shape"] != want.shape:
             raise ValueError(_mismatch(path, name, stored, _describe(impl, want.shape, "")))
         return
@@ -363,10 +367,32 @@ def _check(path: str, name: str, entry: dict[str, Any], expected: Any) -> None:
 
 def _abstract(leaf: Any) -> jax.ShapeDtypeStruct:
     """Where and as what a stored leaf is restored: the template leaf's shape and sharding."""
-    data = _data(leaf)
+    data = _key_parts(leaf)[1] if _is_key(leaf) else _data(leaf)
     sharding = getattr(leaf, "sharding", None) or jax.sharding.SingleDeviceSharding(
         jax.devices()[0])
     return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=sharding)
+
+
+def _key_parts(key: Any) -> tuple[str, jax.ShapeDtypeStruct]:
+    """The implementation's name and the key data's shape and dtype of typed PRNG keys.
+
+    For key arrays and abstract ones (``jax.ShapeDtypeStruct``, e.g. from
+    ``jax.eval_shape``), which ``jax.random.key_impl`` does not take: the name is
+    read while tracing.
+
+    Example:
+        >>> name, data = _key_parts(jax.eval_shape(lambda: jax.random.key(0)))
+        >>> name, data.shape
+        ('threefry2x32', (2,))
+    """
+    names = []
+
+    def key_data(keys: jax.Array) -> jax.Array:
+        names.append(str(jax.random.key_impl(keys)))
+        return jax.random.key_data(keys)
+
+    data = jax.eval_shape(key_data, key)
+    return names[0], data
 
 
 def _impl(leaf: Any) -> str:

@@ -1,25 +1,29 @@
-"""``CheckpointManager``: numbered checkpoints of a learner or trainer, over orbax's manager.
+"""``CheckpointManager``: numbered checkpoints of a run, over orbax's manager.
 
 A thin wrapper over ``orbax.checkpoint.CheckpointManager``: every step is a
 subdirectory of the manager's directory (named by its number) holding the
 items of :meth:`OnlineLearner.save <braintrace.OnlineLearner.save>`
 (``params`` under their Flax paths, ``hidden``, ``other``, ``traces``,
 ``opt_state``, ``optimizer``, the ``braintrace`` record; see
-``_checkpoint.py``), orbax's ``metrics`` when given, and the SHA-256 manifest.
-Orbax numbers, lists and deletes the steps; braintrace adds the integrity
-checks and the all-or-nothing restore.
+``_checkpoint.py``) or, for a user's own train step, of a model, an
+``nnx.Optimizer`` and an :class:`~braintrace.OnlineState` (``params``,
+``hidden``, ``other``, ``optimizer``, ``state_hidden``, ``state_other``,
+``state_traces``; see ``_checkpointable.ModelAndState``), orbax's ``metrics``
+when given, and the SHA-256 manifest. Orbax numbers, lists and deletes the
+steps; braintrace adds the integrity checks and the all-or-nothing restore.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any, Self
+from typing import Any, Self, overload
 
 import jax
 import numpy as np
 from flax import nnx
 
+from braintrace._arguments import check_integer
 from braintrace._drivers._checkpoint import (
     MANIFEST,
     damaged,
@@ -28,6 +32,8 @@ from braintrace._drivers._checkpoint import (
     unpack,
     write_manifest,
 )
+from braintrace._drivers._checkpointable import ModelAndState
+from braintrace._drivers._functional import OnlineState
 from braintrace._drivers._learner import OnlineLearner
 from braintrace._drivers._trainer import OnlineTrainer
 
@@ -37,7 +43,7 @@ Target = OnlineLearner | OnlineTrainer
 
 
 class CheckpointManager:
-    """Numbered checkpoints of a learner or trainer: keep the last N, keep the best, resume.
+    """Numbered checkpoints of a run: keep the last N, keep the best, resume exactly.
 
     A thin wrapper over ``orbax.checkpoint.CheckpointManager``. Each saved step
     is a subdirectory of ``directory`` (``directory/<step>``) with the layout of
@@ -45,17 +51,29 @@ class CheckpointManager:
     orbax item ``params`` (``nnx.state(model, nnx.Param)`` under its Flax paths,
     which plain orbax and Flax restore without braintrace), beside it the items
     ``hidden``, ``other``, ``traces``, ``opt_state`` (a trainer's optax state),
-    ``optimizer`` (``nnx.state`` of a user's ``nnx.Optimizer``), ``braintrace``
-    (the record of every leaf) and orbax's ``metrics``; and a SHA-256 manifest of
-    its files, checked by :meth:`restore`. Saving is synchronous (the manifest
-    digests finished files).
+    ``optimizer`` (``nnx.state`` of an ``nnx.Optimizer``: its ``opt_state`` and
+    ``step``), ``braintrace`` (the record of every leaf) and orbax's ``metrics``;
+    and a SHA-256 manifest of its files, checked by :meth:`restore`. Saving is
+    synchronous (the manifest digests finished files).
+
+    It saves a learner or trainer (``save(step, learner)``), or the objects of
+    your own ``@nnx.jit`` train step: ``save(step, model=model,
+    optimizer=optimizer, state=state)`` with the :class:`~braintrace.OnlineState`
+    of :func:`~braintrace.online_grad` (its hidden states, other Variables such
+    as the RNG, and traces, as the items ``state_hidden``, ``state_other``,
+    ``state_traces``; the model's own Variables as a learner's: ``params``,
+    ``hidden``, ``other``). ``restore(model=..., optimizer=..., state=...)``
+    fills the model and optimizer and returns ``(step, state)``; the stream
+    then continues bit-identically (second example).
 
     Use it as a context manager, or call :meth:`close` when done.
 
     Args:
         directory: The root directory (created if missing).
         max_to_keep: Keep the last ``max_to_keep`` steps and delete older ones
-            (``None``: keep all).
+            (``None``: keep all; ``0`` with ``best_fn``: keep only the best, as
+            orbax's ``BestN``; ``0`` without it, which would keep nothing, is an
+            error).
         best_fn: ``best_fn(metrics) -> float``: also keep the ``keep_best``
             steps with the best value (steps saved without metrics are kept).
         best_mode: ``'max'`` or ``'min'``: which value of ``best_fn`` is best.
@@ -87,6 +105,41 @@ class CheckpointManager:
         >>> kernel = lambda learner: learner.model.cell.dense_i.kernel[...]
         >>> bool(jnp.all(kernel(resumed) == kernel(first)))
         True
+
+        Your own train step (README: "Inside your own train step"), resumed in a
+        fresh process: new objects of the same shapes, filled by ``restore``.
+
+        >>> import optax
+        >>> def setup(seed):
+        ...     model = nnx.Sequential(layers.ETPLinear(3, 4, rngs=nnx.Rngs(seed)),
+        ...                            layers.LIF(4))
+        ...     learner = braintrace.compile(model, 'd_rtrl', jnp.ones((2, 3)), batch_size=2)
+        ...     online = braintrace.online_grad(learner, mse)
+        ...     optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+        ...     @nnx.jit
+        ...     def train_step(model, optimizer, state, xs, ys):
+        ...         grads, state, stats = online.grad(model, state, xs, ys)
+        ...         optimizer.update(model, grads)
+        ...         return state, stats.losses
+        ...     return model, optimizer, online, train_step
+        >>> xs, ys = jnp.ones((5, 2, 3)), jnp.full((5, 2, 4), 0.5)
+        >>> model, optimizer, online, train_step = setup(0)
+        >>> state = online.init(model)
+        >>> directory = tempfile.mkdtemp()
+        >>> with braintrace.CheckpointManager(directory, max_to_keep=2) as manager:
+        ...     for step in range(3):
+        ...         state, losses = train_step(model, optimizer, state, xs, ys)
+        ...         _ = manager.save(step, model=model, optimizer=optimizer, state=state)
+        >>> model2, optimizer2, online2, train_step2 = setup(seed=1)  # "another process"
+        >>> with braintrace.CheckpointManager(directory) as manager:
+        ...     step, state2 = manager.restore(model=model2, optimizer=optimizer2,
+        ...                                    state=online2.init(model2))
+        >>> step, int(optimizer2.step[...])
+        (2, 3)
+        >>> state, losses = train_step(model, optimizer, state, xs, ys)
+        >>> state2, losses2 = train_step2(model2, optimizer2, state2, xs, ys)
+        >>> bool(jnp.all(losses == losses2))
+        True
     """
 
     def __init__(self, directory: str | os.PathLike, *, max_to_keep: int | None = None,
@@ -100,6 +153,12 @@ class CheckpointManager:
             for name, n in (("max_to_keep", max_to_keep), ("keep_best", keep_best)):
                 if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
                     raise ValueError(f"{name} must be a non-negative int or None, got {n!r}.")
+            if max_to_keep == 0 and (best_fn is None or keep_best == 0):
+                raise ValueError(
+                    "max_to_keep=0 keeps none of the last steps, and without best_fn (or with "
+                    "keep_best=0) no step at all: each would be deleted as soon as it is "
+                    "saved. Pass max_to_keep >= 1, None (keep all), or best_fn to keep only "
+                    "the best keep_best steps.")
             policies: list[Any] = [ocp.checkpoint_managers.LatestN(n=max_to_keep)]
             if best_fn is not None:
                 policies.append(ocp.checkpoint_managers.BestN(
@@ -135,60 +194,109 @@ class CheckpointManager:
         """The best saved step by ``best_fn`` (the latest without one), or ``None``."""
         return self._manager.best_step()
 
-    def save(self, step: int, target: Target, *, optimizer: nnx.Optimizer | None = None,
-             metrics: Any = None) -> bool:
-        """Saves ``target`` (and ``optimizer``) as ``step``, then deletes what is not kept.
+    def save(self, step: int, target: Target | None = None, *,
+             model: nnx.Module | None = None, optimizer: nnx.Optimizer | None = None,
+             state: OnlineState | None = None, metrics: Any = None) -> bool:
+        """Saves ``target`` (or ``model`` and ``state``) and ``optimizer`` as ``step``.
+
+        Then deletes the steps that are not kept (``max_to_keep``, ``best_fn``).
 
         Args:
-            step: The step number (larger than every saved one, by orbax's rules).
+            step: The step number, a non-negative int larger than every saved one
+                (orbax's rule), e.g. the number of train steps so far.
             target: An :class:`~braintrace.OnlineLearner` or
                 :class:`~braintrace.OnlineTrainer` (whose optax state is saved too).
-            optimizer: A user's ``nnx.Optimizer``, saved as ``nnx.state(optimizer)``.
+            model: Instead of ``target``, for your own train step: the model,
+                saved as a learner's checkpoint of it would be (its Params as the
+                item ``params`` under their Flax paths, its other Variables as
+                ``hidden`` and ``other``).
+            optimizer: An ``nnx.Optimizer``, saved as ``nnx.state(optimizer)``
+                (its ``opt_state`` and ``step``) in the item ``optimizer``.
+            state: With ``model``: the :class:`~braintrace.OnlineState` your train
+                step carries (hidden states, other Variables such as RNG keys,
+                traces), saved as the items ``state_hidden``, ``state_other`` and
+                ``state_traces``.
             metrics: A pytree of scalars for ``best_fn`` (stored as JSON by orbax).
 
         Returns:
-            Whether orbax saved the step (its ``save_interval_steps`` or
-            ``save_decision_policy`` may skip it).
+            Whether the step is kept: ``False`` when orbax skipped it (its
+            ``save_interval_steps`` or ``save_decision_policy``), or when no
+            keep rule keeps it (with ``max_to_keep=0``, a step that is not
+            among the best is deleted at once).
 
         Raises:
-            ValueError: ``step`` is already saved.
+            TypeError: Neither or both of ``target`` and ``model`` are given,
+                ``state`` is given with a ``target`` (a learner carries its own),
+                or an argument has another type; nothing is written then.
+            ValueError: ``step`` is not a non-negative int, or is already saved;
+                nothing is written then.
         """
         import orbax.checkpoint as ocp
 
-        items = _target(target)._checkpoint_items(optimizer)
+        step = _step("CheckpointManager.save", step)
+        items = _checkpointed("CheckpointManager.save", target, model, state)._checkpoint_items(
+            optimizer)
         if step in self._manager.all_steps():
             raise ValueError(f"Step {step} is already saved in {self.directory}; "
                              "save each step once (or delete it first).")
         args = ocp.args.Composite(**save_args(items))
         saved = self._manager.save(step, args=args, metrics=_plain(metrics))
         self._manager.wait_until_finished()
-        if saved:
+        kept = bool(saved) and step in self._manager.all_steps()
+        if kept:
             write_manifest(self.step_directory(step))
-        return bool(saved)
+        return kept
 
-    def restore(self, target: Target, step: int | None = None, *,
-                optimizer: nnx.Optimizer | None = None) -> int:
-        """Restores ``step`` (default: the latest complete) into ``target`` (and ``optimizer``).
+    @overload
+    def restore(self, target: Target | int | None = None, step: int | None = None, *,
+                model: nnx.Module | None = None, optimizer: nnx.Optimizer | None = None,
+                state: None = None) -> int: ...
+
+    @overload
+    def restore(self, target: int | None = None, step: int | None = None, *,
+                model: nnx.Module, optimizer: nnx.Optimizer | None = None,
+                state: OnlineState) -> tuple[int, OnlineState]: ...
+
+    def restore(self, target: Target | int | None = None, step: int | None = None, *,
+                model: nnx.Module | None = None, optimizer: nnx.Optimizer | None = None,
+                state: OnlineState | None = None) -> int | tuple[int, OnlineState]:
+        """Restores ``step`` (default: the latest complete) into what was saved.
+
+        Into ``target`` (a learner or trainer), or into ``model``, with
+        ``optimizer`` in both cases; an :class:`~braintrace.OnlineState`, being
+        immutable, is returned: pass a ``state`` of the same shapes (e.g.
+        ``online.init(model)``, or ``jax.eval_shape(online.init, model)``) and
+        get the saved one back. As in orbax,
+        ``restore(step, model=...)`` takes the step first when there is no
+        ``target``.
 
         By default the latest step whose manifest was written: a save
         interrupted after orbax finished but before the manifest is skipped.
 
-        The arrays are read onto ``target``'s devices (another mesh restores
-        too); a run resumed from step ``s`` continues exactly as the run saved
-        at ``s``.
+        The arrays are read onto the devices of ``target`` (or ``model`` and
+        ``state``): another mesh restores too. A run resumed from step ``s``
+        continues exactly as the run saved at ``s``.
 
         Returns:
-            The step restored.
+            The step restored; with ``state``, ``(step, restored_state)``.
 
         Raises:
-            ValueError: No step is saved, ``step`` is not saved, or its checkpoint
-                is damaged or does not match ``target`` (or ``optimizer``); the
-                message names the file or the first offending leaf. Nothing is
-                changed then.
+            TypeError: Neither or both of ``target`` and ``model`` are given, or
+                an argument has another type.
+            ValueError: ``step`` is not a non-negative int, no step is saved,
+                ``step`` is not saved, or its checkpoint is damaged or does not
+                match what is given (e.g. saved with a ``state`` or an
+                ``optimizer`` and restored without); the message names the file
+                or the first offending leaf. Nothing is changed then.
         """
         import orbax.checkpoint as ocp
 
-        target = _target(target)
+        if model is not None and target is not None and not isinstance(target, Target):
+            if step is not None:
+                raise TypeError(f"CheckpointManager.restore: step given twice ({target!r} and "
+                                f"step={step!r}).")
+            target, step = None, target
+        holder = _checkpointed("CheckpointManager.restore", target, model, state)
         steps = self.all_steps()
         if step is None:
             if not steps:
@@ -196,16 +304,20 @@ class CheckpointManager:
             complete = [s for s in steps
                         if os.path.isfile(os.path.join(self.step_directory(s), MANIFEST))]
             step = complete[-1] if complete else steps[-1]  # the error then says it
-        elif step not in steps:
-            raise ValueError(f"Step {step} is not saved in {self.directory}; saved: {steps}.")
+        else:
+            step = _step("CheckpointManager.restore", step)
+            if step not in steps:
+                raise ValueError(f"Step {step} is not saved in {self.directory}; saved: {steps}.")
         where = self.step_directory(step)
-        items = target._checkpoint_items(optimizer)
+        items = holder._checkpoint_items(optimizer)
         args = restore_args(where, items)
         try:
             restored = self._manager.restore(step, args=ocp.args.Composite(**args))
         except Exception as err:  # any failure to read the arrays means the same thing
             raise damaged(where, err) from err
-        target._load_checkpoint(unpack(where, items, restored), optimizer)
+        holder._load_checkpoint(unpack(where, items, restored), optimizer)
+        if isinstance(holder, ModelAndState) and holder.state is not None:
+            return step, holder.state
         return step
 
     def wait_until_finished(self) -> None:
@@ -227,12 +339,32 @@ class CheckpointManager:
         return f"CheckpointManager({self.directory!r}, steps={self.all_steps()})"
 
 
-def _target(target: Any) -> Target:
+def _checkpointed(user: str, target: Any, model: Any,
+                  state: Any) -> OnlineLearner | OnlineTrainer | ModelAndState:
+    """What ``save`` / ``restore`` checkpoint: ``target``, or ``model`` and ``state``."""
+    if (target is None) == (model is None):
+        got = "both" if model is not None else "neither"
+        raise TypeError(
+            f"{user} takes a learner or trainer (target), or the model of your own train step "
+            f"(model=..., with optimizer=... and state=... as needed); got {got}.")
+    if model is not None:
+        return ModelAndState(model, state, user)
     if not isinstance(target, OnlineLearner | OnlineTrainer):
         raise TypeError(
-            "CheckpointManager saves and restores an OnlineLearner (braintrace.compile) or an "
-            f"OnlineTrainer, got {type(target).__name__}.")
+            f"{user}: target must be an OnlineLearner (braintrace.compile) or an OnlineTrainer, "
+            f"got {type(target).__name__}. For your own train step pass model=... (and "
+            "optimizer=..., state=...).")
+    if state is not None:
+        raise TypeError(
+            f"{user}: state=... goes with model=...; the {type(target).__name__} carries its own "
+            "hidden states and traces, saved with it.")
     return target
+
+
+def _step(user: str, step: Any) -> int:
+    """``step`` as an int, or an error naming the argument (orbax would write ``-1``, ``2.5``)."""
+    return check_integer(f"{user}: step", step, minimum=0, what="a non-negative int",
+                         note=" (the number of the checkpoint, e.g. the training step)")
 
 
 def _plain(metrics: Any) -> Any:

@@ -28,7 +28,7 @@ from braintrace.layers import (
 
 from ._export import nir_shape
 from ._package import nir_package
-from ._units import as_tuple, layer_time_constant, per_channel, positive_dt, uniform
+from ._units import as_tuple, finite, layer_time_constant, per_channel, positive_dt, uniform
 
 Shape = tuple[int, ...]
 SUPPORTED = ("Affine, Linear, Conv1d, Conv2d, LIF, CubaLIF, LI and recurrent subgraphs "
@@ -89,11 +89,27 @@ def _set_tau(holder: Any, tau: float | np.ndarray) -> None:
         _set(holder.weight, tau)
 
 
-def _leaky(tau_nir: Any, r: Any, build: _Build, name: str) -> tuple[Any, np.ndarray]:
-    """``(layer τ, input gain R dt/τ_NIR)``, one value per channel (or per unit)."""
-    tau_nir = per_channel(tau_nir, name, "time constants")
-    gain = per_channel(r, name, "resistances") * build.dt / tau_nir
-    return layer_time_constant(tau_nir, build.dt, name), gain
+def _leaky(node: Any, fields: tuple[str, str], build: _Build,
+           name: str) -> tuple[Any, np.ndarray]:
+    """``(layer τ, input gain R dt/τ_NIR)`` of the node's fields ``(τ, R)``, one per channel.
+
+    Both must be finite and of one shape: no braintrace layer has an infinite
+    gain (``R = inf``) or no leak (``τ = inf``), so such a node is an error
+    naming it rather than weights of ``inf`` and biases of ``nan``.
+    """
+    tau_field, r_field = fields
+    finite(getattr(node, tau_field), name, tau_field,
+           "a braintrace neuron decays by exp(-dt/τ) < 1 per step, so τ must be finite")
+    finite(getattr(node, r_field), name, r_field,
+           f"its input gain {r_field}·dt/{tau_field} is multiplied into the weights before "
+           "it and must be finite")
+    tau_nir = per_channel(getattr(node, tau_field), name, "time constants")
+    r = per_channel(getattr(node, r_field), name, "resistances")
+    if r.shape != tau_nir.shape:
+        raise ValueError(f"from_nir: node '{name}' has {tau_field} of shape "
+                         f"{np.shape(getattr(node, tau_field))} but {r_field} of shape "
+                         f"{np.shape(getattr(node, r_field))}; give both one value per neuron.")
+    return layer_time_constant(tau_nir, build.dt, name), r * build.dt / tau_nir
 
 
 def _membrane(node: Any, build: _Build, name: str) -> tuple[Any, np.ndarray]:
@@ -101,17 +117,17 @@ def _membrane(node: Any, build: _Build, name: str) -> tuple[Any, np.ndarray]:
     if np.any(np.asarray(node.v_leak) != 0):
         raise ValueError(f"from_nir: node '{name}' has v_leak != 0; braintrace neurons leak "
                          f"towards 0.")
-    return _leaky(node.tau if _kind(node) == "LIF" else node.tau_mem, node.r, build, name)
+    return _leaky(node, ("tau" if _kind(node) == "LIF" else "tau_mem", "r"), build, name)
 
 
 def _current(node: Any, build: _Build, name: str) -> tuple[Any, np.ndarray]:
     """``(layer τ, gain)`` of a NIR LI or of a CubaLIF's synaptic current."""
     if _kind(node) == "CubaLIF":
-        return _leaky(node.tau_syn, node.w_in, build, name)
+        return _leaky(node, ("tau_syn", "w_in"), build, name)
     if np.any(np.asarray(node.v_leak) != 0):
         raise ValueError(f"from_nir: node '{name}' has v_leak != 0; braintrace integrators "
                          f"leak towards 0.")
-    return _leaky(node.tau, node.r, build, name)
+    return _leaky(node, ("tau", "r"), build, name)
 
 
 def _spike_kwargs(node: Any, name: str) -> dict[str, Any]:
@@ -160,11 +176,38 @@ def _unit_gain(gain: np.ndarray, name: str) -> None:
             f"before it to take the gain into its weights.")
 
 
-def _dense(node: Any, gain: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-    """``(kernel (in, out), bias)`` of an Affine/Linear, each output scaled by ``gain``."""
-    weight = np.asarray(node.weight, np.float64) * gain[:, None]
-    bias = np.asarray(node.bias, np.float64) * gain if _kind(node) == "Affine" else None
-    return weight.T, bias
+def _dense(node: Any, name: str, gain: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(kernel (in, out), bias)`` of an Affine/Linear, each output scaled by ``gain``.
+
+    ``gain`` has one entry per output (the caller checks the neuron after the
+    node has as many units); an Affine's bias must have one too.
+    """
+    weight = np.asarray(node.weight, np.float64)
+    bias = None
+    if _kind(node) == "Affine":
+        bias = np.asarray(node.bias, np.float64)
+        _check_bias(bias, weight, name)
+        bias = bias * gain
+    return (weight * gain[:, None]).T, bias
+
+
+def _check_bias(bias: np.ndarray, weight: np.ndarray, name: str) -> None:
+    """Nothing, or a ValueError naming the node whose bias is not one value per output."""
+    if bias.shape != weight.shape[:1]:
+        raise ValueError(
+            f"from_nir: node '{name}' has a bias of shape {bias.shape} that does not fit its "
+            f"weight of shape {weight.shape} (out, ...): the bias has one entry per output, "
+            f"shape {weight.shape[:1]}. Fix the node's bias or weight in the graph.")
+
+
+def _fits(dense: Any, names: tuple[str, str], size: int) -> None:
+    """Nothing, or a ValueError when the weight node ``names[0]`` does not feed ``size`` units."""
+    outputs = np.shape(dense.weight)[0]
+    if outputs != size:
+        raise ValueError(
+            f"from_nir: node '{names[0]}' has {outputs} outputs (weight "
+            f"{np.shape(dense.weight)}, (out, in)) but the node '{names[1]}' after it has "
+            f"{size} neurons.")
 
 
 def _etp_linear(kernel: np.ndarray, bias: np.ndarray | None, build: _Build) -> ETPLinear:
@@ -199,17 +242,19 @@ def _conv_geometry(node: Any, shape: Shape, name: str, build: _Build) -> dict[st
             "use_bias": True, "param_dtype": build.param_dtype, "rngs": build.rngs}
 
 
-def _conv_params(layer: ETPConv, node: Any, gain: np.ndarray) -> None:
+def _conv_params(layer: ETPConv, node: Any, name: str, gain: np.ndarray) -> None:
     """Kernel ``(*k, in/groups, out)`` and bias of a conv node, each output channel × ``gain``."""
     weight = np.asarray(node.weight, np.float64)
+    bias = np.asarray(node.bias, np.float64)
+    _check_bias(bias, weight, name)
     gain = gain.reshape(-1, *([1] * (weight.ndim - 1)))
     _set(layer.kernel, np.moveaxis(weight * gain, (0, 1), (-1, -2)))
-    _set(layer.bias, np.asarray(node.bias, np.float64) * gain.reshape(-1))
+    _set(layer.bias, bias * gain.reshape(-1))
 
 
 def _conv(node: Any, name: str, shape: Shape, build: _Build) -> tuple[ETPConv, Shape]:
     layer = ETPConv(**_conv_geometry(node, shape, name, build))
-    _conv_params(layer, node, np.ones(layer.out_features))
+    _conv_params(layer, node, name, np.ones(layer.out_features))
     out = jax.eval_shape(layer, jax.ShapeDtypeStruct(shape, layer.kernel[...].dtype)).shape
     return layer, tuple(out)
 
@@ -223,13 +268,13 @@ def _conv_lif(conv: Any, node: Any, names: tuple[str, str], shape: Shape,
     if np.asarray(node.tau).shape != tuple(nir_shape(layer.output_shape)):
         raise ValueError(f"from_nir: node '{names[1]}' has shape {np.shape(node.tau)} but the "
                          f"convolution '{names[0]}' gives {nir_shape(layer.output_shape)}.")
-    _conv_params(layer.conv, conv, gain)
+    _conv_params(layer.conv, conv, names[0], gain)
     _set_tau(layer.neuron.tau, tau)
     return layer, layer.output_shape
 
 
-def _loop_parts(graph: Any, name: str) -> tuple[Any, Any]:
-    """``(LIF node, recurrent weight node)`` of a subgraph ``input -> LIF <-> W, LIF -> output``."""
+def _loop_parts(graph: Any, name: str) -> tuple[str, str]:
+    """The names of the LIF and the weight ``W`` of a subgraph ``input -> LIF <-> W -> LIF``."""
     by_kind: dict[str, list[str]] = {}
     for key, node in graph.nodes.items():
         by_kind.setdefault(_kind(node), []).append(key)
@@ -238,7 +283,7 @@ def _loop_parts(graph: Any, name: str) -> tuple[Any, Any]:
     if len(graph.nodes) == 4 and all(len(p) == 1 for p in parts):
         (src,), (lif,), (dst,), (weight,) = parts
         if set(map(tuple, graph.edges)) == {(src, lif), (lif, weight), (weight, lif), (lif, dst)}:
-            return graph.nodes[lif], graph.nodes[weight]
+            return lif, weight
     raise ValueError(
         f"from_nir: subgraph '{name}' is not a recurrent spiking layer; expected the nodes "
         f"Input, LIF, Affine or Linear, Output with edges input -> LIF, LIF -> W, W -> LIF, "
@@ -248,14 +293,15 @@ def _loop_parts(graph: Any, name: str) -> tuple[Any, Any]:
 def _recurrent(dense: Any, loop: Any, names: tuple[str, str],
                build: _Build) -> RecurrentSpiking:
     """RecurrentSpiking of ``dense_i`` and a loop subgraph; a bias of ``W_h`` joins ``dense_i``'s."""
-    lif_node, rec = _loop_parts(loop, names[1])
-    neuron, gain = _lif(lif_node, build, f"{names[1]}.neuron")
-    kernel_i, bias_i = _dense(dense, gain)
-    kernel_h, bias_h = _dense(rec, gain)
-    if kernel_i.shape[1] != gain.size or kernel_h.shape != (gain.size, gain.size):
+    lif_name, rec_name = _loop_parts(loop, names[1])
+    rec = loop.nodes[rec_name]
+    neuron, gain = _lif(loop.nodes[lif_name], build, f"{names[1]}.{lif_name}")
+    if np.shape(dense.weight)[0] != gain.size or np.shape(rec.weight) != (gain.size,) * 2:
         raise ValueError(f"from_nir: '{names[0]}' {np.shape(dense.weight)} and the recurrent "
                          f"weight {np.shape(rec.weight)} of '{names[1]}' do not fit "
                          f"{gain.size} neurons.")
+    kernel_i, bias_i = _dense(dense, names[0], gain)
+    kernel_h, bias_h = _dense(rec, f"{names[1]}.{rec_name}", gain)
     if bias_h is not None:
         bias_i = bias_h if bias_i is None else bias_i + bias_h
     layer = RecurrentSpiking(kernel_i.shape[0], neuron, use_bias=bias_i is not None,
@@ -270,7 +316,8 @@ def _recurrent(dense: Any, loop: Any, names: tuple[str, str],
 def _readout(dense: Any, li: Any, names: tuple[str, str], build: _Build) -> LeakyReadout:
     """LeakyReadout of an Affine/Linear and the LI after it."""
     tau, gain = _current(li, build, names[1])
-    kernel, bias = _dense(dense, gain)
+    _fits(dense, names, gain.size)
+    kernel, bias = _dense(dense, names[0], gain)
     layer = LeakyReadout(*kernel.shape, **_tau_kwargs(tau), dt=build.dt,
                          use_bias=bias is not None, param_dtype=build.param_dtype,
                          rngs=build.rngs)
@@ -302,8 +349,8 @@ def _after_dense(nodes: list[tuple[str, Any]], i: int, shape: Shape,
         return [_recurrent(dense, nxt, (name, nxt_name), build)], 2, out
     if _kind(nxt) in ("LIF", "CubaLIF"):
         neurons, gain = _neuron(nxt, nxt_name, out[0], build)
-        return [_etp_linear(*_dense(dense, gain), build), *neurons], 2, out
-    return [_etp_linear(*_dense(dense, np.ones(out)), build)], 1, out
+        return [_etp_linear(*_dense(dense, name, gain), build), *neurons], 2, out
+    return [_etp_linear(*_dense(dense, name, np.ones(out)), build)], 1, out
 
 
 def _after_conv(nodes: list[tuple[str, Any]], i: int, shape: Shape,

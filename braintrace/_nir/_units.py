@@ -62,6 +62,24 @@ def layer_time_constant(tau_nir: np.ndarray, dt: float, where: str) -> float | n
     return float(tau.flat[0]) if np.all(tau == tau.flat[0]) else tau
 
 
+def finite(values: Any, where: str, field: str, why: str) -> None:
+    """Nothing, or a ValueError naming the node and field when an entry is not finite.
+
+    Example:
+        >>> finite([0.02, float('inf')], 'lif', 'r', 'it must be finite')
+        Traceback (most recent call last):
+        ...
+        ValueError: from_nir: node 'lif' has r = inf (1 of 2 entries not finite); it must ...
+    """
+    values = np.asarray(values, np.float64)
+    bad = ~np.isfinite(values)
+    if np.any(bad):
+        raise ValueError(
+            f"from_nir: node '{where}' has {field} = {values[bad].flat[0]} "
+            f"({np.count_nonzero(bad)} of {values.size} entries not finite); {why}. Give the "
+            f"node finite values of {field}.")
+
+
 def uniform(values: Any, where: str, what: str) -> float:
     """The one value shared by every entry of ``values``, or a ValueError naming the node."""
     values = np.asarray(values)
