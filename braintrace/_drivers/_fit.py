@@ -166,10 +166,11 @@ def scored_mean(values: jax.Array, mask: Any) -> float:
     """``Σ_t m_t v_t / Σ_t m_t`` over the steps (the plain mean without a mask).
 
     A ``(T, B)`` mask weighs per-sample values ``(T, B)`` alike, and per-step
-    values ``(T,)`` (each the mean of its scored samples) by ``Σ_b m_tb``.
+    values ``(T,)`` (each the mean of its scored samples) by ``Σ_b m_tb``. A
+    value where the mask is 0 is never read, even a NaN (``0 · nan`` would be NaN).
 
     Example:
-        >>> scored_mean(jnp.array([4.0, 2.0, 1.0]), jnp.array([0.0, 1.0, 1.0]))
+        >>> scored_mean(jnp.array([jnp.nan, 2.0, 1.0]), jnp.array([0.0, 1.0, 1.0]))
         1.5
     """
     values = np.asarray(values, np.float64)
@@ -180,7 +181,8 @@ def scored_mean(values: jax.Array, mask: Any) -> float:
         mask = mask.sum(axis=-1)      # by its scored samples (values are their mean)
     mask = np.broadcast_to(mask.reshape(mask.shape + (1,) * (values.ndim - mask.ndim)),
                            values.shape)
-    return float(np.sum(values * mask) / max(np.sum(mask), 1e-300))
+    weighted = np.where(mask != 0, values * mask, 0.0)  # an unscored NaN adds nothing
+    return float(np.sum(weighted) / max(np.sum(mask), 1e-300))
 
 
 def validation_metrics(trainer: Any, batches: Sequence[Any],

@@ -431,7 +431,7 @@ class OnlineLearner(Checkpointable):
                                             signal_inputs=signal_inputs)
         result: GradResult = GRAD_PROGRAM(entry, loss_fn, spec, *args)
         raise_if_grad_not_finite(entry.graph.param_paths, host_array(result.losses),
-                                 host_array(result.finite), UNCHANGED)
+                                 host_array(result.finite), UNCHANGED, xs=xs, weights=args.weights)
         write_state(self.model, result.hidden, result.other)
         self.traces = result.traces
         state = param_state(self.model, result.grads)

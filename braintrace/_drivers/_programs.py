@@ -39,6 +39,7 @@ from braintrace._loops import (
     ScanCarry,
     evolve,
     finish_carry,
+    ignore_masked,
     init_carry,
     param_gradients,
     restart_sums,
@@ -139,6 +140,7 @@ def grad_program(entry: Entry, loss_fn: Callable[[Any, Any], jax.Array], spec: L
     if lay is not None:
         params, hidden, other, traces = _constrain_state(lay, params, hidden, other, traces)
         xs, ys = _constrain_inputs(lay, xs), _constrain_inputs(lay, ys)
+    xs, ys = ignore_masked(xs, ys, weights)  # what the mask ignores is never read
     ctx = LoopContext.build(entry.rules, loss_fn, params)
     carry, losses = run(ctx, spec, init_carry(ctx, hidden, other, traces), xs, ys, weights,
                         signal_inputs)
@@ -243,6 +245,7 @@ def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
         params, hidden, other, traces = _constrain_state(lay, params, hidden, other, traces)
         opt_state = constrain(opt_state, _opt_shardings(lay, tx, opt_state, params_def))
         xs, ys = _constrain_inputs(lay, xs), _constrain_inputs(lay, ys)
+    xs, ys = ignore_masked(xs, ys, weights)  # what the mask ignores is never read
     k = update_every
     length = weights.shape[0]
     split = lambda a: a.reshape(length // k, k, *a.shape[1:])

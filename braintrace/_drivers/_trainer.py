@@ -120,7 +120,8 @@ class OnlineTrainer(Checkpointable):
             FloatingPointError: A step's loss, or the Params after an update,
                 are not finite. The whole call is then discarded: Params,
                 optimiser state, hidden state and traces stay as they were
-                before it; the message names the first offending step.
+                before it; the message names the first offending step, and the
+                first non-finite input that reaches a scored step, if any.
         """
         refuse_traced("OnlineTrainer.step", xs, ys, mask)
         learner = self.learner
@@ -156,7 +157,8 @@ class OnlineTrainer(Checkpointable):
                 bad_update_at = int(host_array(checked.bad_update_at))
                 bad_params = checked.bad_params
         raise_if_update_not_finite(learner.graph.param_paths, host_array(out.losses),
-                                   bad_update_at, host_array(bad_params))
+                                   bad_update_at, host_array(bad_params), xs=xs,
+                                   weights=weights)
         learner.load_state({"params": out.params, "hidden": out.hidden, "other": out.other,
                             "traces": out.traces})
         self.opt_state = out.opt_state
