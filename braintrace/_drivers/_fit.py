@@ -24,6 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from braintrace._arguments import check_integer
+
 __all__ = ["Callback", "EarlyStopping", "History", "fit", "scored_mean", "validation_metrics"]
 
 Metric = Callable[[jax.Array, Any], jax.Array]
@@ -83,7 +85,14 @@ class Callback:
 
     ``on_step`` and ``on_evaluation`` may return ``True`` to stop the training
     (after the current batch). ``record`` is the dict appended to the history.
+    ``on_start`` runs first in every ``fit``: a callback that keeps state across
+    calls (:class:`EarlyStopping`'s best value) starts it afresh there, so one
+    callback object may serve several fits.
     """
+
+    def on_start(self, trainer: Any) -> None:
+        """Once, when ``fit`` starts (before the first batch)."""
+        del trainer
 
     def on_step(self, trainer: Any, record: dict[str, float]) -> bool | None:
         """After each batch."""
@@ -111,6 +120,9 @@ class EarlyStopping(Callback):
         min_delta: The least change that counts as an improvement.
         restore_best: At the end, write back the Params of the best evaluation.
 
+    Every ``fit`` starts from scratch (:meth:`on_start`): no best value, no
+    waiting, no best Params of an earlier fit (of this or another trainer).
+
     Example:
         >>> stop = EarlyStopping('val_loss', patience=1)
         >>> [stop.on_evaluation(None, {'val_loss': v}) for v in (1.0, 0.5, 0.7)]
@@ -126,7 +138,12 @@ class EarlyStopping(Callback):
             raise ValueError(f"EarlyStopping: patience must be an integer >= 1, got {patience!r}.")
         self.monitor, self.mode, self.patience = monitor, mode, int(patience)
         self.min_delta, self.restore_best = float(min_delta), restore_best
-        self.best = math.inf if mode == "min" else -math.inf
+        self.on_start(None)
+
+    def on_start(self, trainer: Any) -> None:
+        """Forgets any earlier fit: no best value, no waiting, no best Params."""
+        del trainer
+        self.best = math.inf if self.mode == "min" else -math.inf
         self.waited = 0
         self.best_params: Any = None
 
@@ -241,12 +258,16 @@ def fit(trainer: Any, batches: Iterable[Any], *, epochs: int = 1, steps: int | N
     """The loop of :meth:`OnlineTrainer.fit` (see there)."""
     from tqdm.auto import tqdm
 
+    epochs, steps, eval_every = _check_counts(epochs, steps, eval_every)
     validation = _validation_batches(validation)
+    pairs = _stream(batches, epochs, steps)
+    for callback in callbacks:
+        callback.on_start(trainer)
     history, last_epoch, stopped = History(), None, False
     total = steps if steps is not None else (epochs * len(batches)
                                              if isinstance(batches, Sequence) else None)
     with tqdm(total=total, disable=not progress, desc="online training") as bar:
-        for n, (epoch, batch) in enumerate(_stream(batches, epochs, steps), start=1):
+        for n, (epoch, batch) in enumerate(pairs, start=1):
             at_epoch_end = eval_every is None and last_epoch not in (None, epoch)
             if validation is not None and at_epoch_end and \
                     _evaluate(trainer, history, n - 1, validation, metrics, callbacks, bar):
@@ -270,6 +291,26 @@ def fit(trainer: Any, batches: Iterable[Any], *, epochs: int = 1, steps: int | N
     for callback in callbacks:
         callback.on_end(trainer, history)
     return history
+
+
+def _check_counts(epochs: Any, steps: Any, eval_every: Any
+                  ) -> tuple[int, int | None, int | None]:
+    """``epochs``, ``steps`` and ``eval_every`` as ints (``None`` kept), checked before any
+    batch is learnt.
+
+    Raises:
+        ValueError: One is not a positive int (a float or a bool is not one: then an
+            ``ArgumentTypeError``, also a ``TypeError``); the message names it.
+    """
+    untouched = ". Nothing was trained"
+    epochs = check_integer("fit: epochs", epochs, minimum=1, note=untouched)
+    if steps is not None:
+        steps = check_integer("fit: steps", steps, minimum=1,
+                              note=" (None: no budget)" + untouched)
+    if eval_every is not None:
+        eval_every = check_integer("fit: eval_every", eval_every, minimum=1,
+                                   note=" (None: after each epoch)" + untouched)
+    return epochs, steps, eval_every
 
 
 def _train_batch(trainer: Any, history: History, n: int, epoch: int, batch: Any,

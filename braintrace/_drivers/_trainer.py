@@ -186,18 +186,22 @@ class OnlineTrainer(Checkpointable):
             batches: Any iterable of ``(xs, ys)`` or ``(xs, ys, mask)`` batches (a
                 :class:`braintrace.tasks.Batch` is one), time axis leading: a
                 list, a data loader, a generator that never ends.
-            epochs: Passes over ``batches`` (a generator can be passed over once).
-            steps: At most this many batches in all (``None``: no budget).
+            epochs: Passes over ``batches``, a positive int (a generator can be
+                passed over once).
+            steps: At most this many batches in all, a positive int (``None``: no
+                budget).
             validation: A batch or a list of batches to evaluate on, with the
                 model in evaluation mode (``model.eval()``, then ``model.train()``),
                 from fresh hidden states.
-            eval_every: Evaluate every this many batches (``None``: after each
-                epoch). The last batch is always followed by an evaluation.
+            eval_every: Evaluate every this many batches, a positive int
+                (``None``: after each epoch). The last batch is always followed
+                by an evaluation.
             metrics: ``{name: metric(outputs, batch) -> scalar}`` evaluated on
                 the validation batches besides the built-in ``val_loss`` and
                 (integer labels) ``val_accuracy``; recorded as ``val_<name>``.
             callbacks: :class:`~braintrace.Callback` objects (e.g.
-                :class:`~braintrace.EarlyStopping`); ``on_step`` or
+                :class:`~braintrace.EarlyStopping`); ``on_start`` runs first (an
+                ``EarlyStopping`` forgets any earlier fit there), ``on_step`` or
                 ``on_evaluation`` returning ``True`` stops the training.
             reset_each_batch: Start every batch from fresh hidden state and traces
                 (independent sequences); ``False`` carries them on (one stream).
@@ -206,9 +210,15 @@ class OnlineTrainer(Checkpointable):
         Returns:
             A :class:`~braintrace.History`: per batch its loss averaged over the
             scored steps (``Σ_t m_t L_t / Σ_t m_t``), per evaluation its
-            metrics; it is also the sequence of the batches' losses.
+            metrics (also over the scored steps); it is also the sequence of the
+            batches' losses. Positions a mask weighs 0 add nothing to either,
+            even NaN targets or padding.
 
         Raises:
+            ValueError: ``epochs``, ``steps`` or ``eval_every`` is not a positive
+                int (before anything is trained; a float or bool raises an
+                ``ArgumentTypeError``, also a ``TypeError``), or ``batches`` is a
+                generator with ``epochs > 1`` and no ``steps``.
             ValueError, FloatingPointError: As :meth:`step`, with a note naming
                 the epoch and batch. The batches before it stay learnt; the
                 failing batch is discarded.
