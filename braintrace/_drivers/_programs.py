@@ -218,12 +218,16 @@ def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
     (the Params fixed), then applied with ``tx`` (which is given the window's
     loss as ``value=``, for transformations such as
     ``optax.contrib.reduce_on_plateau``); hidden state and traces run on across
-    windows (an update does not reset the traces). An update that would make a
-    Param not finite is skipped, and so is every later one (the first is
-    reported: ``bad_update_at``). With ``skip_non_finite=False`` every update is
-    applied and only the Params after the last one are checked, for a caller
-    that discards the whole result if one is not finite and can run the call
-    again to name the first such update (:class:`~braintrace.OnlineTrainer`).
+    windows (an update does not reset the traces). A window whose weights are
+    all zero (the mask scores none of its steps) has a zero gradient and makes
+    no update: the optimiser's state (Adam's moments, its count) does not move
+    (except with a window hook, DNI, whose gradient does not come from the
+    weighted loss). An update that would make a Param not finite is skipped,
+    and so is every later one (the first is reported: ``bad_update_at``). With
+    ``skip_non_finite=False`` every update is applied and only the Params after
+    the last one are checked, for a caller that discards the whole result if
+    one is not finite and can run the call again to name the first such update
+    (:class:`~braintrace.OnlineTrainer`).
     That one check is enough: an update adds to a Param (``optax.apply_updates``),
     and ``p + u`` is not finite for every ``u`` once ``p`` is not. (The check
     after every update costs about a tenth of a step with an update every step:
@@ -355,8 +359,11 @@ def _train_window(entry: Entry, tx: optax.GradientTransformationExtraArgs,
     grads = param_gradients(ctx, step_carry)
     step_weights = ww if ww.ndim == 1 else jnp.sum(ww, axis=-1)  # a (T, B) mask: per step
     value = jnp.sum(losses * step_weights.astype(losses.dtype))
+    # a window the mask scores nothing of has no gradient to apply: no update (Adam's moments,
+    # weight decay and schedules do not move), unless a window hook (DNI) makes one anyway
+    scored = jnp.any(ww != 0) | (entry.rules.window is not None)
     return carry._replace(steps=step_carry, operands=list(ctx.operands), grads=grads,
-                          value=value.astype(carry.value.dtype), pending=jnp.ones((), bool)), losses
+                          value=value.astype(carry.value.dtype), pending=scored), losses
 
 
 GRAD_PROGRAM = jax.jit(grad_program, static_argnames=("entry", "loss_fn", "spec"))

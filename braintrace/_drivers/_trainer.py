@@ -38,7 +38,11 @@ class OnlineTrainer(Checkpointable):
     ``update_every`` steps the gradient accumulated since the last update is
     applied with ``tx``. Hidden state, traces and the optimiser state are
     carried through the scan. Traces are not reset by an update (the usual
-    online approximation).
+    online approximation). A window of steps the mask scores none of makes no
+    update: with only the last step of a sequence scored (classification), the
+    default ``update_every=1`` makes one update per sequence, at that step,
+    not ``T - 1`` optimiser steps on zero gradients before it (which Adam's
+    momentum and AdamW's weight decay would turn into drift).
 
     Args:
         learner: A learner from :func:`braintrace.compile`.
@@ -102,8 +106,13 @@ class OnlineTrainer(Checkpointable):
 
         Each update applies the mean gradient of the steps since the last one,
         each step weighted by ``mask[t]`` (all ones by default: steps outside
-        a scored window can be given weight 0; an all-zero mask gives zero
-        gradients, which optax then applies as usual). ``tx`` is given the
+        a scored window can be given weight 0). A window whose weights are all
+        zero makes no update at all: the Params and the optimiser state (Adam's
+        moments and count, a schedule's step) stay as they are (with
+        :class:`~braintrace.DNI`, whose synthetic gradients do not come from
+        the loss, every window updates). What a mask weighs 0 is never read
+        when it is not finite: NaN targets there, and NaN inputs after a
+        sample's last scored step, add nothing. ``tx`` is given the
         window's loss as ``value=`` (for ``optax.contrib.reduce_on_plateau``).
 
         Hidden state and traces continue from where they are; Params, the
@@ -181,6 +190,16 @@ class OnlineTrainer(Checkpointable):
             metrics: dict[str, Metric] | None = None, callbacks: Sequence[Callback] = (),
             reset_each_batch: bool = True, progress: bool = True) -> History:
         """Trains on a stream of batches, with validation, metrics, callbacks, early stopping.
+
+        Each batch is one :meth:`step`: an optax update every ``update_every``
+        steps of its sequences (the trainer's; default every step), inside the
+        time loop, except after steps its mask scores none of. So with the
+        default ``update_every=1``, a batch whose mask scores every step makes
+        ``T`` updates (truly online), one that scores only its last step (a
+        classification) makes one, at the last step, as a Flax train step
+        makes one per batch; an answer period of ``k`` steps makes ``k``. For
+        one update per batch whatever the mask, construct the trainer with
+        ``update_every=T``.
 
         Args:
             batches: Any iterable of ``(xs, ys)`` or ``(xs, ys, mask)`` batches (a
