@@ -88,6 +88,20 @@ class Callback:
     ``on_start`` runs first in every ``fit``: a callback that keeps state across
     calls (:class:`EarlyStopping`'s best value) starts it afresh there, so one
     callback object may serve several fits.
+
+    Example:
+        >>> class StopAt(Callback):
+        ...     def __init__(self, loss):
+        ...         self.loss = loss
+        ...     def on_start(self, trainer):
+        ...         self.batches = 0
+        ...     def on_step(self, trainer, record):
+        ...         self.batches += 1
+        ...         return record['loss'] < self.loss
+        >>> stop = StopAt(0.1)
+        >>> stop.on_start(None)
+        >>> stop.on_step(None, {'step': 1, 'epoch': 0, 'loss': 0.5}), stop.batches
+        (False, 1)
     """
 
     def on_start(self, trainer: Any) -> None:

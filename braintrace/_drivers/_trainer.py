@@ -218,6 +218,8 @@ class OnlineTrainer(Checkpointable):
             metrics: ``{name: metric(outputs, batch) -> scalar}`` evaluated on
                 the validation batches besides the built-in ``val_loss`` and
                 (integer labels) ``val_accuracy``; recorded as ``val_<name>``.
+                A metric sees every step's outputs, also those the mask
+                ignores: weigh them by the batch's mask.
             callbacks: :class:`~braintrace.Callback` objects (e.g.
                 :class:`~braintrace.EarlyStopping`); ``on_start`` runs first (an
                 ``EarlyStopping`` forgets any earlier fit there), ``on_step`` or

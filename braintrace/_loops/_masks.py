@@ -18,7 +18,9 @@ time loop, on the whole ``(T, B, ...)`` arrays (:func:`ignore_masked`):
   so the replacement changes no loss, gradient or metric that counts.
 
 Finite values are kept as they are, bit for bit, so with finite data the
-result is the one without this step. Each step's weighted loss is then selected
+result is the one without this step. (The hidden state after the sequence is
+then that of zeros at the replaced inputs: finite, so a stream that carries it
+into its next call goes on.) Each step's weighted loss is then selected
 with :func:`weigh`, ``where(w ≠ 0, w·L, 0)``, not multiplied, so a loss that is
 still not finite at an ignored step (a ``loss_fn`` singular there) does not
 turn the sum into NaN.

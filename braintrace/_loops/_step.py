@@ -8,7 +8,8 @@ Per step ``t``, with Params ``θ`` and the hidden state ``h^{t-1}`` it starts fr
    and ``h^{t-1}``: the exact same-step gradient ``∂(w_t L_t)/∂θ|_{h^{t-1}}``
    of every Param (every path of the step: nothing is ever dropped from it)
    and the learning signal ``δ̄^t = ∂(w_t L_t)/∂h^{t-1}``, which covers both a
-   loss that reads the new state and one that reads the previous state;
+   loss that reads the new state and one that reads the previous state
+   (``w_t L_t`` is 0 where ``w_t = 0``, selected, not multiplied: ``_masks.weigh``);
 3. the hidden Jacobians ``D^t = ∂h^t/∂h^{t-1}`` and ``Df^t = ∂h^t/∂y^t`` at
    ``(h^{t-1}, x^t)`` in the scope the algorithm reads.
 
