@@ -233,7 +233,7 @@ def online_grad(learner: Any, loss_fn: Callable[[Any, Any], jax.Array], *,
                                 entry.batch_size)
         inputs = check_signal_inputs(entry.rules, leaves.hidden, signal_inputs, length)
         out = grad_program(entry, loss_fn, spec, leaves.params, leaves.hidden, leaves.other,
-                           state.traces, xs, ys, weights, inputs)
+                           state.traces, xs, ys, weights, inputs, masked=mask is not None)
         new_state = OnlineState(jax.tree.unflatten(hidden_def, out.hidden),
                                 jax.tree.unflatten(other_def, out.other), out.traces)
         finite = jnp.all(out.finite) & jnp.all(jnp.isfinite(out.losses))
@@ -306,7 +306,7 @@ def online_update(learner: Any, loss_fn: Callable[[Any, Any], jax.Array],
         out = train_program(entry, tx, loss_fn, update_every, spec,
                             jax.tree.structure(nnx.state(model, nnx.Param)), leaves.params,
                             opt_state, leaves.hidden, leaves.other, state.traces, xs, ys,
-                            weights / update_every, inputs)
+                            weights / update_every, inputs, masked=mask is not None)
         new_state = OnlineState(jax.tree.unflatten(hidden_def, out.hidden),
                                 jax.tree.unflatten(other_def, out.other), out.traces)
         finite = (out.bad_update_at < 0) & jnp.all(jnp.isfinite(out.losses))

@@ -123,7 +123,7 @@ def _opt_shardings(lay: Layout, tx: Any, opt_state: Any, params_def: Any) -> Any
 @_on_its_mesh
 def grad_program(entry: Entry, loss_fn: Callable[[Any, Any], jax.Array], spec: LoopSpec,
                  params, hidden, other, traces, xs, ys, weights,
-                 signal_inputs=None) -> GradResult:
+                 signal_inputs=None, masked: bool = False) -> GradResult:
     """The online gradient of ``Σ_t w_t L_t`` over a sequence, in the loop ``spec``.
 
     Args:
@@ -135,12 +135,16 @@ def grad_program(entry: Entry, loss_fn: Callable[[Any, Any], jax.Array], spec: L
         xs, ys: Inputs and targets, time axis leading.
         weights: ``(T,)`` weights ``w_t``.
         signal_inputs: The learning signal's per-step inputs, or ``None``.
+        masked: The weights come from a mask and may be 0: what they weigh 0 is then never
+            read (``braintrace._loops.ignore_masked``, a copy of ``xs`` and ``ys``). ``False``
+            (no mask: no weight is 0) skips it, so memory stays independent of ``T``.
     """
     lay = entry.layout
     if lay is not None:
         params, hidden, other, traces = _constrain_state(lay, params, hidden, other, traces)
         xs, ys = _constrain_inputs(lay, xs), _constrain_inputs(lay, ys)
-    xs, ys = ignore_masked(xs, ys, weights)  # what the mask ignores is never read
+    if masked:  # what the mask ignores is never read
+        xs, ys = ignore_masked(xs, ys, weights)
     ctx = LoopContext.build(entry.rules, loss_fn, params)
     carry, losses = run(ctx, spec, init_carry(ctx, hidden, other, traces), xs, ys, weights,
                         signal_inputs)
@@ -210,7 +214,8 @@ class _TrainCarry(NamedTuple):
 def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
                   loss_fn: Callable[[Any, Any], jax.Array], update_every: int, spec: LoopSpec,
                   params_def: Any, params, opt_state, hidden, other, traces, xs, ys, weights,
-                  signal_inputs=None, skip_non_finite: bool = True) -> TrainResult:
+                  signal_inputs=None, skip_non_finite: bool = True,
+                  masked: bool = False) -> TrainResult:
     """Online learning over a sequence: an optax update after every ``update_every`` steps.
 
     The sequence is cut into windows of ``update_every`` steps. In each window
@@ -249,7 +254,8 @@ def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
         params, hidden, other, traces = _constrain_state(lay, params, hidden, other, traces)
         opt_state = constrain(opt_state, _opt_shardings(lay, tx, opt_state, params_def))
         xs, ys = _constrain_inputs(lay, xs), _constrain_inputs(lay, ys)
-    xs, ys = ignore_masked(xs, ys, weights)  # what the mask ignores is never read
+    if masked:  # what the mask ignores is never read (as grad_program's ``masked``)
+        xs, ys = ignore_masked(xs, ys, weights)
     k = update_every
     length = weights.shape[0]
     split = lambda a: a.reshape(length // k, k, *a.shape[1:])
@@ -366,11 +372,12 @@ def _train_window(entry: Entry, tx: optax.GradientTransformationExtraArgs,
                           value=value.astype(carry.value.dtype), pending=scored), losses
 
 
-GRAD_PROGRAM = jax.jit(grad_program, static_argnames=("entry", "loss_fn", "spec"))
+GRAD_PROGRAM = jax.jit(grad_program, static_argnames=("entry", "loss_fn", "spec", "masked"))
 """:func:`grad_program` under ``jax.jit`` (compiled once per entry, loss, loop and shapes)."""
 
 TRAIN_PROGRAM = jax.jit(train_program, static_argnames=("entry", "tx", "loss_fn", "update_every",
-                                                      "spec", "params_def", "skip_non_finite"))
+                                                      "spec", "params_def", "skip_non_finite",
+                                                      "masked"))
 """:func:`train_program` under ``jax.jit``."""
 
 EVOLVE_PROGRAM = jax.jit(evolve_program, static_argnames=("entry",))

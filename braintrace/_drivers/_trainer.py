@@ -154,7 +154,7 @@ class OnlineTrainer(Checkpointable):
             TRAIN_PROGRAM, entry, self.tx, self.loss_fn, self.update_every, spec,
             jax.tree.structure(nnx.state(learner.model, nnx.Param)), params,
             self._placed(self.opt_state), hidden, other, learner._checked_traces(entry), xs, ys,
-            weights, inputs)
+            weights, inputs, masked=mask is not None)
         # Every update applied, the Params checked after the last: a non-finite update
         # discards the call, and only then is it run again, checked after every update, to
         # name the first one.

@@ -5,7 +5,10 @@ means the position is ignored: it adds nothing to the loss, the gradient or the
 metrics. Multiplying by 0 is not enough, since ``0 · nan = nan`` (and ``0 · inf``):
 a NaN target at an ignored step makes that step's loss NaN, and its product with
 0 is NaN again, in the loss and, through the VJP, in the gradient. So before the
-time loop, on the whole ``(T, B, ...)`` arrays (:func:`ignore_masked`):
+time loop, on the whole ``(T, B, ...)`` arrays (:func:`ignore_masked`, when a
+mask is given: it costs one pass over ``xs`` and ``ys`` and a copy of them,
+which without a mask, where no weight is 0, the drivers skip to keep memory
+independent of ``T``):
 
 * a **target** entry that is not finite at an ignored position is replaced by
   0, so ``loss_fn`` never sees it;
