@@ -24,6 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from braintrace._arguments import check_integer
+
 __all__ = ["Callback", "EarlyStopping", "History", "fit", "scored_mean", "validation_metrics"]
 
 Metric = Callable[[jax.Array, Any], jax.Array]
@@ -83,7 +85,28 @@ class Callback:
 
     ``on_step`` and ``on_evaluation`` may return ``True`` to stop the training
     (after the current batch). ``record`` is the dict appended to the history.
+    ``on_start`` runs first in every ``fit``: a callback that keeps state across
+    calls (:class:`EarlyStopping`'s best value) starts it afresh there, so one
+    callback object may serve several fits.
+
+    Example:
+        >>> class StopAt(Callback):
+        ...     def __init__(self, loss):
+        ...         self.loss = loss
+        ...     def on_start(self, trainer):
+        ...         self.batches = 0
+        ...     def on_step(self, trainer, record):
+        ...         self.batches += 1
+        ...         return record['loss'] < self.loss
+        >>> stop = StopAt(0.1)
+        >>> stop.on_start(None)
+        >>> stop.on_step(None, {'step': 1, 'epoch': 0, 'loss': 0.5}), stop.batches
+        (False, 1)
     """
+
+    def on_start(self, trainer: Any) -> None:
+        """Once, when ``fit`` starts (before the first batch)."""
+        del trainer
 
     def on_step(self, trainer: Any, record: dict[str, float]) -> bool | None:
         """After each batch."""
@@ -111,6 +134,9 @@ class EarlyStopping(Callback):
         min_delta: The least change that counts as an improvement.
         restore_best: At the end, write back the Params of the best evaluation.
 
+    Every ``fit`` starts from scratch (:meth:`on_start`): no best value, no
+    waiting, no best Params of an earlier fit (of this or another trainer).
+
     Example:
         >>> stop = EarlyStopping('val_loss', patience=1)
         >>> [stop.on_evaluation(None, {'val_loss': v}) for v in (1.0, 0.5, 0.7)]
@@ -126,7 +152,12 @@ class EarlyStopping(Callback):
             raise ValueError(f"EarlyStopping: patience must be an integer >= 1, got {patience!r}.")
         self.monitor, self.mode, self.patience = monitor, mode, int(patience)
         self.min_delta, self.restore_best = float(min_delta), restore_best
-        self.best = math.inf if mode == "min" else -math.inf
+        self.on_start(None)
+
+    def on_start(self, trainer: Any) -> None:
+        """Forgets any earlier fit: no best value, no waiting, no best Params."""
+        del trainer
+        self.best = math.inf if self.mode == "min" else -math.inf
         self.waited = 0
         self.best_params: Any = None
 
@@ -166,10 +197,11 @@ def scored_mean(values: jax.Array, mask: Any) -> float:
     """``Σ_t m_t v_t / Σ_t m_t`` over the steps (the plain mean without a mask).
 
     A ``(T, B)`` mask weighs per-sample values ``(T, B)`` alike, and per-step
-    values ``(T,)`` (each the mean of its scored samples) by ``Σ_b m_tb``.
+    values ``(T,)`` (each the mean of its scored samples) by ``Σ_b m_tb``. A
+    value where the mask is 0 is never read, even a NaN (``0 · nan`` would be NaN).
 
     Example:
-        >>> scored_mean(jnp.array([4.0, 2.0, 1.0]), jnp.array([0.0, 1.0, 1.0]))
+        >>> scored_mean(jnp.array([jnp.nan, 2.0, 1.0]), jnp.array([0.0, 1.0, 1.0]))
         1.5
     """
     values = np.asarray(values, np.float64)
@@ -180,7 +212,8 @@ def scored_mean(values: jax.Array, mask: Any) -> float:
         mask = mask.sum(axis=-1)      # by its scored samples (values are their mean)
     mask = np.broadcast_to(mask.reshape(mask.shape + (1,) * (values.ndim - mask.ndim)),
                            values.shape)
-    return float(np.sum(values * mask) / max(np.sum(mask), 1e-300))
+    weighted = np.where(mask != 0, values * mask, 0.0)  # an unscored NaN adds nothing
+    return float(np.sum(weighted) / max(np.sum(mask), 1e-300))
 
 
 def validation_metrics(trainer: Any, batches: Sequence[Any],
@@ -239,12 +272,16 @@ def fit(trainer: Any, batches: Iterable[Any], *, epochs: int = 1, steps: int | N
     """The loop of :meth:`OnlineTrainer.fit` (see there)."""
     from tqdm.auto import tqdm
 
+    epochs, steps, eval_every = _check_counts(epochs, steps, eval_every)
     validation = _validation_batches(validation)
+    pairs = _stream(batches, epochs, steps)
+    for callback in callbacks:
+        callback.on_start(trainer)
     history, last_epoch, stopped = History(), None, False
     total = steps if steps is not None else (epochs * len(batches)
                                              if isinstance(batches, Sequence) else None)
     with tqdm(total=total, disable=not progress, desc="online training") as bar:
-        for n, (epoch, batch) in enumerate(_stream(batches, epochs, steps), start=1):
+        for n, (epoch, batch) in enumerate(pairs, start=1):
             at_epoch_end = eval_every is None and last_epoch not in (None, epoch)
             if validation is not None and at_epoch_end and \
                     _evaluate(trainer, history, n - 1, validation, metrics, callbacks, bar):
@@ -268,6 +305,26 @@ def fit(trainer: Any, batches: Iterable[Any], *, epochs: int = 1, steps: int | N
     for callback in callbacks:
         callback.on_end(trainer, history)
     return history
+
+
+def _check_counts(epochs: Any, steps: Any, eval_every: Any
+                  ) -> tuple[int, int | None, int | None]:
+    """``epochs``, ``steps`` and ``eval_every`` as ints (``None`` kept), checked before any
+    batch is learnt.
+
+    Raises:
+        ValueError: One is not a positive int (a float or a bool is not one: then an
+            ``ArgumentTypeError``, also a ``TypeError``); the message names it.
+    """
+    untouched = ". Nothing was trained"
+    epochs = check_integer("fit: epochs", epochs, minimum=1, note=untouched)
+    if steps is not None:
+        steps = check_integer("fit: steps", steps, minimum=1,
+                              note=" (None: no budget)" + untouched)
+    if eval_every is not None:
+        eval_every = check_integer("fit: eval_every", eval_every, minimum=1,
+                                   note=" (None: after each epoch)" + untouched)
+    return epochs, steps, eval_every
 
 
 def _train_batch(trainer: Any, history: History, n: int, epoch: int, batch: Any,

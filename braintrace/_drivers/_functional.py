@@ -278,7 +278,7 @@ def online_grad(learner: Any, loss_fn: Callable[[Any, Any], jax.Array], *,
                                 entry.batch_size)
         inputs = check_signal_inputs(entry.rules, leaves.hidden, signal_inputs, length)
         out = grad_program(entry, loss_fn, spec, leaves.params, leaves.hidden, leaves.other,
-                           state.traces, xs, ys, weights, inputs)
+                           state.traces, xs, ys, weights, inputs, masked=mask is not None)
         finite = jnp.all(out.finite) & jnp.all(jnp.isfinite(out.losses))
         return (param_state(model, out.grads),
                 _new_state("online_grad: grad", model, checked, out.hidden, out.other,
@@ -360,7 +360,7 @@ def online_update(learner: Any, loss_fn: Callable[[Any, Any], jax.Array],
         out = train_program(entry, tx, loss_fn, update_every, spec,
                             jax.tree.structure(nnx.state(model, nnx.Param)), leaves.params,
                             opt_state, leaves.hidden, leaves.other, state.traces, xs, ys,
-                            weights / update_every, inputs)
+                            weights / update_every, inputs, masked=mask is not None)
         finite = (out.bad_update_at < 0) & jnp.all(jnp.isfinite(out.losses))
         return (param_state(model, out.params), out.opt_state,
                 _new_state("online_update: update", model, checked, out.hidden, out.other,

@@ -360,9 +360,9 @@ class OnlineLearner(Checkpointable):
         entry, spec, args = self._grad_call(xs, ys, mask=mask, chunk_size=chunk_size,
                                             block_size=block_size, reduction=reduction,
                                             signal_inputs=signal_inputs)
-        result: GradResult = GRAD_PROGRAM(entry, loss_fn, spec, *args)
+        result: GradResult = GRAD_PROGRAM(entry, loss_fn, spec, *args, masked=mask is not None)
         raise_if_grad_not_finite(entry.graph.param_paths, host_array(result.losses),
-                                 host_array(result.finite), UNCHANGED)
+                                 host_array(result.finite), UNCHANGED, xs=xs, weights=args.weights)
         write_state(self.model, result.hidden, result.other)
         self.traces = result.traces
         state = param_state(self.model, result.grads)
@@ -379,7 +379,7 @@ class OnlineLearner(Checkpointable):
         entry, spec, args = self._grad_call(xs, ys, mask=mask, chunk_size=chunk_size,
                                             block_size=block_size, reduction=reduction,
                                             signal_inputs=signal_inputs)
-        return GRAD_PROGRAM.lower(entry, loss_fn, spec, *args)
+        return GRAD_PROGRAM.lower(entry, loss_fn, spec, *args, masked=mask is not None)
 
     def grad_args(self, xs: Any, ys: Any, *, mask: jax.Array | None = None,
                   chunk_size: int | None = None, reduction: str = "mean",

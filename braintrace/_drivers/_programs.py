@@ -42,6 +42,7 @@ from braintrace._loops import (
     ScanCarry,
     evolve,
     finish_carry,
+    ignore_masked,
     init_carry,
     param_gradients,
     restart_sums,
@@ -125,7 +126,7 @@ def _opt_shardings(lay: Layout, tx: Any, opt_state: Any, params_def: Any) -> Any
 @_on_its_mesh
 def grad_program(entry: Entry, loss_fn: Callable[[Any, Any], jax.Array], spec: LoopSpec,
                  params, hidden, other, traces, xs, ys, weights,
-                 signal_inputs=None) -> GradResult:
+                 signal_inputs=None, masked: bool = False) -> GradResult:
     """The online gradient of ``Σ_t w_t L_t`` over a sequence, in the loop ``spec``.
 
     Args:
@@ -137,12 +138,17 @@ def grad_program(entry: Entry, loss_fn: Callable[[Any, Any], jax.Array], spec: L
         xs, ys: Inputs and targets, time axis leading.
         weights: ``(T,)`` weights ``w_t``.
         signal_inputs: The learning signal's per-step inputs, or ``None``.
+        masked: The weights come from a mask and may be 0: what they weigh 0 is then never
+            read (``braintrace._loops.ignore_masked``, a copy of ``xs`` and ``ys``). ``False``
+            (no mask: no weight is 0) skips it, so memory stays independent of ``T``.
     """
     xs = cast_inputs(xs, entry.example)
     lay = entry.layout
     if lay is not None:
         params, hidden, other, traces = _constrain_state(lay, params, hidden, other, traces)
         xs, ys = _constrain_inputs(lay, xs), _constrain_inputs(lay, ys)
+    if masked:  # what the mask ignores is never read
+        xs, ys = ignore_masked(xs, ys, weights)
     ctx = LoopContext.build(entry.rules, loss_fn, params)
     carry, losses = run(ctx, spec, init_carry(ctx, hidden, other, traces), xs, ys, weights,
                         signal_inputs)
@@ -213,7 +219,8 @@ class _TrainCarry(NamedTuple):
 def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
                   loss_fn: Callable[[Any, Any], jax.Array], update_every: int, spec: LoopSpec,
                   params_def: Any, params, opt_state, hidden, other, traces, xs, ys, weights,
-                  signal_inputs=None, skip_non_finite: bool = True) -> TrainResult:
+                  signal_inputs=None, skip_non_finite: bool = True,
+                  masked: bool = False) -> TrainResult:
     """Online learning over a sequence: an optax update after every ``update_every`` steps.
 
     The sequence is cut into windows of ``update_every`` steps. In each window
@@ -221,12 +228,16 @@ def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
     (the Params fixed), then applied with ``tx`` (which is given the window's
     loss as ``value=``, for transformations such as
     ``optax.contrib.reduce_on_plateau``); hidden state and traces run on across
-    windows (an update does not reset the traces). An update that would make a
-    Param not finite is skipped, and so is every later one (the first is
-    reported: ``bad_update_at``). With ``skip_non_finite=False`` every update is
-    applied and only the Params after the last one are checked, for a caller
-    that discards the whole result if one is not finite and can run the call
-    again to name the first such update (:class:`~braintrace.OnlineTrainer`).
+    windows (an update does not reset the traces). A window whose weights are
+    all zero (the mask scores none of its steps) has a zero gradient and makes
+    no update: the optimiser's state (Adam's moments, its count) does not move
+    (except with a window hook, DNI, whose gradient does not come from the
+    weighted loss). An update that would make a Param not finite is skipped,
+    and so is every later one (the first is reported: ``bad_update_at``). With
+    ``skip_non_finite=False`` every update is applied and only the Params after
+    the last one are checked, for a caller that discards the whole result if
+    one is not finite and can run the call again to name the first such update
+    (:class:`~braintrace.OnlineTrainer`).
     That one check is enough: an update adds to a Param (``optax.apply_updates``),
     and ``p + u`` is not finite for every ``u`` once ``p`` is not. (The check
     after every update costs about a tenth of a step with an update every step:
@@ -249,6 +260,8 @@ def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
         params, hidden, other, traces = _constrain_state(lay, params, hidden, other, traces)
         opt_state = constrain(opt_state, _opt_shardings(lay, tx, opt_state, params_def))
         xs, ys = _constrain_inputs(lay, xs), _constrain_inputs(lay, ys)
+    if masked:  # what the mask ignores is never read (as grad_program's ``masked``)
+        xs, ys = ignore_masked(xs, ys, weights)
     k = update_every
     length = weights.shape[0]
     split = lambda a: a.reshape(length // k, k, *a.shape[1:])
@@ -358,15 +371,19 @@ def _train_window(entry: Entry, tx: optax.GradientTransformationExtraArgs,
     grads = param_gradients(ctx, step_carry)
     step_weights = ww if ww.ndim == 1 else jnp.sum(ww, axis=-1)  # a (T, B) mask: per step
     value = jnp.sum(losses * step_weights.astype(losses.dtype))
+    # a window the mask scores nothing of has no gradient to apply: no update (Adam's moments,
+    # weight decay and schedules do not move), unless a window hook (DNI) makes one anyway
+    scored = jnp.any(ww != 0) | (entry.rules.window is not None)
     return carry._replace(steps=step_carry, operands=list(ctx.operands), grads=grads,
-                          value=value.astype(carry.value.dtype), pending=jnp.ones((), bool)), losses
+                          value=value.astype(carry.value.dtype), pending=scored), losses
 
 
-GRAD_PROGRAM = jax.jit(grad_program, static_argnames=("entry", "loss_fn", "spec"))
+GRAD_PROGRAM = jax.jit(grad_program, static_argnames=("entry", "loss_fn", "spec", "masked"))
 """:func:`grad_program` under ``jax.jit`` (compiled once per entry, loss, loop and shapes)."""
 
 TRAIN_PROGRAM = jax.jit(train_program, static_argnames=("entry", "tx", "loss_fn", "update_every",
-                                                      "spec", "params_def", "skip_non_finite"))
+                                                      "spec", "params_def", "skip_non_finite",
+                                                      "masked"))
 """:func:`train_program` under ``jax.jit``."""
 
 EVOLVE_PROGRAM = jax.jit(evolve_program, static_argnames=("entry",))

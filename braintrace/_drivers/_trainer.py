@@ -38,7 +38,11 @@ class OnlineTrainer(Checkpointable):
     ``update_every`` steps the gradient accumulated since the last update is
     applied with ``tx``. Hidden state, traces and the optimiser state are
     carried through the scan. Traces are not reset by an update (the usual
-    online approximation).
+    online approximation). A window of steps the mask scores none of makes no
+    update: with only the last step of a sequence scored (classification), the
+    default ``update_every=1`` makes one update per sequence, at that step,
+    not ``T - 1`` optimiser steps on zero gradients before it (which Adam's
+    momentum and AdamW's weight decay would turn into drift).
 
     Args:
         learner: A learner from :func:`braintrace.compile`.
@@ -102,8 +106,13 @@ class OnlineTrainer(Checkpointable):
 
         Each update applies the mean gradient of the steps since the last one,
         each step weighted by ``mask[t]`` (all ones by default: steps outside
-        a scored window can be given weight 0; an all-zero mask gives zero
-        gradients, which optax then applies as usual). ``tx`` is given the
+        a scored window can be given weight 0). A window whose weights are all
+        zero makes no update at all: the Params and the optimiser state (Adam's
+        moments and count, a schedule's step) stay as they are (with
+        :class:`~braintrace.DNI`, whose synthetic gradients do not come from
+        the loss, every window updates). What a mask weighs 0 is never read
+        when it is not finite: NaN targets there, and NaN inputs after a
+        sample's last scored step, add nothing. ``tx`` is given the
         window's loss as ``value=`` (for ``optax.contrib.reduce_on_plateau``).
 
         Hidden state and traces continue from where they are; Params, the
@@ -120,7 +129,8 @@ class OnlineTrainer(Checkpointable):
             FloatingPointError: A step's loss, or the Params after an update,
                 are not finite. The whole call is then discarded: Params,
                 optimiser state, hidden state and traces stay as they were
-                before it; the message names the first offending step.
+                before it; the message names the first offending step, and the
+                first non-finite input that reaches a scored step, if any.
         """
         refuse_traced("OnlineTrainer.step", xs, ys, mask)
         learner = self.learner
@@ -144,7 +154,7 @@ class OnlineTrainer(Checkpointable):
             TRAIN_PROGRAM, entry, self.tx, self.loss_fn, self.update_every, spec,
             jax.tree.structure(nnx.state(learner.model, nnx.Param)), params,
             self._placed(self.opt_state), hidden, other, learner._checked_traces(entry), xs, ys,
-            weights, inputs)
+            weights, inputs, masked=mask is not None)
         # Every update applied, the Params checked after the last: a non-finite update
         # discards the call, and only then is it run again, checked after every update, to
         # name the first one.
@@ -156,7 +166,8 @@ class OnlineTrainer(Checkpointable):
                 bad_update_at = int(host_array(checked.bad_update_at))
                 bad_params = checked.bad_params
         raise_if_update_not_finite(learner.graph.param_paths, host_array(out.losses),
-                                   bad_update_at, host_array(bad_params))
+                                   bad_update_at, host_array(bad_params), xs=xs,
+                                   weights=weights)
         learner.load_state({"params": out.params, "hidden": out.hidden, "other": out.other,
                             "traces": out.traces})
         self.opt_state = out.opt_state
@@ -180,22 +191,38 @@ class OnlineTrainer(Checkpointable):
             reset_each_batch: bool = True, progress: bool = True) -> History:
         """Trains on a stream of batches, with validation, metrics, callbacks, early stopping.
 
+        Each batch is one :meth:`step`: an optax update every ``update_every``
+        steps of its sequences (the trainer's; default every step), inside the
+        time loop, except after steps its mask scores none of. So with the
+        default ``update_every=1``, a batch whose mask scores every step makes
+        ``T`` updates (truly online), one that scores only its last step (a
+        classification) makes one, at the last step, as a Flax train step
+        makes one per batch; an answer period of ``k`` steps makes ``k``. For
+        one update per batch whatever the mask, construct the trainer with
+        ``update_every=T``.
+
         Args:
             batches: Any iterable of ``(xs, ys)`` or ``(xs, ys, mask)`` batches (a
                 :class:`braintrace.tasks.Batch` is one), time axis leading: a
                 list, a data loader, a generator that never ends.
-            epochs: Passes over ``batches`` (a generator can be passed over once).
-            steps: At most this many batches in all (``None``: no budget).
+            epochs: Passes over ``batches``, a positive int (a generator can be
+                passed over once).
+            steps: At most this many batches in all, a positive int (``None``: no
+                budget).
             validation: A batch or a list of batches to evaluate on, with the
                 model in evaluation mode (``model.eval()``, then ``model.train()``),
                 from fresh hidden states.
-            eval_every: Evaluate every this many batches (``None``: after each
-                epoch). The last batch is always followed by an evaluation.
+            eval_every: Evaluate every this many batches, a positive int
+                (``None``: after each epoch). The last batch is always followed
+                by an evaluation.
             metrics: ``{name: metric(outputs, batch) -> scalar}`` evaluated on
                 the validation batches besides the built-in ``val_loss`` and
                 (integer labels) ``val_accuracy``; recorded as ``val_<name>``.
+                A metric sees every step's outputs, also those the mask
+                ignores: weigh them by the batch's mask.
             callbacks: :class:`~braintrace.Callback` objects (e.g.
-                :class:`~braintrace.EarlyStopping`); ``on_step`` or
+                :class:`~braintrace.EarlyStopping`); ``on_start`` runs first (an
+                ``EarlyStopping`` forgets any earlier fit there), ``on_step`` or
                 ``on_evaluation`` returning ``True`` stops the training.
             reset_each_batch: Start every batch from fresh hidden state and traces
                 (independent sequences); ``False`` carries them on (one stream).
@@ -204,9 +231,15 @@ class OnlineTrainer(Checkpointable):
         Returns:
             A :class:`~braintrace.History`: per batch its loss averaged over the
             scored steps (``Σ_t m_t L_t / Σ_t m_t``), per evaluation its
-            metrics; it is also the sequence of the batches' losses.
+            metrics (also over the scored steps); it is also the sequence of the
+            batches' losses. Positions a mask weighs 0 add nothing to either,
+            even NaN targets or padding.
 
         Raises:
+            ValueError: ``epochs``, ``steps`` or ``eval_every`` is not a positive
+                int (before anything is trained; a float or bool raises an
+                ``ArgumentTypeError``, also a ``TypeError``), or ``batches`` is a
+                generator with ``epochs > 1`` and no ``steps``.
             ValueError, FloatingPointError: As :meth:`step`, with a note naming
                 the epoch and batch. The batches before it stay learnt; the
                 failing batch is discarded.

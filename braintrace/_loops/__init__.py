@@ -10,10 +10,11 @@ specification chosen in one place (:func:`choose_loop`: :class:`PerStep`,
 per-step loop may leave its last trace update pending for the next piece of
 the sequence: ``run(..., finish=False)``, then :func:`finish_carry`).
 
-Modules, imports pointing one way: ``_context``; ``_step`` (one step's loss
-terms and Jacobians); ``_per_step`` (the carry, the per-step loop, the final
-gradients, evolution without gradients); ``_blocked``; ``_windowed``;
-``_spec`` (the choice); ``_run`` (the entry point).
+Modules, imports pointing one way: ``_context``; ``_masks`` (what a mask
+ignores is never read); ``_step`` (one step's loss terms and Jacobians);
+``_per_step`` (the carry, the per-step loop, the final gradients, evolution
+without gradients); ``_blocked``; ``_windowed``; ``_spec`` (the choice);
+``_run`` (the entry point).
 
 A new loop is a module here with a ``run_<loop>(ctx, carry, xs, ys, weights, ...)``,
 a spec record in ``_spec`` (its ``defers``: whether its carry holds a step's trace
@@ -22,6 +23,8 @@ update for the next step; and its case in :func:`choose_loop`), and its case in
 """
 
 from braintrace._loops._context import LoopContext as LoopContext
+from braintrace._loops._masks import ignore_masked as ignore_masked
+from braintrace._loops._masks import reaches_scored as reaches_scored
 from braintrace._loops._per_step import ScanCarry as ScanCarry
 from braintrace._loops._per_step import evolve as evolve
 from braintrace._loops._per_step import finish_carry as finish_carry
@@ -42,5 +45,5 @@ from braintrace._loops._step import step_jacobians as step_jacobians
 
 __all__ = ["BLOCK_MEMORY_BUDGET", "DEFAULT_BLOCK_SIZE", "Blocked", "LoopContext", "LoopSpec",
            "PerStep", "ScanCarry", "Windowed", "check_positive", "choose_loop",
-           "default_block_size", "evolve", "finish_carry", "init_carry", "param_gradients",
-           "restart_sums", "run", "step_jacobians"]
+           "default_block_size", "evolve", "finish_carry", "ignore_masked", "init_carry",
+           "param_gradients", "reaches_scored", "restart_sums", "run", "step_jacobians"]

@@ -8,7 +8,8 @@ Per step ``t``, with Params ``θ`` and the hidden state ``h^{t-1}`` it starts fr
    and ``h^{t-1}``: the exact same-step gradient ``∂(w_t L_t)/∂θ|_{h^{t-1}}``
    of every Param (every path of the step: nothing is ever dropped from it)
    and the learning signal ``δ̄^t = ∂(w_t L_t)/∂h^{t-1}``, which covers both a
-   loss that reads the new state and one that reads the previous state;
+   loss that reads the new state and one that reads the previous state
+   (``w_t L_t`` is 0 where ``w_t = 0``, selected, not multiplied: ``_masks.weigh``);
 3. the hidden Jacobians ``D^t = ∂h^t/∂h^{t-1}`` and ``Df^t = ∂h^t/∂y^t`` at
    ``(h^{t-1}, x^t)`` in the scope the algorithm reads.
 
@@ -38,6 +39,7 @@ import jax.numpy as jnp
 from braintrace._algorithms import GraphRules, Jacobians, is_batched
 from braintrace._compiler import StepLeaves, programs
 from braintrace._loops._context import LoopContext
+from braintrace._loops._masks import weigh
 
 __all__ = ["LossTerms", "ProbedLossTerms", "add_same_step", "loss_terms", "probed_loss_terms",
            "step_jacobians", "step_leaves"]
@@ -111,7 +113,7 @@ def _reverse_pass(ctx: LoopContext, leaves: StepLeaves, y_t: Any, weight_t: jax.
             return weighted, (reported, outs, rel_x)
         loss = loss_fn(y, y_t)
         _check_scalar(loss)
-        return loss * weight_t, (loss, outs, rel_x)
+        return weigh(loss, weight_t), (loss, outs, rel_x)
 
     start = programs.state_probes(graph) if new_state else leaves.hidden
     weighted, pullback, (loss, outs, rel_x) = jax.vjp(
@@ -151,9 +153,9 @@ def per_sample_loss(loss_fn: Callable[[Any, Any], jax.Array], y: Any, y_t: Any,
             f"With a per-sample mask, loss_fn runs on one sample (no batch axis) and must "
             f"return a scalar; it returned shape {jnp.shape(losses)[1:]} per sample.")
     total = jnp.sum(weight_t)
-    reported = jnp.where(total > 0, jnp.sum(weight_t * losses) / jnp.where(total > 0, total, 1),
-                         jnp.mean(losses))
-    return jnp.sum(weight_t * losses), jax.lax.stop_gradient(reported)
+    weighted = jnp.sum(weigh(losses, weight_t))
+    reported = jnp.where(total > 0, weighted / jnp.where(total > 0, total, 1), jnp.mean(losses))
+    return weighted, jax.lax.stop_gradient(reported)
 
 
 def loss_terms(ctx: LoopContext, leaves: StepLeaves, y_t: Any, weight_t: jax.Array, *,

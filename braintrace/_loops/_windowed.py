@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from braintrace._compiler import StepLeaves, programs
 from braintrace._loops._context import LoopContext
+from braintrace._loops._masks import weigh
 from braintrace._loops._per_step import ScanCarry
 from braintrace._loops._step import per_sample_loss, step_jacobians, step_leaves
 
@@ -88,7 +89,7 @@ def _window_loss(ctx: LoopContext, params, hidden, other, xw, yw, ww,
         if jnp.ndim(w_t) == 1:  # per-sample weights: a (T, B) mask
             return (outs.hidden, outs.other), per_sample_loss(ctx.loss_fn, y, y_t, w_t)
         loss = ctx.loss_fn(y, y_t)
-        return (outs.hidden, outs.other), (loss * w_t, loss)
+        return (outs.hidden, outs.other), (weigh(loss, w_t), loss)
 
     (h_end, o_end), (weighted, losses) = jax.lax.scan(body, (list(hidden), list(other)),
                                                       (xw, yw, ww))

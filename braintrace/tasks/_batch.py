@@ -29,6 +29,8 @@ class Batch(NamedTuple):
 def accuracy(outputs: jax.Array, batch: Batch) -> jax.Array:
     """Fraction of sequences whose mask-weighted mean output picks the right class.
 
+    Outputs at steps the mask weighs 0 are never read (a NaN there changes nothing).
+
     Args:
         outputs: Logits ``(T, B, C)`` of a classification task.
         batch: The batch they answer; its labels are read at the last scored step.
@@ -45,6 +47,7 @@ def accuracy(outputs: jax.Array, batch: Batch) -> jax.Array:
         0.5
     """
     weights = batch.mask / jnp.sum(batch.mask)
-    votes = jnp.einsum("t,tbc->bc", weights, outputs)
+    scored = jnp.where((batch.mask != 0)[:, None, None], outputs, 0)  # 0 · nan would be nan
+    votes = jnp.einsum("t,tbc->bc", weights, scored)
     last = jnp.max(jnp.nonzero(batch.mask, size=batch.mask.shape[0], fill_value=0)[0])
     return jnp.mean(jnp.argmax(votes, axis=-1) == batch.ys[last])

@@ -1,0 +1,95 @@
+"""What a mask ignores is never read: the non-finite values it hides are replaced once.
+
+A mask weighs step ``t`` (of sample ``b``) with ``w_t`` (``w_tb``); weight 0
+means the position is ignored: it adds nothing to the loss, the gradient or the
+metrics. Multiplying by 0 is not enough, since ``0 · nan = nan`` (and ``0 · inf``):
+a NaN target at an ignored step makes that step's loss NaN, and its product with
+0 is NaN again, in the loss and, through the VJP, in the gradient. So before the
+time loop, on the whole ``(T, B, ...)`` arrays (:func:`ignore_masked`, when a
+mask is given: it costs one pass over ``xs`` and ``ys`` and a copy of them,
+which without a mask, where no weight is 0, the drivers skip to keep memory
+independent of ``T``):
+
+* a **target** entry that is not finite at an ignored position is replaced by
+  0, so ``loss_fn`` never sees it;
+* an **input** entry that is not finite after the last scored step of its
+  sample (trailing padding) is replaced by 0. Only there: an input at an
+  ignored step before a scored one still reaches that scored step through the
+  hidden state (a ``(T,)`` mask scoring an answer period reads the stimulus at
+  unscored steps), so it is data, and a non-finite one is an error the drivers
+  name. After the last scored step nothing reaches a scored loss (causality),
+  so the replacement changes no loss, gradient or metric that counts.
+
+Finite values are kept as they are, bit for bit, so with finite data the
+result is the one without this step. (The hidden state after the sequence is
+then that of zeros at the replaced inputs: finite, so a stream that carries it
+into its next call goes on.) Each step's weighted loss is then selected
+with :func:`weigh`, ``where(w ≠ 0, w·L, 0)``, not multiplied, so a loss that is
+still not finite at an ignored step (a ``loss_fn`` singular there) does not
+turn the sum into NaN.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["ignore_masked", "reaches_scored", "weigh"]
+
+
+def weigh(loss: jax.Array, weight: jax.Array) -> jax.Array:
+    """``w·L`` where ``w ≠ 0``, else exactly 0 (also for a non-finite ``L``).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> weigh(jnp.array([2.0, jnp.nan]), jnp.array([0.5, 0.0])).tolist()
+        [1.0, 0.0]
+    """
+    return jnp.where(weight != 0, loss * weight, 0)
+
+
+def reaches_scored(weights: jax.Array) -> jax.Array:
+    """Whether each position is at or before a scored step of its sample: ``(T,)`` or ``(T, B)``.
+
+    ``weights`` are ``(T,)`` (per step) or ``(T, B)`` (per step and sample); a
+    position after the last nonzero weight of its sample (trailing padding)
+    reaches no scored step.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> reaches_scored(jnp.array([0.0, 1.0, 0.0, 1.0, 0.0])).tolist()
+        [True, True, True, True, False]
+    """
+    return jax.lax.cummax((weights != 0).astype(jnp.int32), axis=0, reverse=True) > 0
+
+
+def _keep(a: jax.Array, keep: jax.Array) -> jax.Array:
+    """``a`` with its non-finite entries replaced by 0 where ``keep`` (leading axes) is False."""
+    a = jnp.asarray(a)
+    if not jnp.issubdtype(a.dtype, jnp.inexact):
+        return a
+    keep = keep.reshape(keep.shape + (1,) * (a.ndim - keep.ndim))
+    return jnp.where(keep | jnp.isfinite(a), a, jnp.zeros((), a.dtype))
+
+
+def ignore_masked(xs: Any, ys: Any, weights: jax.Array) -> tuple[Any, Any]:
+    """``(xs, ys)`` with the non-finite entries the weights ignore replaced by 0.
+
+    Targets at positions of weight 0, and inputs after their sample's last
+    scored step (module docstring). Every leaf leads with the time axis, and
+    with the batch axis after it when ``weights`` are ``(T, B)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> xs = jnp.array([1.0, jnp.nan, 3.0, jnp.nan])
+        >>> ys = jnp.array([jnp.nan, 2.0, jnp.inf, jnp.nan])
+        >>> xs, ys = ignore_masked(xs, ys, jnp.array([0.0, 1.0, 1.0, 0.0]))
+        >>> xs.tolist(), ys.tolist()  # xs[1] reaches the scored steps: it stays
+        ([1.0, nan, 3.0, 0.0], [0.0, 2.0, inf, 0.0])
+    """
+    reaches = reaches_scored(weights)
+    xs = jax.tree.map(lambda a: _keep(a, reaches), xs)
+    ys = jax.tree.map(lambda a: _keep(a, weights != 0), ys)
+    return xs, ys
