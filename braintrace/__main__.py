@@ -260,19 +260,28 @@ def run_method(algorithm: str | braintrace.AbstractAlgorithm, length: int,
     return result._replace(step_s=step_s, accuracy=test_accuracy, loss=test_loss)
 
 
+def _host_device() -> jax.Device | None:
+    """The CPU device, where the batches are drawn; ``None`` (the default device) where JAX
+    was started without its CPU backend (``JAX_PLATFORMS=tpu``)."""
+    try:
+        return jax.local_devices(backend="cpu")[0]
+    except RuntimeError:
+        return None
+
+
 def run_length(length: int, args: argparse.Namespace) -> list[Result]:
     """Both methods at one length, on the same batches and the same test set.
 
     The batches are drawn on the host's CPU and kept there: the online method puts
     one chunk at a time on the device, BPTT the whole batch.
     """
-    cpu = jax.local_devices(backend="cpu")[0]
+    host = _host_device()
     sample = jax.jit(make_task(length, args.seed).sample, static_argnums=1)
     train_key, test_key = jax.random.split(jax.random.key(args.seed))
 
     def draw(key: jax.Array) -> Batch:
-        with jax.default_device(cpu):
-            return Batch(*map(np.asarray, sample(jax.device_put(key, cpu), args.batch_size)))
+        with jax.default_device(host):
+            return Batch(*map(np.asarray, sample(jax.device_put(key, host), args.batch_size)))
 
     def batches(i: int) -> Batch:
         return draw(jax.random.fold_in(train_key, i))
