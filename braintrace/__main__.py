@@ -321,11 +321,12 @@ def format_row(r: Result) -> str:
 def footnote(results: Sequence[Result]) -> str:
     """What the columns mean: chunk, memory, data and time per step."""
     online = next(r for r in results if r.method != "bptt")
-    return (f"chunk: time steps per call of the train step ({online.method}: the sequence in "
-            "chunks, its state carried over, one Adam update per batch from the chunks' summed "
-            "gradients; bptt: the whole sequence); memory: every buffer of one compiled call; "
-            "data: one call's inputs, labels and mask; time/step: one batch (all its calls, one "
-            "update), after compilation")
+    return (f"chunk: time steps per call of the train step ({online.method}: the batch in "
+            "chunks, its state carried from call to call, one Adam update per batch from the "
+            "chunks' summed gradients; bptt: the whole sequence); memory: every buffer of one "
+            f"compiled call, data: its inputs, labels and mask (both per chunk for "
+            f"{online.method}); time/step: one batch (all its calls, one update), after "
+            "compilation")
 
 
 def summary(results: Sequence[Result], budget_mib: float) -> str:
@@ -338,11 +339,12 @@ def summary(results: Sequence[Result], budget_mib: float) -> str:
     fits = (f"beyond the {budget_mib:g} MiB budget {where}, where it was not trained" if over
             else f"within the {budget_mib:g} MiB budget at every length")
     memory = {r.memory for r in online}
-    takes = (f"takes {_format_bytes(first.memory)} at every length" if len(memory) == 1
-             else f"takes from {_format_bytes(min(memory))} to {_format_bytes(max(memory))}")
+    takes = (f"takes {_format_bytes(first.memory)} per call at every length" if len(memory) == 1
+             else f"takes from {_format_bytes(min(memory))} to {_format_bytes(max(memory))} per "
+                  "call")
     return (f"From T={first.length} to T={last.length}, {first.method}'s train step, called "
-            f"on chunks of at most {last.chunk} steps, {takes}, while BPTT's, which takes the "
-            "whole sequence and keeps every step for the backward pass, grows from "
+            f"once per chunk of at most {last.chunk} steps, {takes}, while BPTT's, called once "
+            "on the whole sequence and keeping every step for the backward pass, grows from "
             f"{_format_bytes(bptt[0].memory)} to {_format_bytes(bptt[-1].memory)}, {fits}; "
             "both make one update per batch, the time of a training step grows with T for "
             "both, and compilation is paid once per length and method.")
