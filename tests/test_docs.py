@@ -248,6 +248,15 @@ def _differs(a, b) -> bool:
                                                      strict=True))
 
 
+def test_flax_to_braintrace_includes_the_layers_table_alone():
+    page = (DOCS / "flax_to_braintrace.md").read_text()
+    start, end = re.search(r'```\{include\} \.\./README\.md\n:start-after: "(.*)"\n'
+                           r':end-before: "(.*)"\n', page).groups()
+    readme = (ROOT / "README.md").read_text()
+    passage = readme.split(start, 1)[1].split(end, 1)[0]
+    assert "| `ETPLinear`" in passage and "\n#" not in passage  # no NIR (or other) section
+
+
 def test_flax_to_braintrace_example_does_what_its_page_says():
     """One run of the example (a few seconds), then each section's claims, in the order that
     reads the saved checkpoint's learner before anything steps it on."""
