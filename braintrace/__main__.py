@@ -10,15 +10,26 @@ through the code a Flax user writes: ``braintrace.compile``, then
 ``braintrace.online_grad`` inside one ``@nnx.jit`` train step with an
 ``nnx.Optimizer`` (Adam), then ``braintrace.evaluate`` on a test set.
 
-Per length and method the job prints the test accuracy and loss, the memory
-of the compiled train step (every buffer XLA allocates for it: the batch,
-Params, Adam's state, hidden states, traces and temporaries), the time of one
-training step after compilation, and the compilation time apart. The online
-algorithm's memory grows only by the batch's data; BPTT's grows with ``T``,
-because it stores every step for the backward pass. Where BPTT's train step
-would exceed the memory budget (``--memory-budget``), it is compiled (to
-measure it; lowering needs no data) but not trained. A log-log plot of memory
-and time per step against ``T`` is written as a PNG.
+The online method takes each batch as a stream, in chunks of ``--chunk`` steps
+(100 by default): each chunk is put on the device on its own and the train
+step is called once per chunk, with the hidden states and traces carried from
+one chunk to the next. ``optax.MultiSteps`` sums the chunks' gradients into one
+Adam update per batch, so both methods follow the gradient of the same loss
+(the mean over the scored steps of the whole sequence), one update per batch.
+BPTT, which needs the whole sequence for its backward pass, takes it in one
+call.
+
+Per length and method the job prints the test accuracy and loss, the steps of
+one call of the train step, the memory of that compiled call (every buffer XLA
+allocates for it: the call's data, Params, Adam's state, hidden states, traces
+and temporaries) and its data, the time of one training step (one batch, one
+update) after compilation, and the compilation time apart. The online train
+step is the same program at every length, so its memory does not grow with
+``T``; BPTT's grows with ``T``, because it stores every step for the backward
+pass. Where BPTT's train step would exceed the memory budget
+(``--memory-budget``), it is compiled (to measure it; lowering needs no data)
+but not trained. A log-log plot of memory and time per training step against
+``T`` is written as a PNG.
 
 Run ``python -m braintrace --help`` for the options.
 """
@@ -29,11 +40,12 @@ import argparse
 import statistics
 import textwrap
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
@@ -43,8 +55,8 @@ from braintrace._algorithms import ALGORITHMS
 from braintrace.tasks import Batch, SpikePatterns, accuracy
 
 FULL = {"lengths": (100, 1_000, 10_000), "hidden": 64, "steps": 40, "batch_size": 32,
-        "memory_budget": 256.0}
-QUICK = {"lengths": (32, 640), "hidden": 16, "steps": 3, "batch_size": 8,
+        "chunk": 100, "memory_budget": 256.0}
+QUICK = {"lengths": (32, 640), "hidden": 16, "steps": 3, "batch_size": 8, "chunk": 32,
          "memory_budget": 1.5}
 RESPONSE_STEPS = 20
 """Steps at the end of each sequence in which the class is scored (fewer for short T)."""
@@ -72,9 +84,11 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 def make_train_step(online: braintrace.OnlineGradient) -> Callable:
-    """The user's train step: ``online.grad`` of a batch, then one optimizer update.
+    """The user's train step: ``online.grad`` of a chunk, then ``optimizer.update``.
 
-    The same code serves every algorithm, BPTT included; only ``online`` differs.
+    The same code serves every algorithm, BPTT included; only ``online`` and the
+    optimizer differ (the online method's sums its chunks' gradients, see
+    :func:`make_optimizer`).
     """
 
     @nnx.jit
@@ -86,23 +100,36 @@ def make_train_step(online: braintrace.OnlineGradient) -> Callable:
     return train_step
 
 
+def make_optimizer(model: nnx.Module, lr: float, calls: int) -> nnx.Optimizer:
+    """Adam, one update per batch of ``calls`` train-step calls (a batch's chunks).
+
+    ``optax.MultiSteps`` sums the gradients of the ``calls`` chunks and applies Adam
+    once, to their sum, after the last (the updates of the calls before it are zero):
+    the gradient of the whole sequence, as BPTT's single call gives it.
+    """
+    tx = optax.MultiSteps(optax.adam(lr), every_k_schedule=calls, use_grad_mean=False)
+    return nnx.Optimizer(model, tx.gradient_transformation(), wrt=nnx.Param)
+
+
 class Result(NamedTuple):
     """One method at one length.
 
     Attributes:
         length: The sequence length ``T``.
         method: The algorithm's name.
-        memory: Bytes of every buffer of the compiled train step.
-        data: Bytes of one batch (inputs, labels and mask).
+        chunk: Time steps of one call of the train step (BPTT: ``T``).
+        memory: Bytes of every buffer of one compiled call of the train step.
+        data: Bytes of one call's data (inputs, labels and mask).
         compile_s: Seconds to lower and compile the train step.
-        step_s: Median seconds of one training step after compilation (``None``: not
-            trained, over the memory budget).
+        step_s: Median seconds of one training step (one batch, every call, one
+            update) after compilation (``None``: not trained, over the memory budget).
         accuracy: Test accuracy (``None``: not trained).
         loss: Test loss (``None``: not trained).
     """
 
     length: int
     method: str
+    chunk: int
     memory: int
     data: int
     compile_s: float
@@ -118,11 +145,6 @@ def _memory(compiled: Any) -> int:
                - m.alias_size_in_bytes)
 
 
-def _shape(a: jax.Array) -> jax.ShapeDtypeStruct:
-    """The shape and dtype of ``a``: what lowering a program needs, without the data."""
-    return jax.ShapeDtypeStruct(a.shape, a.dtype)
-
-
 def make_task(length: int, seed: int) -> SpikePatterns:
     """The spike-pattern task at one length (the same class templates at every length)."""
     response = min(RESPONSE_STEPS, max(length // 6, 2))
@@ -130,18 +152,75 @@ def make_task(length: int, seed: int) -> SpikePatterns:
                          response_steps=response, density=0.2, seed=seed)
 
 
-def _train(train_step: Callable, model: nnx.Module, optimizer: nnx.Optimizer,
-           online: braintrace.OnlineGradient, batches: Callable[[int], Batch], steps: int,
-           desc: str) -> float:
-    """Trains for ``steps`` batches; the median seconds of one step (compiled already)."""
+def chunks(batch: Batch, size: int) -> Iterator[tuple[jax.Array, jax.Array, jax.Array]]:
+    """A host batch's consecutive chunks of ``size`` steps, each put on the device alone.
+
+    Each chunk is ``(xs, ys, weights)``: the mask divided by its sum over the whole
+    sequence, so that the ``'sum'`` of the chunks' weighted losses is the mean loss of
+    the scored steps. A last chunk shorter than ``size`` is padded with unscored steps
+    (zero inputs, weight 0), so that every call has the same shapes
+    (``tests/test_main.py`` shows it on a small batch).
+    """
+    xs, ys, mask = batch
+    weights = np.asarray(mask, np.float32) / np.sum(mask, dtype=np.float32)
+    for start in range(0, len(mask), size):
+        parts = [a[start:start + size] for a in (xs, ys, weights)]
+        pad = size - len(parts[2])
+        if pad:
+            parts = [np.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)) for a in parts]
+        yield jax.device_put(tuple(parts))
+
+
+class Method(NamedTuple):
+    """One method made ready to train at one length: model, optimizer, compiled step."""
+
+    model: nnx.Module
+    online: braintrace.OnlineGradient
+    optimizer: nnx.Optimizer
+    train_step: Callable
+    result: Result
+
+
+def prepare(algorithm: str | braintrace.AbstractAlgorithm, length: int,
+            args: argparse.Namespace) -> Method:
+    """Builds the model, its train step and optimizer, and compiles one call (no data).
+
+    The online method's call takes ``args.chunk`` steps (at most ``length``), BPTT's
+    the whole sequence.
+    """
+    task = make_task(length, args.seed)
+    model = SpikingNet(task.num_inputs, args.hidden, task.num_classes,
+                       rngs=nnx.Rngs(args.seed))
+    example = jnp.zeros((args.batch_size, task.num_inputs))
+    learner = braintrace.compile(model, algorithm, example, batch_size=args.batch_size)
+    online = braintrace.online_grad(learner, cross_entropy, reduction="sum")
+    chunk = length if learner.algorithm.name == "bptt" else min(args.chunk, length)
+    optimizer = make_optimizer(model, args.lr, -(-length // chunk))
+    train_step = make_train_step(online)
+
+    # Lowering needs only shapes: BPTT's memory is known before any data is made.
+    whole = jax.eval_shape(lambda: task.sample(jax.random.key(0), args.batch_size))
+    shapes = [jax.ShapeDtypeStruct((chunk, *a.shape[1:]), a.dtype) for a in whole]
+    start = time.perf_counter()
+    compiled = train_step.lower(model, optimizer, online.init(model), *shapes).compile()
+    result = Result(length, learner.algorithm.name, chunk, _memory(compiled),
+                    sum(a.size * a.dtype.itemsize for a in shapes),
+                    time.perf_counter() - start)
+    return Method(model, online, optimizer, train_step, result)
+
+
+def _train(method: Method, batches: Callable[[int], Batch], steps: int, desc: str) -> float:
+    """Trains for ``steps`` batches; the median seconds of one (compiled already)."""
     from tqdm.auto import tqdm
 
     seconds = []
     for i in tqdm(range(steps), desc=desc, leave=False):
-        batch = batches(i)
-        state = online.init(model)  # each batch holds independent sequences: fresh state
+        batch = batches(i)  # on the host
+        state = method.online.init(method.model)  # independent sequences: fresh state
         start = time.perf_counter()
-        jax.block_until_ready(train_step(model, optimizer, state, *batch))
+        for xs, ys, weights in chunks(batch, method.result.chunk):
+            state, _ = method.train_step(method.model, method.optimizer, state, xs, ys, weights)
+        jax.block_until_ready(state)
         seconds.append(time.perf_counter() - start)
     return statistics.median(seconds)
 
@@ -162,7 +241,7 @@ def _test(model: nnx.Module, test: Callable[[int], Batch], count: int) -> tuple[
     model.eval()
     scores = []
     for j in range(count):
-        batch = test(j)
+        batch = jax.device_put(test(j))
         outputs = braintrace.evaluate(model, batch.xs, batch_size=batch.xs.shape[1])
         scores.append([float(s) for s in _scores(outputs, batch)])
     return statistics.fmean(s[0] for s in scores), statistics.fmean(s[1] for s in scores)
@@ -172,41 +251,43 @@ def run_method(algorithm: str | braintrace.AbstractAlgorithm, length: int,
                args: argparse.Namespace, batches: Callable[[int], Batch],
                test: Callable[[int], Batch]) -> Result:
     """Compiles, measures, trains (within the memory budget) and tests one method."""
-    task = make_task(length, args.seed)
-    model = SpikingNet(task.num_inputs, args.hidden, task.num_classes,
-                       rngs=nnx.Rngs(args.seed))
-    example = jnp.zeros((args.batch_size, task.num_inputs))
-    learner = braintrace.compile(model, algorithm, example, batch_size=args.batch_size)
-    online = braintrace.online_grad(learner, cross_entropy)
-    optimizer = nnx.Optimizer(model, optax.adam(args.lr), wrt=nnx.Param)
-    train_step = make_train_step(online)
-
-    # Lowering needs only shapes: BPTT's memory is known before any data is made.
-    shapes = jax.eval_shape(lambda: task.sample(jax.random.key(0), args.batch_size))
-    start = time.perf_counter()
-    compiled = train_step.lower(model, optimizer, online.init(model),
-                                *map(_shape, shapes)).compile()
-    result = Result(length, learner.algorithm.name, _memory(compiled),
-                    sum(a.size * a.dtype.itemsize for a in shapes),
-                    time.perf_counter() - start)
+    method = prepare(algorithm, length, args)
+    result = method.result
     if result.memory > args.memory_budget * 2**20:
         return result
-    step_s = _train(train_step, model, optimizer, online, batches, args.steps,
-                    f"T={length} {result.method}")
-    test_accuracy, test_loss = _test(model, test, -(-TEST_SIZE // args.batch_size))
+    step_s = _train(method, batches, args.steps, f"T={length} {result.method}")
+    test_accuracy, test_loss = _test(method.model, test, -(-TEST_SIZE // args.batch_size))
     return result._replace(step_s=step_s, accuracy=test_accuracy, loss=test_loss)
 
 
+def _host_device() -> jax.Device | None:
+    """The CPU device, where the batches are drawn; ``None`` (the default device) where JAX
+    was started without its CPU backend (``JAX_PLATFORMS=tpu``)."""
+    try:
+        return jax.local_devices(backend="cpu")[0]
+    except RuntimeError:
+        return None
+
+
 def run_length(length: int, args: argparse.Namespace) -> list[Result]:
-    """Both methods at one length, on the same batches and the same test set."""
+    """Both methods at one length, on the same batches and the same test set.
+
+    The batches are drawn on the host's CPU and kept there: the online method puts
+    one chunk at a time on the device, BPTT the whole batch.
+    """
+    host = _host_device()
     sample = jax.jit(make_task(length, args.seed).sample, static_argnums=1)
     train_key, test_key = jax.random.split(jax.random.key(args.seed))
 
+    def draw(key: jax.Array) -> Batch:
+        with jax.default_device(host):
+            return Batch(*map(np.asarray, sample(jax.device_put(key, host), args.batch_size)))
+
     def batches(i: int) -> Batch:
-        return sample(jax.random.fold_in(train_key, i), args.batch_size)
+        return draw(jax.random.fold_in(train_key, i))
 
     def test(j: int) -> Batch:
-        return sample(jax.random.fold_in(test_key, j), args.batch_size)
+        return draw(jax.random.fold_in(test_key, j))
 
     return [run_method(algorithm, length, args, batches, test)
             for algorithm in (args.algorithm, braintrace.BPTT())]
@@ -221,8 +302,8 @@ def _format_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-HEADER = (f"{'T':>6}  {'method':<11}{'test acc':>9}{'test loss':>11}{'memory':>12}"
-          f"{'batch data':>12}{'time/step':>12}{'compile':>10}")
+HEADER = (f"{'T':>6}  {'method':<10}{'test acc':>9}{'test loss':>11}{'chunk':>7}{'memory':>10}"
+          f"{'data':>11}{'time/step':>11}{'compile':>8}")
 
 
 def format_row(r: Result) -> str:
@@ -231,9 +312,21 @@ def format_row(r: Result) -> str:
     acc = f"{r.accuracy:.3f}" if trained else "-"
     loss = f"{r.loss:.3f}" if trained else "-"
     step = f"{r.step_s * 1e3:.1f} ms" if trained else "-"
-    row = (f"{r.length:>6}  {r.method:<11}{acc:>9}{loss:>11}{_format_bytes(r.memory):>12}"
-           f"{_format_bytes(r.data):>12}{step:>12}{r.compile_s:>8.1f} s")
+    row = (f"{r.length:>6}  {r.method:<10}{acc:>9}{loss:>11}{r.chunk:>7}"
+           f"{_format_bytes(r.memory):>10}{_format_bytes(r.data):>11}{step:>11}"
+           f"{r.compile_s:>6.1f} s")
     return row if trained else row + "  (over budget)"
+
+
+def footnote(results: Sequence[Result]) -> str:
+    """What the columns mean: chunk, memory, data and time per step."""
+    online = next(r for r in results if r.method != "bptt")
+    return (f"chunk: time steps per call of the train step ({online.method}: the batch in "
+            "chunks, its state carried from call to call, one Adam update per batch from the "
+            "chunks' summed gradients; bptt: the whole sequence); memory: every buffer of one "
+            f"compiled call, data: its inputs, labels and mask (both per chunk for "
+            f"{online.method}); time/step: one batch (all its calls, one update), after "
+            "compilation")
 
 
 def summary(results: Sequence[Result], budget_mib: float) -> str:
@@ -245,14 +338,16 @@ def summary(results: Sequence[Result], budget_mib: float) -> str:
     where = f"at T={over[0]}" if len(over) == 1 else f"from T={over[0]} on" if over else ""
     fits = (f"beyond the {budget_mib:g} MiB budget {where}, where it was not trained" if over
             else f"within the {budget_mib:g} MiB budget at every length")
-    return (f"From T={first.length} to T={last.length}, {first.method}'s train step grows "
-            f"from {_format_bytes(first.memory)} to {_format_bytes(last.memory)}, in step with "
-            f"the batch's data ({_format_bytes(first.data)} to {_format_bytes(last.data)}), "
-            "while BPTT's, which "
-            f"keeps every step for the backward pass, grows from "
+    memory = {r.memory for r in online}
+    takes = (f"takes {_format_bytes(first.memory)} per call at every length" if len(memory) == 1
+             else f"takes from {_format_bytes(min(memory))} to {_format_bytes(max(memory))} per "
+                  "call")
+    return (f"From T={first.length} to T={last.length}, {first.method}'s train step, called "
+            f"once per chunk of at most {last.chunk} steps, {takes}, while BPTT's, called once "
+            "on the whole sequence and keeping every step for the backward pass, grows from "
             f"{_format_bytes(bptt[0].memory)} to {_format_bytes(bptt[-1].memory)}, {fits}; "
-            "the time of a step grows with T for both, and compilation is paid once per "
-            "length and method.")
+            "both make one update per batch, the time of a training step grows with T for "
+            "both, and compilation is paid once per length and method.")
 
 
 def plot(results: Sequence[Result], budget_mib: float, path: str) -> None:
@@ -264,8 +359,9 @@ def plot(results: Sequence[Result], budget_mib: float, path: str) -> None:
     memory_ax, time_ax = figure.subplots(1, 2)
     for method in dict.fromkeys(r.method for r in results):
         rows = [r for r in results if r.method == method]
+        label = method if method == "bptt" else f"{method}, per chunk of {rows[-1].chunk}"
         line, = memory_ax.plot([r.length for r in rows], [r.memory / 2**20 for r in rows],
-                               "o-", label=method)
+                               "o-", label=label)
         trained = [r for r in rows if r.step_s is not None]
         time_ax.plot([r.length for r in trained], [r.step_s * 1e3 for r in trained], "o-",
                      color=line.get_color(), label=method)
@@ -274,13 +370,14 @@ def plot(results: Sequence[Result], budget_mib: float, path: str) -> None:
             memory_ax.plot([r.length for r in skipped], [r.memory / 2**20 for r in skipped],
                            "o", markerfacecolor="white", color=line.get_color(),
                            label=f"{method}: over budget, not trained")
-    data = {r.length: r.data / 2**20 for r in results}
-    memory_ax.plot(list(data), list(data.values()), ":", color="gray", label="batch data")
+    data = {r.length: r.data / 2**20 for r in results if r.method == "bptt"}
+    memory_ax.plot(list(data), list(data.values()), ":", color="gray",
+                   label="one batch's data (whole)")
     memory_ax.axhline(budget_mib, color="gray", linestyle="--", label="memory budget")
     memory_ax.set(xscale="log", yscale="log", xlabel="sequence length T",
-                  ylabel="memory of the train step (MiB)", title="memory")
+                  ylabel="memory of one train-step call (MiB)", title="memory")
     time_ax.set(xscale="log", yscale="log", xlabel="sequence length T",
-                ylabel="time per training step (ms)", title="time per step (compiled)")
+                ylabel="time per training step (ms)", title="time per batch (compiled)")
     lengths = sorted({r.length for r in results})
     for ax in (memory_ax, time_ax):
         ax.set_xticks(lengths, labels=[f"{t:,}" for t in lengths])
@@ -319,8 +416,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m braintrace",
         description="Train a recurrent spiking network on a built-in spike-pattern task online "
-                    "and with BPTT (same initialisation, same batches) at growing sequence "
-                    "lengths; print accuracy, memory and time per step, and plot them.")
+                    "(the sequence streamed in chunks) and with BPTT (same initialisation, same "
+                    "batches) at growing sequence lengths; print accuracy, memory and time per "
+                    "training step, and plot them.")
     parser.add_argument("--algorithm", default="es_d_rtrl",
                         choices=sorted(set(ALGORITHMS) - {"bptt"}),
                         help="online learning algorithm (default: %(default)s)")
@@ -331,6 +429,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help=f"training steps per length, one batch each {_sizes('steps')}")
     parser.add_argument("--batch-size", type=int,
                         help=f"sequences per batch {_sizes('batch_size')}")
+    parser.add_argument("--chunk", type=int,
+                        help="time steps per call of the online method's train step; BPTT "
+                             f"takes the whole sequence {_sizes('chunk')}")
     parser.add_argument("--memory-budget", type=float, metavar="MIB",
                         help="MiB a train step may take; BPTT is not trained beyond it "
                              f"{_sizes('memory_budget')}")
@@ -347,7 +448,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    for key in ("hidden", "steps", "batch_size"):
+    for key in ("hidden", "steps", "batch_size", "chunk"):
         if getattr(args, key) < 1:
             parser.error(f"--{key.replace('_', '-')} must be a positive integer.")
     if not args.memory_budget > 0:
@@ -369,8 +470,8 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"({task.num_classes}); {args.steps} Adam steps (lr {args.lr}) per length and "
           f"method on batches of {args.batch_size}, seed {args.seed}; test set "
           f"{-(-TEST_SIZE // args.batch_size) * args.batch_size}")
-    print(f"memory budget: {args.memory_budget:g} MiB per train step (BPTT is not trained "
-          "beyond it)")
+    print(f"memory budget: {args.memory_budget:g} MiB per call of the train step (BPTT is "
+          "not trained beyond it)")
     print(HEADER)
     results = []
     for length in args.lengths:
@@ -378,8 +479,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             results.append(result)
             print(format_row(result), flush=True)
     plot(results, args.memory_budget, args.plot)
-    print(f"chance accuracy {1 / task.num_classes:.3f}; memory: every buffer of the compiled "
-          "train step; time/step: after compilation")
+    print(textwrap.fill(f"chance accuracy {1 / task.num_classes:.3f}; {footnote(results)}",
+                        width=100))
     print(f"plot: {args.plot}")
     print(textwrap.fill(summary(results, args.memory_budget), width=100))
 

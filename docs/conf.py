@@ -6,8 +6,9 @@ Build (from the repository root, after ``pip install -e ".[docs]"``)::
 
 Sphinx with MyST-NB, as Flax, optax and JAX do: pages in Markdown, notebooks rendered with
 the outputs stored in them (never executed here: ``docs/execute_notebooks.py`` stores them),
-the API reference generated from ``__all__`` by ``_ext/api_pages.py`` and autosummary, and
-Google-style docstrings read by napoleon.
+the API reference generated from ``__all__`` by ``_ext/api_pages.py`` and autosummary (with
+the private module's docstring on the page of an object that refers to it,
+``_ext/module_docstrings.py``), and Google-style docstrings read by napoleon.
 """
 
 import pathlib
@@ -33,6 +34,7 @@ extensions = [
     "myst_nb",
     "api_pages",
     "class_signatures",
+    "module_docstrings",
     "notebook_pages",
 ]
 

@@ -13,7 +13,11 @@ extra), that kernel is the interpreter that runs this script.
 Its code cells get execution counts 1, 2, ... and the notebook's metadata records a hash of
 its code (``braintrace.source_sha256``) and whether it ran at full or quick size;
 ``tests/test_docs.py`` fails when a notebook has no outputs, counts out of order, or code that
-changed since it was executed. A cell that raises stops the script with its traceback; that
+changed since it was executed; and since a notebook's outputs also depend on the library it
+calls, it runs the code of each notebook at full size up to its last cell tagged
+``check-output`` (cells that print what does not vary from machine to machine, such as
+``learner.report()``, and that only build and compile models) and compares what those cells
+print with what they store. A cell that raises stops the script with its traceback; that
 notebook is left as it was (it is written only after a complete run).
 """
 

@@ -1,92 +1,234 @@
-"""``python -m braintrace``: the main job, at tiny sizes, against the README's quoted output."""
+"""``python -m braintrace``: the main job, and the README's quotation of its output.
 
+The README quotes a full run and a ``--quick`` run between two markers, both written by
+``benchmarks/readme_main_job.py``. These tests check that the quotation is what the code prints
+today: the ``--quick`` run again (every number but the times), the full run's memory and data
+columns by compiling its train steps, and both runs' sentences from their tables.
+"""
+
+import importlib.util
 import pathlib
 import re
+import sys
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
 import pytest
+from flax import nnx
 
-from braintrace.__main__ import FULL, QUICK, main, parse_args
+import braintrace
+from braintrace.__main__ import (
+    FULL,
+    HEADER,
+    QUICK,
+    Result,
+    SpikingNet,
+    chunks,
+    cross_entropy,
+    footnote,
+    main,
+    make_optimizer,
+    make_task,
+    make_train_step,
+    parse_args,
+    prepare,
+    summary,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SIZE = r"[\d.]+ (?:B|KiB|MiB|GiB)"
-ROW = re.compile(rf"^ *(\d+)  (\w+) +(?:([01]\.\d{{3}}) +(\d+\.\d{{3}})|- +-) +({SIZE}) +"
+ROW = re.compile(rf"^ *(\d+)  (\w+) +(?:([01]\.\d{{3}}) +(\d+\.\d{{3}})|- +-) +(\d+) *({SIZE}) +"
                  rf"({SIZE}) +(?:([\d.]+) ms|-) +([\d.]+) s(  \(over budget\))?$")
-CLOSING = re.compile(
-    rf"^From T=\d+ to T=\d+, (\w+)'s train step grows from {SIZE} to {SIZE}, in step with the "
-    rf"batch's data \({SIZE} to {SIZE}\), while BPTT's, which keeps every step for the "
-    rf"backward pass, grows from {SIZE} to {SIZE}, (?:beyond the [\d.]+ MiB budget "
-    r"(?:at T=\d+|from T=\d+ on), where it was not trained|within the [\d.]+ MiB budget at "
-    r"every length); the time of a step grows with T for both, and compilation is paid once per "
-    r"length and method\.$")
-# hidden 32 against 20 inputs and a batch of 2: BPTT's stored steps outgrow the batch's data
-TINY = ["--quick", "--hidden", "32", "--batch-size", "2", "--steps", "2", "--lengths", "16,320",
-        "--memory-budget", "0.4"]
+ACCURACY_TOLERANCE = 1 / 256 + 1e-3  # one test sequence of 256, and the printed rounding
+LOSS_TOLERANCE = 5e-3
+MEMORY_TOLERANCE = 0.01  # relative: XLA's flags move a buffer by a few hundred bytes
+
+
+def _load_script():
+    path = ROOT / "benchmarks" / "readme_main_job.py"
+    spec = importlib.util.spec_from_file_location("readme_main_job", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+script = _load_script()
+
+
+UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 
 
 def _bytes(text: str) -> float:
     value, unit = text.split()
-    return float(value) * {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
+    return float(value) * UNITS[unit]
 
 
-def _readme_block() -> list[str]:
-    """The main job's output as the README's "Two commands" section quotes it."""
+def _prints_as(n: float, text: str, rel: float = 0.0) -> bool:
+    """Whether ``n`` bytes print as ``text`` (to its 0.1 of a unit), within ``rel``."""
+    return abs(n - _bytes(text)) <= max(rel * _bytes(text), 0.05 * UNITS[text.split()[1]])
+
+
+class Quoted:
+    """One quoted run: its table's rows (regex matches) and the lines after the table."""
+
+    def __init__(self, text: str):
+        lines = text.strip("\n").splitlines()
+        assert lines[0] == HEADER
+        self.rows = []
+        for line in lines[1:]:
+            match = ROW.match(line)
+            if not match:
+                break
+            self.rows.append(match)
+        self.after = lines[1 + len(self.rows):]
+        self.lines = lines
+
+    def results(self) -> list[Result]:
+        """The rows as :class:`Result` s (sizes as printed, to 0.1 of their unit)."""
+        return [Result(int(r[1]), r[2], int(r[5]), int(_bytes(r[6])), int(_bytes(r[7])),
+                       float(r[9]), None if r[8] is None else float(r[8]) / 1e3,
+                       None if r[3] is None else float(r[3]),
+                       None if r[4] is None else float(r[4])) for r in self.rows]
+
+    def sentences(self) -> tuple[str, str, str]:
+        """The footnote, the plot line and the closing sentence, each unwrapped."""
+        plot = next(i for i, line in enumerate(self.after) if line.startswith("plot: "))
+        return " ".join(self.after[:plot]), self.after[plot], " ".join(self.after[plot + 1:])
+
+
+def _readme_runs() -> tuple[Quoted, Quoted]:
+    """The full and the ``--quick`` run as the README's main-job block quotes them."""
     text = (ROOT / "README.md").read_text()
     section = text.split("\n## Two commands\n", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"^```(\w*)\n(.*?)^```$", section, re.DOTALL | re.MULTILINE)
-    return next(body for lang, body in blocks if not lang and "method" in body).splitlines()
+    assert section.count(script.BEGIN) == 1 and section.count(script.END) == 1, (
+        "README's main-job block is gone from 'Two commands'; restore its markers and run "
+        "`python benchmarks/readme_main_job.py`")
+    block = section.split(script.BEGIN, 1)[1].split(script.END, 1)[0]
+    full, quick = re.findall(r"^```\n(.*?)^```$", block, re.DOTALL | re.MULTILINE)
+    return Quoted(full), Quoted(quick)
 
 
-def _table(lines: list[str]) -> tuple[str, list[re.Match], list[str]]:
-    """The header, the rows and the lines after the table."""
-    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("T  method"))
-    rows = []
-    for line in lines[start + 1:]:
-        match = ROW.match(line)
-        if not match:
-            break
-        rows.append(match)
-    return lines[start], rows, lines[start + 1 + len(rows):]
+def _stale(what: str) -> str:
+    return (f"{what}: the README quotes other numbers than the code prints; run `python "
+            "benchmarks/readme_main_job.py` and commit README.md")
 
 
-def test_readme_quotes_a_full_run():
-    header, rows, after = _table(_readme_block())
-    lengths = [int(r.group(1)) for r in rows]
-    assert sorted(set(lengths)) == list(FULL["lengths"])
-    assert [r.group(2) for r in rows] == ["es_d_rtrl", "bptt"] * len(FULL["lengths"])
-    assert rows[-1].group(9) and not any(r.group(9) for r in rows[:-1])  # BPTT skipped at 10k
-    budget = FULL["memory_budget"] * 2**20  # parts BPTT from online at the longest length
-    assert _bytes(rows[-2].group(5)) < budget < _bytes(rows[-1].group(5))
-    assert after[0].startswith("chance accuracy 0.100; memory:")
-    assert after[1] == "plot: braintrace_main.png"
-    assert CLOSING.match(" ".join(after[2:])), after[2:]
-    assert all(len(line) <= 100 for line in [header, *(r.group(0) for r in rows), *after])
+def test_readme_quotes_a_full_run_whose_sentences_match_its_table():
+    full, quick = _readme_runs()
+    results = full.results()
+    assert [r.length for r in results] == [t for t in FULL["lengths"] for _ in range(2)]
+    assert [r.method for r in results] == ["es_d_rtrl", "bptt"] * len(FULL["lengths"])
+    assert [r.chunk for r in results] == [c for t in FULL["lengths"] for c in (FULL["chunk"], t)]
+    assert [r.step_s is None for r in results] == [False] * 5 + [True]  # BPTT skipped at 10k
+    online = [r for r in results if r.method != "bptt"]
+    assert len({r.memory for r in online}) == 1  # one program at every T: issue 45's "flat"
+    assert online[-1].memory <= 2 * online[0].memory
+    budget = FULL["memory_budget"] * 2**20
+    assert online[-1].memory < budget < results[-1].memory
+    for run, config in ((full, FULL), (quick, QUICK)):
+        notes, plot, closing = run.sentences()
+        assert notes == f"chance accuracy 0.100; {footnote(run.results())}"
+        assert plot == "plot: braintrace_main.png"
+        assert closing == summary(run.results(), config["memory_budget"])
+        assert all(len(line) <= 100 for line in run.lines)
 
 
-def test_quick_run_prints_the_readme_table_and_writes_the_plot(tmp_path, capsys):
-    plot = tmp_path / "main.png"
-    main([*TINY, "--seed", "1", "--plot", str(plot)])
+def test_full_run_memory_and_data_are_what_its_train_steps_compile_to():
+    full, _ = _readme_runs()
+    args = parse_args([])
+    for row in full.rows:
+        result = prepare(row[2], int(row[1]), args).result
+        assert result.chunk == int(row[5])
+        assert _prints_as(result.memory, row[6], MEMORY_TOLERANCE), (
+            _stale(f"T={row[1]} {row[2]} memory"))
+        assert _prints_as(result.data, row[7]), _stale(f"T={row[1]} {row[2]} data")
+
+
+def test_quick_run_prints_the_readme_numbers(tmp_path, monkeypatch, capsys):
+    # In this process, with the suite's XLA flags (faster to compile; the README's run had
+    # XLA's defaults): the same accuracy and loss, memory within a few hundred bytes.
+    _, quoted = _readme_runs()
+    monkeypatch.chdir(tmp_path)
+    main(["--quick"])
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
     assert lines[0].startswith("braintrace ") and "online learning (es_d_rtrl) vs BPTT" in lines[0]
-    assert "T = 16, 320" in lines[1] and "32 neurons" in lines[2] and "seed 1" in lines[2]
-    header, rows, after = _table(lines)
-    readme_header, readme_rows, readme_after = _table(_readme_block())
-    assert header == readme_header
-    assert [r.group(2) for r in rows] == [r.group(2) for r in readme_rows][:4]
-    assert [int(r.group(1)) for r in rows] == [16, 16, 320, 320]
-    for row in rows:
-        trained = row.group(9) is None
-        assert trained == (row.group(2) != "bptt" or _bytes(row.group(5)) <= 0.4 * 2**20)
-        if trained:
-            assert 0.0 <= float(row.group(3)) <= 1.0 and float(row.group(4)) > 0
-            assert float(row.group(7)) > 0
-        assert float(row.group(8)) > 0 and _bytes(row.group(6)) > 0
-    assert not rows[0].group(9) and rows[3].group(9), captured.out  # BPTT over budget at 320
-    assert after[0] == readme_after[0] and after[1] == f"plot: {plot}"
-    assert CLOSING.match(" ".join(after[2:])), after[2:]  # the closing sentence, wrapped
-    assert all(len(line) <= 100 for line in after)
-    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "%|" not in captured.out and "T=16 es_d_rtrl" in captured.err  # progress: stderr
+    assert "T = 32, 640" in lines[1] and "16 neurons" in lines[2] and "seed 0" in lines[2]
+    fresh = Quoted(script.quoted(captured.out))
+    assert len(fresh.rows) == len(quoted.rows)
+    for new, old in zip(fresh.rows, quoted.rows, strict=True):
+        where = f"T={old[1]} {old[2]}"
+        assert (new[1], new[2], new[5], new[7], new[10]) == (old[1], old[2], old[5], old[7],
+                                                             old[10]), _stale(where)
+        assert _prints_as(_bytes(new[6]), old[6], MEMORY_TOLERANCE), _stale(f"{where} memory")
+        if old[3] is not None:
+            assert float(new[3]) == pytest.approx(float(old[3]), abs=ACCURACY_TOLERANCE), (
+                _stale(f"{where} accuracy"))
+            assert float(new[4]) == pytest.approx(float(old[4]), abs=LOSS_TOLERANCE), (
+                _stale(f"{where} loss"))
+        assert (new[8] is None) == (old[8] is None)
+    assert fresh.sentences() == quoted.sentences(), _stale("the sentences")
+    assert (tmp_path / "braintrace_main.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "%|" not in captured.out and "T=32 es_d_rtrl" in captured.err  # progress: stderr
+
+
+def test_chunks_put_the_sequence_in_equal_calls_weighted_to_its_mean():
+    xs = np.arange(7 * 2 * 3, dtype=np.float32).reshape(7, 2, 3)
+    mask = np.array([0, 0, 0, 1, 1, 1, 1], np.float32)
+    parts = list(chunks(braintrace.tasks.Batch(xs, np.ones((7, 2), np.int32), mask), 3))
+    assert [p[0].shape for p in parts] == [(3, 2, 3)] * 3
+    assert all(isinstance(a, jax.Array) for p in parts for a in p)
+    np.testing.assert_array_equal(np.concatenate([p[0] for p in parts])[:7], xs)
+    np.testing.assert_array_equal(np.concatenate([p[0] for p in parts])[7:], 0)
+    weights = np.concatenate([p[2] for p in parts])
+    np.testing.assert_allclose(weights, np.r_[mask / 4, 0, 0])  # padding unscored
+
+
+def test_one_update_from_the_chunks_equals_one_update_from_the_whole_sequence():
+    """The fairness claim: chunked online learning makes BPTT's kind of update (one Adam
+    step per batch) from the gradient of the whole sequence, mean over its scored steps."""
+    length, chunk, batch_size = 30, 8, 2  # 30 = 3 * 8 + 6: the last chunk is padded
+    task = make_task(length, seed=0)
+    batch = jax.tree.map(np.asarray, task.sample(jax.random.key(1), batch_size))
+
+    def fresh():
+        model = SpikingNet(task.num_inputs, 8, task.num_classes, rngs=nnx.Rngs(0))
+        learner = braintrace.compile(model, "es_d_rtrl", jnp.zeros((batch_size, 20)),
+                                     batch_size=batch_size)
+        return model, learner
+
+    model, learner = fresh()
+    whole = braintrace.online_grad(learner, cross_entropy)  # reduction='mean' over the mask
+    grads, _, _ = whole.grad(model, whole.init(model), batch.xs, batch.ys, mask=batch.mask)
+    reference = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+    reference.update(model, grads)
+    want = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+    model, learner = fresh()
+    online = braintrace.online_grad(learner, cross_entropy, reduction="sum")
+    optimizer = make_optimizer(model, 1e-2, calls=-(-length // chunk))
+    train_step = make_train_step(online)
+    state = online.init(model)
+    parts = list(chunks(batch, chunk))
+    summed = jax.tree.map(jnp.zeros_like, grads)
+    probe = state
+    for part in parts:  # the chunks' gradients alone: their sum is the whole sequence's
+        chunk_grads, probe, _ = online.grad(model, probe, part[0], part[1], mask=part[2])
+        summed = jax.tree.map(jnp.add, summed, chunk_grads)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), summed,
+                 grads)
+    before = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    for i, part in enumerate(parts):
+        state, _ = train_step(model, optimizer, state, *part)
+        after = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+        if i < 3:  # no update before the last chunk
+            jax.tree.map(np.testing.assert_array_equal, after, before)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), after,
+                 want)
+    assert max(float(jnp.max(jnp.abs(a - b))) for a, b in
+               zip(jax.tree.leaves(after), jax.tree.leaves(before), strict=True)) > 1e-3
 
 
 def test_help_lists_the_options(capsys):
@@ -94,8 +236,9 @@ def test_help_lists_the_options(capsys):
         parse_args(["--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
-    for option in ("--algorithm", "--lengths", "--hidden", "--steps", "--batch-size", "--lr",
-                   "--seed", "--memory-budget", "--plot", "--quick", "es_d_rtrl", "d_rtrl"):
+    for option in ("--algorithm", "--lengths", "--hidden", "--steps", "--batch-size", "--chunk",
+                   "--lr", "--seed", "--memory-budget", "--plot", "--quick", "es_d_rtrl",
+                   "d_rtrl"):
         assert option in text
 
 
@@ -104,6 +247,7 @@ def test_options_default_to_full_or_quick_sizes_and_explicit_values_win():
     quick = parse_args(["--quick", "--hidden", "5", "--lengths", "300,20,300"])
     assert {k: getattr(quick, k) for k in QUICK} == {**QUICK, "hidden": 5, "lengths": (20, 300)}
     assert parse_args(["--algorithm", "d_rtrl"]).algorithm == "d_rtrl"
+    assert parse_args(["--chunk", "7"]).chunk == 7
     assert parse_args([]).plot == "braintrace_main.png"
 
 
@@ -111,6 +255,7 @@ def test_options_default_to_full_or_quick_sizes_and_explicit_values_win():
     (["--algorithm", "bptt"], "invalid choice: 'bptt'"),
     (["--steps", "0"], "--steps must be a positive integer"),
     (["--batch-size", "-1"], "--batch-size must be a positive integer"),
+    (["--chunk", "0"], "--chunk must be a positive integer"),
     (["--lengths", "100,5"], "every length must be at least 12"),
     (["--lengths", "100,x"], "expected comma-separated integers"),
     (["--memory-budget", "0"], "--memory-budget must be positive"),
@@ -120,3 +265,18 @@ def test_bad_options_are_refused_with_a_reason(argv, message, capsys):
         parse_args(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_regeneration_rewrites_only_the_block(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\nbefore\n\n{script.BEGIN}\nold\n{script.END}\n\nafter\n")
+    runs = [(f"preamble\n{HEADER}\nrow {name}\nplot: braintrace_main.png\n", 61.0, 58.5)
+            for name in ("full", "quick")]
+    text = script.replace_block(readme.read_text(), script.block(*runs))
+    assert text.startswith("# x\n\nbefore\n\n" + script.BEGIN)
+    assert text.endswith(script.END + "\n\nafter\n")
+    assert "old" not in text and "preamble" not in text and "row quick" in text
+    assert "took 61 s (58 s of CPU time)" in text
+    with pytest.raises(SystemExit, match="has no block"):
+        script.replace_block("no markers", "")
+    assert sys.executable == script.COMMAND[0]

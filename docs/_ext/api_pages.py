@@ -18,7 +18,7 @@ import inspect
 import pathlib
 import types
 
-MODULES = ("braintrace", "braintrace.layers", "braintrace.tasks")
+MODULES = ("braintrace", "braintrace.layers", "braintrace.tasks", "braintrace.nir")
 API_DIR = "api"
 STUB_DIR = "_generated"
 KINDS = ("Classes", "Functions", "Objects")
