@@ -158,10 +158,11 @@ def test_a_resumed_online_grad_stream_is_bit_identical_to_an_uninterrupted_one(s
 def test_without_the_saved_state_or_its_rng_the_resumed_stream_differs(stream, keep):
     """Negative control: the state (hidden, traces, and the dropout RNG in other) matters."""
     fresh = setup(1)
+    # Before the restore, copied (a state shares the model's Variables): the RNG of seed 1.
+    new = jax.tree.map(jnp.copy, fresh.online.init(fresh.model))
     with braintrace.CheckpointManager(stream.directory) as manager:
         _, state = manager.restore(model=fresh.model, optimizer=fresh.optimizer,
                                    state=fresh.online.init(fresh.model))
-    new = fresh.online.init(fresh.model)
     state = new if keep == "nothing" else state._replace(other=new.other)
     _, losses = run(fresh, state, range(2, 4))
     assert not np.array_equal(losses, stream.losses[2 * T:])
