@@ -36,7 +36,7 @@ from braintrace._drivers._learner_state import (
     reset_state,
     restored_state,
 )
-from braintrace._drivers._model_state import Leaves, model_leaves, param_state, write_state
+from braintrace._drivers._model_state import Leaves, ModelView, model_leaves
 from braintrace._drivers._not_finite import raise_if_grad_not_finite
 from braintrace._drivers._programs import EVOLVE_PROGRAM, GRAD_PROGRAM, GradArgs, GradResult
 from braintrace._drivers._sharding import host_array
@@ -128,10 +128,13 @@ class OnlineLearner(Checkpointable):
         """The batch size this learner runs at (``None``: per sample, no batch axis)."""
         return self._batch_size
 
-    def _entry(self, batch_size: Any = KEEP) -> Entry:
-        """The entry of the model's current mode (at ``batch_size``, default the current)."""
-        return self.compiled.entry_of(self.model,
-                                      self._batch_size if batch_size is KEEP else batch_size)
+    def _entry(self, batch_size: Any = KEEP, view: ModelView | None = None) -> Entry:
+        """The entry of the model's current mode (at ``batch_size``, default the current;
+        ``view``: a :class:`ModelView` of the model, whose graphdef is used)."""
+        batch_size = self._batch_size if batch_size is KEEP else batch_size
+        if view is None:
+            return self.compiled.entry_of(self.model, batch_size)
+        return self.compiled.entry(view.graphdef, batch_size)
 
     def _checked_traces(self, entry: Entry) -> Any:
         """The traces, after checking they fit ``entry`` (a mode may change what is traced)."""
@@ -163,8 +166,8 @@ class OnlineLearner(Checkpointable):
         """
         return self._leaves(self._entry())
 
-    def _leaves(self, entry: Entry) -> Leaves:
-        return placed_leaves(self.model, entry, self._batch_size)
+    def _leaves(self, entry: Entry, view: ModelView | None = None) -> Leaves:
+        return placed_leaves(self.model if view is None else view, entry, self._batch_size)
 
     def check_inputs(self, xs: Any) -> int:
         """The number of time steps of ``xs``, after checking each step has the compiled shape.
@@ -253,13 +256,14 @@ class OnlineLearner(Checkpointable):
     def etrace_evolve(self, xs: Any) -> Any:
         """Advances hidden state and traces over ``xs`` (time axis leading); returns outputs."""
         refuse_traced("learner.etrace_evolve", xs)
-        entry = self._entry()
+        view = ModelView.of(self.model)
+        entry = self._entry(view=view)
         xs = self._place_inputs(entry, xs)
         check_inputs(xs, entry.example)
-        params, hidden, other = self._leaves(entry)
+        params, hidden, other = self._leaves(entry, view)
         ys, hidden, other, traces = EVOLVE_PROGRAM(entry, params, hidden, other,
                                                    self._checked_traces(entry), xs)
-        write_state(self.model, hidden, other)
+        view.write_state(hidden, other)
         self.traces = traces
         return ys
 
@@ -357,15 +361,16 @@ class OnlineLearner(Checkpointable):
                 step), or a Param's gradient is not finite (names the Param).
         """
         refuse_traced("learner.etrace_grad", xs, ys, mask)
+        view = ModelView.of(self.model)
         entry, spec, args = self._grad_call(xs, ys, mask=mask, chunk_size=chunk_size,
                                             block_size=block_size, reduction=reduction,
-                                            signal_inputs=signal_inputs)
+                                            signal_inputs=signal_inputs, view=view)
         result: GradResult = GRAD_PROGRAM(entry, loss_fn, spec, *args, masked=mask is not None)
         raise_if_grad_not_finite(entry.graph.param_paths, host_array(result.losses),
                                  host_array(result.finite), UNCHANGED, xs=xs, weights=args.weights)
-        write_state(self.model, result.hidden, result.other)
+        view.write_state(result.hidden, result.other)
         self.traces = result.traces
-        state = param_state(self.model, result.grads)
+        state = view.param_state(result.grads)
         return (state, result.losses) if return_losses else state
 
     def lower_etrace_grad(self, xs: Any, ys: Any, loss_fn: Callable[[Any, Any], jax.Array], *,
@@ -413,13 +418,15 @@ class OnlineLearner(Checkpointable):
                                reduction=reduction, signal_inputs=signal_inputs)[2]
 
     def _grad_call(self, xs: Any, ys: Any, *, mask: Any, chunk_size: Any, block_size: Any,
-                   reduction: str, signal_inputs: dict[str, Any]
-                   ) -> tuple[Entry, LoopSpec, GradArgs]:
-        """The entry, the loop and the checked arguments of an ``etrace_grad`` call."""
-        entry = self._entry()
+                   reduction: str, signal_inputs: dict[str, Any],
+                   view: ModelView | None = None) -> tuple[Entry, LoopSpec, GradArgs]:
+        """The entry, the loop and the checked arguments of an ``etrace_grad`` call (the model
+        read through ``view`` when one is given)."""
+        entry = self._entry(view=view)
         spec, args = grad_call(entry, xs, ys, mask=mask, chunk_size=chunk_size,
                                block_size=block_size, reduction=reduction,
-                               signal_inputs=signal_inputs, leaves=lambda: self._leaves(entry),
+                               signal_inputs=signal_inputs,
+                               leaves=lambda: self._leaves(entry, view),
                                traces=lambda: self._checked_traces(entry))
         return entry, spec, args
 

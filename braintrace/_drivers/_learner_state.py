@@ -23,6 +23,7 @@ from braintrace._drivers._checkpoint import Item, leaf_names, optimizer_item
 from braintrace._drivers._compiled import CompiledModel, Entry
 from braintrace._drivers._model_state import (
     Leaves,
+    ModelView,
     check_leaves,
     model_leaves,
     runs_at,
@@ -37,11 +38,12 @@ __all__ = ["checked_traces", "checkpoint_items", "fresh_traces", "load_state", "
            "placed_leaves", "reset_state", "restored_state"]
 
 
-def placed_leaves(model: nnx.Module, entry: Entry, batch_size: int | None) -> Leaves:
+def placed_leaves(model: nnx.Module | ModelView, entry: Entry, batch_size: int | None) -> Leaves:
     """The model's Params, hidden states and other Variables for ``entry``'s programs, checked
     against what was compiled (:func:`~braintrace._drivers._model_state.check_leaves`) and on
-    the mesh."""
-    leaves = check_leaves(model_leaves(model), entry.graph, entry.leaf_avals, batch_size)
+    the mesh. ``model`` may be a :class:`ModelView` of it, read as it is."""
+    leaves = model.leaves() if isinstance(model, ModelView) else model_leaves(model)
+    leaves = check_leaves(leaves, entry.graph, entry.leaf_avals, batch_size)
     lay = entry.layout
     if lay is None:
         return leaves

@@ -23,6 +23,7 @@ from braintrace._drivers._fit import Callback, History, Metric, fit
 from braintrace._drivers._functional import window_loop
 from braintrace._drivers._inputs import check_signal_inputs, refuse_traced, step_weights
 from braintrace._drivers._learner import OnlineLearner
+from braintrace._drivers._model_state import ModelView
 from braintrace._drivers._not_finite import raise_if_update_not_finite
 from braintrace._drivers._programs import TRAIN_PROGRAM, TrainResult
 from braintrace._drivers._sharding import host_array, opt_state_shardings, place
@@ -134,14 +135,15 @@ class OnlineTrainer(Checkpointable):
         """
         refuse_traced("OnlineTrainer.step", xs, ys, mask)
         learner = self.learner
-        entry = learner._entry()
+        view = ModelView.of(learner.model)
+        entry = learner._entry(view=view)
         xs, ys = learner._place_inputs(entry, xs), learner._place_inputs(entry, ys)
         length = learner.check_inputs(xs)
         if length == 0 or length % self.update_every:
             raise ValueError(
                 f"The sequence length {length} must be a positive multiple of update_every="
                 f"{self.update_every}.")
-        params, hidden, other = learner._leaves(entry)
+        params, hidden, other = learner._leaves(entry, view)
         inputs = check_signal_inputs(entry.rules, hidden, signal_inputs, length)
         weights = jnp.asarray(step_weights(mask, length, entry.batch_size) / self.update_every,
                               jnp.result_type(*params))
@@ -152,7 +154,7 @@ class OnlineTrainer(Checkpointable):
         spec = window_loop(entry, self.update_every, block_size)
         run = functools.partial(
             TRAIN_PROGRAM, entry, self.tx, self.loss_fn, self.update_every, spec,
-            jax.tree.structure(nnx.state(learner.model, nnx.Param)), params,
+            jax.tree.structure(view.params), params,
             self._placed(self.opt_state), hidden, other, learner._checked_traces(entry), xs, ys,
             weights, inputs, masked=mask is not None)
         # Every update applied, the Params checked after the last: a non-finite update
@@ -165,11 +167,12 @@ class OnlineTrainer(Checkpointable):
             if int(host_array(checked.bad_update_at)) >= 0:
                 bad_update_at = int(host_array(checked.bad_update_at))
                 bad_params = checked.bad_params
-        raise_if_update_not_finite(learner.graph.param_paths, host_array(out.losses),
+        raise_if_update_not_finite(entry.graph.param_paths, host_array(out.losses),
                                    bad_update_at, host_array(bad_params), xs=xs,
                                    weights=weights)
-        learner.load_state({"params": out.params, "hidden": out.hidden, "other": out.other,
-                            "traces": out.traces})
+        view.write_params(out.params)  # on the mesh already, as the program returns them
+        view.write_state(out.hidden, out.other)
+        learner.traces = out.traces
         self.opt_state = out.opt_state
         return out.losses
 
