@@ -35,6 +35,8 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -52,14 +54,15 @@ from _models import (
     block,
     bptt_grad_fn,
     build,
-    device_seconds,
     count_params,
     data,
+    device_seconds,
     environment,
     mse,
     timed,
     write_json,
 )
+from flax import nnx
 
 import braintrace
 
@@ -78,8 +81,26 @@ def method_parts(method: str) -> tuple[str, int | None]:
     return name, (int(block_size) if block_size else None)
 
 
-def prepare(model_name: str, method: str, cfg: dict, xs, ys):
-    """Compiles one training pass; returns ``(run, compile_s, extra)``."""
+def jit_step(model, learner, block_size: int | None, xs, ys) -> Callable[[], Any]:
+    """The online gradient as a user's own jitted train step computes it: ``online_grad``'s
+    pure ``grad`` inside ``jax.jit`` over the model's split state (compiled here), dispatched as
+    the BPTT baseline is, without ``learner.etrace_grad``'s host-side checks and write-back."""
+    online = braintrace.online_grad(learner, mse, block_size=block_size)
+    graphdef, state = nnx.split(model)
+    carried = online.init(model)
+
+    @jax.jit
+    def step(state, carried, xs, ys):
+        grads, carried, stats = online.grad(nnx.merge(graphdef, state), carried, xs, ys)
+        return grads, carried, stats.losses
+
+    compiled = step.lower(state, carried, xs, ys).compile()
+    return lambda: compiled(state, carried, xs, ys)
+
+
+def prepare(model_name: str, method: str, cfg: dict, xs, ys, with_jit_step: bool = False):
+    """Compiles one training pass; returns ``(run, compile_s, extra)`` (``extra['jit_run']``:
+    the pass as a jitted train step, with ``with_jit_step``)."""
     H, I, O, B = cfg["hidden"], cfg["inputs"], cfg["outputs"], cfg["batch"]
     model = build(model_name, I, H, O, B)
     start = time.perf_counter()
@@ -109,6 +130,8 @@ def prepare(model_name: str, method: str, cfg: dict, xs, ys):
             return learner.etrace_grad(xs, ys, mse, block_size=block_size)
 
         extra = {"graph_compile_s": graph_s, "trace_bytes": trace_bytes}
+        if with_jit_step:
+            extra["jit_run"] = jit_step(model, learner, block_size, xs, ys)
     extra.update({"trace_lower_s": lower_s, "xla_compile_s": xla_s})
     compile_s = time.perf_counter() - start
     return run, compile_s, extra
@@ -229,6 +252,9 @@ def main(argv: list[str] | None = None) -> dict:
                    help="also profile one pass per method: the accelerator's own time per step "
                         "(none on the CPU backend)")
     p.add_argument("--repeats", type=int, default=None, help="timed passes per method")
+    p.add_argument("--jit-step", action="store_true",
+                   help="also time each online method as online_grad inside jax.jit (a user's "
+                        "own train step: jit_step_us_median, jit_ratio_to_bptt)")
     p.add_argument("--xla-multi-output-fusion", action="store_true",
                    help="switch on XLA:CPU's multi-output fusion (for every method); writes "
                         f"{NAME}_xla_mof.json")
@@ -255,18 +281,25 @@ def main(argv: list[str] | None = None) -> dict:
         xs, ys = data(model_name, T, cfg["inputs"], cfg["outputs"], cfg["batch"])
         runs, entry = {}, {}
         for method in methods:
-            run, compile_s, extra = prepare(model_name, method, cfg, xs, ys)
+            run, compile_s, extra = prepare(model_name, method, cfg, xs, ys, args.jit_step)
             block(run())  # warm
             runs[method] = run
+            if "jit_run" in extra:
+                runs[f"{method}:jit"] = extra.pop("jit_run")
+                block(runs[f"{method}:jit"]())
             entry[method] = {"compile_s": compile_s, **extra}
-        times = {m: [] for m in methods}
+        times = {m: [] for m in runs}
         for _ in range(repeats):  # round-robin: load changes hit every method alike
-            for m in methods:
-                times[m].append(timed(runs[m]))
+            for m, run in runs.items():
+                times[m].append(timed(run))
         for m in methods:
             t = np.asarray(times[m]) / T * 1e6
             entry[m].update({"step_us_median": float(np.median(t)), "step_us_min": float(t.min()),
                              "step_us_all": t.tolist()})
+            if f"{m}:jit" in times:
+                t = np.median(times[f"{m}:jit"]) / T * 1e6
+                entry[m]["jit_step_us_median"] = float(t)
+                entry[m]["jit_ratio_to_bptt"] = float(t / np.median(times["bptt"]) * T / 1e6)
             if args.device_time:
                 seconds = device_seconds(runs[m])
                 entry[m]["device_step_us"] = None if seconds is None else seconds / T * 1e6
@@ -298,6 +331,9 @@ def main(argv: list[str] | None = None) -> dict:
             e = entry[m]
             device = (f"  device {e['device_step_us']:.1f} us x{e['device_ratio_to_bptt']:.2f}"
                       if e.get("device_step_us") is not None else "")
+            if "jit_step_us_median" in e:
+                device += (f"  jit step {e['jit_step_us_median']:.1f} us "
+                           f"x{e['jit_ratio_to_bptt']:.2f}")
             print(f"{model_name:4s} {m:10s} step {e['step_us_median']:10.1f} us (min "
                   f"{e['step_us_min']:.1f})  x{e['ratio_to_bptt']:.2f} BPTT  compile "
                   f"{e['compile_s']:.2f}s{device}", flush=True)

@@ -18,6 +18,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("memory_vs_length", "throughput", "fidelity")
+EXTRA_ARGS = {"throughput": ["--jit-step"]}
 
 
 def finite(x) -> bool:
@@ -30,7 +31,8 @@ def quick_results(tmp_path_factory):
     start = time.perf_counter()
     procs = {name: subprocess.Popen(
         [sys.executable, os.path.join(ROOT, "benchmarks", f"{name}.py"), "--quick", "--out",
-         str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+         str(out), *EXTRA_ARGS.get(name, [])],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
         for name in SCRIPTS}
     logs = {}
     for name, proc in procs.items():
@@ -87,6 +89,10 @@ def test_throughput_quick_writes_step_times_and_ratios(quick_results):
         for entry in methods.values():
             for key in ("step_us_median", "step_us_min", "compile_s", "ratio_to_bptt"):
                 assert finite(entry[key]) and entry[key] > 0, key
+        for name, entry in methods.items():  # --jit-step: online_grad in a jitted step
+            if name != "bptt":
+                for key in ("jit_step_us_median", "jit_ratio_to_bptt"):
+                    assert finite(entry[key]) and entry[key] > 0, (name, key)
 
 
 def test_fidelity_quick_writes_cosines_against_a_live_bptt_reference(quick_results):
