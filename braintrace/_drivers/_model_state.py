@@ -105,11 +105,12 @@ class ModelView(NamedTuple):
     params: nnx.State
     hidden: nnx.State
     other: nnx.State
+    model: nnx.Module
 
     @classmethod
     def of(cls, model: nnx.Module) -> ModelView:
         """The view of ``model`` as it is now."""
-        return cls(*split_model(model))
+        return cls(*split_model(model), model)
 
     def leaves(self) -> Leaves:
         """The arrays, as :func:`model_leaves` reads them."""
@@ -123,21 +124,40 @@ class ModelView(NamedTuple):
 
     def write_params(self, params: Sequence[jax.Array]) -> None:
         """Sets the Params (in :class:`Leaves` order) in the model."""
-        _set(self.params, params)
+        if not _set(self.params, params):
+            nnx.update(self.model, self.param_state(params))
 
     def write_state(self, hidden: Sequence[jax.Array], other: Sequence[jax.Array]) -> None:
         """Sets the hidden states and other Variables (in :class:`Leaves` order) in the model."""
+        if not (_settable(self.hidden, hidden) and _settable(self.other, other)):
+            nnx.update(self.model,
+                       jax.tree.unflatten(jax.tree.structure(self.hidden), list(hidden)),
+                       jax.tree.unflatten(jax.tree.structure(self.other), list(other)))
+            return
         _set(self.hidden, hidden)
         _set(self.other, other)
 
 
-def _set(state: nnx.State, values: Sequence[jax.Array]) -> None:
-    """Sets the value of each Variable of ``state`` (the model's own) to the next of ``values``."""
-    variables = jax.tree.leaves(state, is_leaf=lambda v: isinstance(v, nnx.Variable))
-    if len(variables) != len(values) or len(jax.tree.leaves(state)) != len(values):
-        raise ValueError(f"{len(values)} arrays given for {len(variables)} Variables.")
-    for variable, value in zip(variables, values):
+def _variables(state: nnx.State) -> list[Any]:
+    return jax.tree.leaves(state, is_leaf=lambda v: isinstance(v, nnx.Variable))
+
+
+def _settable(state: nnx.State, values: Sequence[jax.Array]) -> bool:
+    """Whether ``state``'s leaves are Variables holding one array each, one per value (a
+    module may also hold bare arrays, which only ``nnx.update`` can replace)."""
+    variables = _variables(state)
+    return (len(variables) == len(values) == len(jax.tree.leaves(state))
+            and all(isinstance(v, nnx.Variable) for v in variables))
+
+
+def _set(state: nnx.State, values: Sequence[jax.Array]) -> bool:
+    """Sets each Variable of ``state`` (the model's own) to the next of ``values``; ``False``
+    (nothing set) where :func:`_settable` says it cannot."""
+    if not _settable(state, values):
+        return False
+    for variable, value in zip(_variables(state), values):
         variable.set_raw_value(value)  # as nnx.update sets an array leaf
+    return True
 
 
 def leaf_avals(leaves: Leaves) -> LeafAvals:
