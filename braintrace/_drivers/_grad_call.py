@@ -10,11 +10,13 @@ there is one (:func:`place_learner_inputs`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from braintrace._drivers._compiled import Entry
 from braintrace._drivers._inputs import check_signal_inputs, loss_weights
@@ -23,7 +25,7 @@ from braintrace._drivers._programs import GradArgs
 from braintrace._drivers._sharding import place, place_inputs
 from braintrace._loops import LoopSpec, check_positive, choose_loop
 
-__all__ = ["grad_call", "place_learner_inputs"]
+__all__ = ["device_weights", "grad_call", "place_learner_inputs"]
 
 
 def grad_call(entry: Entry, xs: Any, ys: Any, *, mask: Any, chunk_size: Any, block_size: Any,
@@ -54,10 +56,38 @@ def grad_call(entry: Entry, xs: Any, ys: Any, *, mask: Any, chunk_size: Any, blo
     inputs = check_signal_inputs(entry.rules, hidden, signal_inputs, length)
     if inputs is not None:
         inputs = place_learner_inputs(entry, inputs)
-    weights = jnp.asarray(weights, jnp.result_type(*params))
-    if entry.layout is not None:
-        weights = place(weights, entry.layout.replicated)
+    weights = device_weights(weights, jnp.result_type(*params), entry.layout,
+                             reuse=mask is None)
     return spec, GradArgs(params, hidden, other, traces(), xs, ys, weights, inputs)
+
+
+def device_weights(weights: np.ndarray, dtype: Any, lay: Any, *, reuse: bool) -> jax.Array:
+    """The host loss weights in ``dtype`` on the device (replicated on the layout's mesh).
+
+    Converted on the host and copied once (converting on the device is a
+    program of its own: a round trip per call on an accelerator). With
+    ``reuse`` (no mask: the weights depend only on ``T`` and the reduction)
+    one array per value is kept and handed out again.
+
+    Example:
+        >>> a = device_weights(np.full(3, 1 / 3), jnp.float32, None, reuse=True)
+        >>> a.dtype, a is device_weights(np.full(3, 1 / 3), jnp.float32, None, reuse=True)
+        (dtype('float32'), True)
+    """
+    sharding = None if lay is None else lay.replicated
+    if reuse:
+        weights = np.asarray(weights, np.float64)
+        return _kept_weights(weights.tobytes(), weights.shape, np.dtype(dtype), sharding)
+    return _put(np.asarray(weights, dtype), sharding)
+
+
+@functools.lru_cache(maxsize=16)
+def _kept_weights(data: bytes, shape: tuple[int, ...], dtype: np.dtype, sharding: Any) -> jax.Array:
+    return _put(np.frombuffer(data, np.float64).reshape(shape).astype(dtype), sharding)
+
+
+def _put(host: np.ndarray, sharding: Any) -> jax.Array:
+    return jax.device_put(host) if sharding is None else place(host, sharding)
 
 
 def place_learner_inputs(entry: Entry, tree: Any) -> Any:

@@ -39,7 +39,7 @@ from braintrace._drivers._learner_state import (
 from braintrace._drivers._model_state import Leaves, ModelView, model_leaves
 from braintrace._drivers._not_finite import raise_if_grad_not_finite
 from braintrace._drivers._programs import EVOLVE_PROGRAM, GRAD_PROGRAM, GradArgs, GradResult
-from braintrace._drivers._sharding import host_array
+from braintrace._drivers._sharding import host_arrays
 from braintrace._drivers._states import KEEP
 from braintrace._loops import LoopSpec
 
@@ -366,11 +366,12 @@ class OnlineLearner(Checkpointable):
                                             block_size=block_size, reduction=reduction,
                                             signal_inputs=signal_inputs, view=view)
         result: GradResult = GRAD_PROGRAM(entry, loss_fn, spec, *args, masked=mask is not None)
-        raise_if_grad_not_finite(entry.graph.param_paths, host_array(result.losses),
-                                 host_array(result.finite), UNCHANGED, xs=xs, weights=args.weights)
+        state = view.param_state(result.grads)  # while the device runs
+        losses, finite = host_arrays(result.losses, result.finite)
+        raise_if_grad_not_finite(entry.graph.param_paths, losses, finite, UNCHANGED, xs=xs,
+                                 weights=args.weights)
         view.write_state(result.hidden, result.other)
         self.traces = result.traces
-        state = view.param_state(result.grads)
         return (state, result.losses) if return_losses else state
 
     def lower_etrace_grad(self, xs: Any, ys: Any, loss_fn: Callable[[Any, Any], jax.Array], *,

@@ -21,12 +21,13 @@ from braintrace._drivers._checkpoint import Item, leaf_names
 from braintrace._drivers._checkpointable import Checkpointable
 from braintrace._drivers._fit import Callback, History, Metric, fit
 from braintrace._drivers._functional import window_loop
+from braintrace._drivers._grad_call import device_weights
 from braintrace._drivers._inputs import check_signal_inputs, refuse_traced, step_weights
 from braintrace._drivers._learner import OnlineLearner
 from braintrace._drivers._model_state import ModelView
 from braintrace._drivers._not_finite import raise_if_update_not_finite
 from braintrace._drivers._programs import TRAIN_PROGRAM, TrainResult
-from braintrace._drivers._sharding import host_array, opt_state_shardings, place
+from braintrace._drivers._sharding import host_arrays, opt_state_shardings, place
 from braintrace._loops import check_positive
 
 __all__ = ["OnlineTrainer"]
@@ -145,10 +146,9 @@ class OnlineTrainer(Checkpointable):
                 f"{self.update_every}.")
         params, hidden, other = learner._leaves(entry, view)
         inputs = check_signal_inputs(entry.rules, hidden, signal_inputs, length)
-        weights = jnp.asarray(step_weights(mask, length, entry.batch_size) / self.update_every,
-                              jnp.result_type(*params))
+        weights = device_weights(step_weights(mask, length, entry.batch_size) / self.update_every,
+                                 jnp.result_type(*params), entry.layout, reuse=mask is None)
         if entry.layout is not None:
-            weights = place(weights, entry.layout.replicated)
             inputs = None if inputs is None else learner._place_inputs(entry, inputs)
         block_size = None if self.blocked is None else (None if self.blocked else 1)
         spec = window_loop(entry, self.update_every, block_size)
@@ -161,15 +161,15 @@ class OnlineTrainer(Checkpointable):
         # discards the call, and only then is it run again, checked after every update, to
         # name the first one.
         out: TrainResult = run(skip_non_finite=False)
-        bad_update_at, bad_params = int(host_array(out.bad_update_at)), out.bad_params
+        at, losses, bad_params = host_arrays(out.bad_update_at, out.losses, out.bad_params)
+        bad_update_at = int(at)
         if bad_update_at >= 0:
             checked: TrainResult = run(skip_non_finite=True)
-            if int(host_array(checked.bad_update_at)) >= 0:
-                bad_update_at = int(host_array(checked.bad_update_at))
-                bad_params = checked.bad_params
-        raise_if_update_not_finite(entry.graph.param_paths, host_array(out.losses),
-                                   bad_update_at, host_array(bad_params), xs=xs,
-                                   weights=weights)
+            at, checked_bad_params = host_arrays(checked.bad_update_at, checked.bad_params)
+            if int(at) >= 0:
+                bad_update_at, bad_params = int(at), checked_bad_params
+        raise_if_update_not_finite(entry.graph.param_paths, losses, bad_update_at, bad_params,
+                                   xs=xs, weights=weights)
         view.write_params(out.params)  # on the mesh already, as the program returns them
         view.write_state(out.hidden, out.other)
         learner.traces = out.traces
