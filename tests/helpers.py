@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -14,8 +15,8 @@ import jax.extend.core as jex_core
 import jax.numpy as jnp
 from flax import nnx
 
-__all__ = ["bptt_grads", "compilations", "mse", "primitive_names", "sequence_loss",
-           "subprocess_env"]
+__all__ = ["bptt_grads", "built_on_the_host", "compilations", "mse", "primitive_names",
+           "sequence_loss", "subprocess_env"]
 
 
 def subprocess_env(*xla_flags: str) -> dict[str, str]:
@@ -28,6 +29,28 @@ def subprocess_env(*xla_flags: str) -> dict[str, str]:
     if kept or xla_flags:
         env["XLA_FLAGS"] = " ".join([*kept, *xla_flags])
     return env
+
+
+def built_on_the_host(build: Callable[..., Any]) -> Callable[..., Any]:
+    """``build(...)`` run on the CPU, what it made (a model's state, or a tree of arrays)
+    then put on the default device.
+
+    On a TPU (``BRAINTRACE_DEVICE_TESTS=1``), JAX's float64 samplers do not compile
+    (``truncated_normal``: "Binary op and with different element types: s32[] and u32[]"),
+    so the tests' float64 models and data are made on the host, as a checkpoint restored
+    onto the chip would be. On the CPU both devices are the same.
+    """
+    @functools.wraps(build)
+    def built(*args: Any, **kwargs: Any) -> Any:
+        with jax.default_device(jax.devices("cpu")[0]):
+            made = build(*args, **kwargs)
+        device = jax.devices()[0]
+        if isinstance(made, nnx.Module):
+            nnx.update(made, jax.device_put(nnx.state(made), device))
+            return made
+        return jax.device_put(made, device)
+
+    return built
 
 
 def mse(y: jax.Array, t: jax.Array) -> jax.Array:

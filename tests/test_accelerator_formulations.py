@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import mse
+from helpers import built_on_the_host, mse
 from test_sparse_layouts import KINDS, _case
 
 import braintrace
@@ -111,32 +111,14 @@ def test_spread_hidden_map_equals_its_gather(x64, index, source):
     np.testing.assert_array_equal(flat.take(values, feeds_large=True), flat._gather(values))
 
 
-def _built_on_the_host(build):
-    """``build()`` run on the CPU, its arrays then put on the default device.
-
-    On a TPU, JAX's float64 ``truncated_normal`` (the initialisers' sampler) does not compile
-    ("Binary op and with different element types: s32[] and u32[]"), so the float64 models of
-    these tests are initialised on the host, as a checkpoint restored onto the chip would be.
-    On the CPU both devices are the same.
-    """
-    def built(batch: int):
-        with jax.default_device(jax.devices("cpu")[0]):
-            model = build(batch)
-        nnx.update(model, jax.device_put(nnx.state(model), jax.devices()[0]))
-        return model
-
-    built.__name__ = build.__name__
-    return built
-
-
-@_built_on_the_host
+@built_on_the_host
 def _gru(batch: int):
     model = layers.Stateful(layers.GRUCell(3, 5, rngs=nnx.Rngs(0), param_dtype=jnp.float64))
     braintrace.init_states(model, batch)
     return model
 
 
-@_built_on_the_host
+@built_on_the_host
 def _sparse_alif(batch: int):
     """``benchmarks/scale.py``'s model at 24 neurons: dense input, sparse recurrence, ALIF."""
     n, degree = 24, 3

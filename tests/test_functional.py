@@ -16,7 +16,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from helpers import bptt_grads, compilations
+from helpers import bptt_grads, built_on_the_host, compilations
 
 import braintrace
 from braintrace import layers
@@ -28,6 +28,7 @@ def mse(y, t):
     return jnp.mean((y - t) ** 2)
 
 
+@built_on_the_host
 class Net(nnx.Module):
     """Encoder → GRU → readout (float64 when asked)."""
 
@@ -41,6 +42,7 @@ class Net(nnx.Module):
         return self.out(self.rnn(jnp.tanh(self.enc(x))))
 
 
+@built_on_the_host
 class Spiking(nnx.Module):
     """ETPLinear → LIF → readout (float64 when asked)."""
 
@@ -54,6 +56,7 @@ class Spiking(nnx.Module):
         return self.out(self.lif(self.enc(x)))
 
 
+@built_on_the_host
 def data(dtype, chunks=3, seed=1):
     xs = jax.random.normal(jax.random.key(seed), (chunks, T, B, IN), dtype)
     ys = jax.random.normal(jax.random.key(seed + 1), (chunks, T, B, OUT), dtype)
