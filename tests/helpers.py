@@ -40,7 +40,7 @@ def built_on_the_host(build: Callable[..., Any]) -> Callable[..., Any]:
     so the tests' float64 models and data are made on the host, as a checkpoint restored
     onto the chip would be. On the CPU both devices are the same.
     """
-    @functools.wraps(build)
+    @functools.wraps(build, updated=())  # a class's attributes stay with the class
     def built(*args: Any, **kwargs: Any) -> Any:
         with jax.default_device(jax.devices("cpu")[0]):
             made = build(*args, **kwargs)
