@@ -206,21 +206,18 @@ def _changed_leaf(kind: str, path: str, leaf: Any, shape: tuple[int, ...], dtype
 
 def param_state(model: nnx.Module, arrays: Sequence[jax.Array]) -> nnx.State:
     """``arrays`` (one per Param leaf) in the structure of ``nnx.state(model, nnx.Param)``."""
-    _, params, _, _ = split_model(model)
-    return jax.tree.unflatten(jax.tree.structure(params), list(arrays))
+    return ModelView.of(model).param_state(arrays)
 
 
 def write_params(model: nnx.Module, params: Sequence[jax.Array]) -> None:
     """Writes Param leaves (in :class:`Leaves` order) into the model."""
-    nnx.update(model, param_state(model, params))
+    ModelView.of(model).write_params(params)
 
 
 def write_state(model: nnx.Module, hidden: Sequence[jax.Array],
                 other: Sequence[jax.Array]) -> None:
     """Writes hidden-state and other Variable leaves (in :class:`Leaves` order) into the model."""
-    _, _, hidden_state, other_state = split_model(model)
-    nnx.update(model, jax.tree.unflatten(jax.tree.structure(hidden_state), list(hidden)),
-               jax.tree.unflatten(jax.tree.structure(other_state), list(other)))
+    ModelView.of(model).write_state(hidden, other)
 
 
 def runs_at(batch_size: int | None) -> str:

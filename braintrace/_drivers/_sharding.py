@@ -255,13 +255,12 @@ def constrain(tree: Any, shardings: Any) -> Any:
 
 def host_array(a: Any) -> np.ndarray:
     """A replicated array's value on this host (also for arrays spanning several processes)."""
-    if isinstance(a, jax.Array) and not a.is_fully_addressable:
-        return np.asarray(a.addressable_data(0))
-    return np.asarray(a)
+    return host_arrays(a)[0]
 
 
 def host_arrays(*arrays: Any) -> tuple[np.ndarray, ...]:
-    """Several replicated arrays' values on this host, as :func:`host_array` reads each.
+    """Several replicated arrays' values on this host (also for arrays spanning several
+    processes: each one's first local copy).
 
     Every copy to the host is started before the first is waited on, so the
     call waits for the device once, not once per array (on an accelerator each
