@@ -1,4 +1,4 @@
-"""Regenerates the main job's output that README.md quotes, in one command.
+"""Runs the main job for the README and records its output, in one command.
 
 From the repository root, in the project's virtual environment::
 
@@ -6,38 +6,38 @@ From the repository root, in the project's virtual environment::
 
 It runs ``python -m braintrace`` and ``python -m braintrace --quick``, each in a fresh
 process on the CPU with XLA's default flags (:func:`main_job_env`), in a temporary folder
-(the plots go there), and rewrites what ``README.md`` holds between the lines
-:data:`BEGIN` and :data:`END` in its "Two commands" section: both runs' output from the
-table on, with their wall-clock and CPU times. Nothing else of the README changes.
+(the plots go there), writes both runs' output with their wall-clock and CPU times to
+``benchmarks/results/main_job.json``, and renders the pages' tables again
+(``render_tables.py``): the README's main-job block and the docs' main-job page.
 
 ``tests/test_main.py`` runs the ``--quick`` job again (in the test process, with the suite's
 XLA flags: the same accuracy and loss, memory within a few hundred bytes) and compares its table
-and sentences with the quoted ones, every number but the times; it also compiles the full run's
+and sentences with the recorded ones, every number but the times; it also compiles the full run's
 train steps and checks their memory and data columns, and checks both runs' sentences against
 their tables. So after a change that moves those numbers the test fails until this script is
-run again and the README committed. The full run's accuracy and loss are not checked: 40 Adam
-updates of a spiking network amplify the last bit of a rounding, which another CPU or another
-XLA may round differently.
+run again and the JSON and pages committed. The full run's accuracy and loss are not checked: 40
+Adam updates of a spiking network amplify the last bit of a rounding, which another CPU or
+another XLA may round differently.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
+import platform
 import re
 import resource
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
-BEGIN = ("<!-- main-job output: written by `python benchmarks/readme_main_job.py`; "
-         "tests/test_main.py checks it -->")
-END = "<!-- /main-job output -->"
+RECORD = ROOT / "benchmarks" / "results" / "main_job.json"
 COMMAND = [sys.executable, "-m", "braintrace"]
 TABLE_START = re.compile(r"^ +T  method")
 
@@ -71,51 +71,43 @@ def run(options: list[str], cwd: str) -> tuple[str, float, float]:
 
 
 def quoted(stdout: str) -> str:
-    """The part of the main job's output the README quotes: from the table's header on."""
+    """The part of the main job's output the pages quote: from the table's header on."""
     lines = stdout.rstrip("\n").splitlines()
     start = next(i for i, line in enumerate(lines) if TABLE_START.match(line))
     return "\n".join(lines[start:])
 
 
-def _seconds(s: float) -> str:
-    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} minutes"
+def record(full: tuple[str, float, float], quick: tuple[str, float, float]) -> dict:
+    """What ``main_job.json`` holds: each run's output from its table on, and its times."""
+    from _models import library_state
 
+    def run(result: tuple[str, float, float], options: str) -> dict:
+        stdout, wall, cpu = result
+        return {"command": f"python -m braintrace{options}", "output": quoted(stdout),
+                "wall_s": wall, "cpu_s": cpu}
 
-def block(full: tuple[str, float, float], quick: tuple[str, float, float]) -> str:
-    """The README's lines between :data:`BEGIN` and :data:`END`."""
-    first = (f"On a {os.cpu_count()}-core CPU `python -m braintrace` took {_seconds(full[1])} "
-             f"({_seconds(full[2])} of CPU time) and printed (its progress bars go to stderr; "
-             "`tests/test_main.py` compiles the train steps at these sizes and checks the memory "
-             "and data columns):")
-    second = (f"`python -m braintrace --quick` took {_seconds(quick[1])} ({_seconds(quick[2])} "
-              "of CPU time); `tests/test_main.py` runs it again and checks every number it "
-              "prints but the times against these lines:")
-    return "\n".join([BEGIN, textwrap.fill(first, width=100), "", "```", quoted(full[0]), "```",
-                      "", textwrap.fill(second, width=100), "", "```", quoted(quick[0]), "```",
-                      END])
-
-
-def replace_block(text: str, new_block: str) -> str:
-    """``text`` with the lines from :data:`BEGIN` to :data:`END` replaced by ``new_block``."""
-    begin, end = text.find(BEGIN), text.find(END)
-    if begin < 0 or end < begin:
-        raise SystemExit(f"{README} has no block between {BEGIN!r} and {END!r}")
-    return text[:begin] + new_block + text[end + len(END):]
+    return {"benchmark": "main_job",
+            "environment": {"braintrace": library_state(), "backend": "cpu",
+                            "cpu_count": os.cpu_count(), "platform": platform.platform(),
+                            "python": platform.python_version()},
+            "runs": {"full": run(full, ""), "quick": run(quick, " --quick")}}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--readme", type=pathlib.Path, default=README,
-                        help="the file to rewrite (default: the repository's README.md)")
+    parser.add_argument("--out", type=pathlib.Path, default=RECORD,
+                        help="the JSON to write (default: benchmarks/results/main_job.json)")
     args = parser.parse_args(argv)
-    text = args.readme.read_text()
-    replace_block(text, "")  # the markers are there: fail before a minute of running
     with tempfile.TemporaryDirectory() as folder:
         full = run([], folder)
         quick = run(["--quick"], folder)
-    args.readme.write_text(replace_block(text, block(full, quick)))
-    print(f"{args.readme}: the main job's output rewritten (full run {_seconds(full[1])}, "
-          f"--quick {_seconds(quick[1])})")
+    args.out.write_text(json.dumps(record(full, quick), indent=2) + "\n")
+    print(f"{args.out}: the main job's output (full run {full[1]:.0f} s, --quick "
+          f"{quick[1]:.0f} s)")
+    if args.out == RECORD:
+        import render_tables
+
+        render_tables.main([])
 
 
 if __name__ == "__main__":

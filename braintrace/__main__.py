@@ -411,14 +411,36 @@ def _sizes(key: str) -> str:
     return f"(default: {full}, --quick: {quick})"
 
 
+COLUMNS = """\
+the table it prints, one row per length and method:
+  T              the sequence length
+  method         the online algorithm (--algorithm), then bptt
+  test acc       accuracy on the test set, the class read over the scored steps
+  test loss      cross-entropy on the test set, mean over the scored steps
+  chunk          time steps per call of the train step: the online method takes each
+                 batch as a stream of chunks, its hidden states and traces carried from
+                 call to call, and optax.MultiSteps sums the chunks' gradients into one
+                 Adam update per batch; bptt takes the whole sequence in one call
+  memory         every buffer XLA allocates for one compiled call of the train step: its
+                 data, the Params, Adam's state, hidden states, traces, temporaries
+  data           one call's inputs, labels and mask
+  time/step      median time of one training step (a batch: all its calls, one update),
+                 after compilation; '-' where the method was not trained
+  compile        seconds to lower and compile the train step, once per length and method
+  (over budget)  its memory exceeds --memory-budget: compiled to measure it, not trained"""
+"""The help's description of the printed table's columns."""
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line's options, with the full or ``--quick`` sizes as defaults."""
     parser = argparse.ArgumentParser(
         prog="python -m braintrace",
-        description="Train a recurrent spiking network on a built-in spike-pattern task online "
-                    "(the sequence streamed in chunks) and with BPTT (same initialisation, same "
-                    "batches) at growing sequence lengths; print accuracy, memory and time per "
-                    "training step, and plot them.")
+        description=textwrap.fill(
+            "Train a recurrent spiking network on a built-in spike-pattern task online (the "
+            "sequence streamed in chunks) and with BPTT (same initialisation, same batches) at "
+            "growing sequence lengths; print accuracy, memory and time per training step, and "
+            "plot them.", width=79),
+        epilog=COLUMNS, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algorithm", default="es_d_rtrl",
                         choices=sorted(set(ALGORITHMS) - {"bptt"}),
                         help="online learning algorithm (default: %(default)s)")

@@ -1,12 +1,15 @@
-"""``python -m braintrace``: the main job, and the README's quotation of its output.
+"""``python -m braintrace``: the main job, and the record of its output the pages quote.
 
-The README quotes a full run and a ``--quick`` run between two markers, both written by
-``benchmarks/readme_main_job.py``. These tests check that the quotation is what the code prints
-today: the ``--quick`` run again (every number but the times), the full run's memory and data
-columns by compiling its train steps, and both runs' sentences from their tables.
+``benchmarks/readme_main_job.py`` records a full run and a ``--quick`` run in
+``benchmarks/results/main_job.json``; the README and the docs render their main-job blocks
+from it (``tests/test_tables.py`` checks the pages against it). These tests check that the
+record is what the code prints today: the ``--quick`` run again (every number but the times),
+the full run's memory and data columns by compiling its train steps, and both runs' sentences
+from their tables.
 """
 
 import importlib.util
+import json
 import pathlib
 import re
 import sys
@@ -98,25 +101,19 @@ class Quoted:
         return " ".join(self.after[:plot]), self.after[plot], " ".join(self.after[plot + 1:])
 
 
-def _readme_runs() -> tuple[Quoted, Quoted]:
-    """The full and the ``--quick`` run as the README's main-job block quotes them."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("\n## Two commands\n", 1)[1].split("\n## ", 1)[0]
-    assert section.count(script.BEGIN) == 1 and section.count(script.END) == 1, (
-        "README's main-job block is gone from 'Two commands'; restore its markers and run "
-        "`python benchmarks/readme_main_job.py`")
-    block = section.split(script.BEGIN, 1)[1].split(script.END, 1)[0]
-    full, quick = re.findall(r"^```\n(.*?)^```$", block, re.DOTALL | re.MULTILINE)
-    return Quoted(full), Quoted(quick)
+def _recorded_runs() -> tuple[Quoted, Quoted]:
+    """The full and the ``--quick`` run as ``main_job.json`` records them."""
+    runs = json.loads(script.RECORD.read_text())["runs"]
+    return Quoted(runs["full"]["output"]), Quoted(runs["quick"]["output"])
 
 
 def _stale(what: str) -> str:
-    return (f"{what}: the README quotes other numbers than the code prints; run `python "
-            "benchmarks/readme_main_job.py` and commit README.md")
+    return (f"{what}: main_job.json records other numbers than the code prints; run `python "
+            "benchmarks/readme_main_job.py` and commit the JSON and the pages")
 
 
-def test_readme_quotes_a_full_run_whose_sentences_match_its_table():
-    full, quick = _readme_runs()
+def test_the_record_holds_a_full_run_whose_sentences_match_its_table():
+    full, quick = _recorded_runs()
     results = full.results()
     assert [r.length for r in results] == [t for t in FULL["lengths"] for _ in range(2)]
     assert [r.method for r in results] == ["es_d_rtrl", "bptt"] * len(FULL["lengths"])
@@ -136,7 +133,7 @@ def test_readme_quotes_a_full_run_whose_sentences_match_its_table():
 
 
 def test_full_run_memory_and_data_are_what_its_train_steps_compile_to():
-    full, _ = _readme_runs()
+    full, _ = _recorded_runs()
     args = parse_args([])
     for row in full.rows:
         result = prepare(row[2], int(row[1]), args).result
@@ -146,10 +143,10 @@ def test_full_run_memory_and_data_are_what_its_train_steps_compile_to():
         assert _prints_as(result.data, row[7]), _stale(f"T={row[1]} {row[2]} data")
 
 
-def test_quick_run_prints_the_readme_numbers(tmp_path, monkeypatch, capsys):
-    # In this process, with the suite's XLA flags (faster to compile; the README's run had
+def test_quick_run_prints_the_recorded_numbers(tmp_path, monkeypatch, capsys):
+    # In this process, with the suite's XLA flags (faster to compile; the recorded run had
     # XLA's defaults): the same accuracy and loss, memory within a few hundred bytes.
-    _, quoted = _readme_runs()
+    _, quoted = _recorded_runs()
     monkeypatch.chdir(tmp_path)
     main(["--quick"])
     captured = capsys.readouterr()
@@ -267,16 +264,27 @@ def test_bad_options_are_refused_with_a_reason(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_regeneration_rewrites_only_the_block(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\nbefore\n\n{script.BEGIN}\nold\n{script.END}\n\nafter\n")
+def test_help_describes_every_column_of_the_table(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = capsys.readouterr().out
+    described = re.findall(r"^  (\S+(?: \S+)?) {2,}", text.split("the table it prints", 1)[1],
+                           flags=re.MULTILINE)
+    assert described == ["T", "method", "test acc", "test loss", "chunk", "memory", "data",
+                         "time/step", "compile", "(over budget)"]
+    assert all(column in HEADER for column in described[:-1])  # the printed header's names
+
+
+def test_the_record_holds_each_run_from_its_table_on_with_its_times():
     runs = [(f"preamble\n{HEADER}\nrow {name}\nplot: braintrace_main.png\n", 61.0, 58.5)
             for name in ("full", "quick")]
-    text = script.replace_block(readme.read_text(), script.block(*runs))
-    assert text.startswith("# x\n\nbefore\n\n" + script.BEGIN)
-    assert text.endswith(script.END + "\n\nafter\n")
-    assert "old" not in text and "preamble" not in text and "row quick" in text
-    assert "took 61 s (58 s of CPU time)" in text
-    with pytest.raises(SystemExit, match="has no block"):
-        script.replace_block("no markers", "")
+    recorded = script.record(*runs)
+    assert recorded["benchmark"] == "main_job"
+    assert recorded["environment"]["braintrace"]["commit"]
+    full, quick = recorded["runs"]["full"], recorded["runs"]["quick"]
+    assert full["output"] == f"{HEADER}\nrow full\nplot: braintrace_main.png"
+    assert "preamble" not in quick["output"] and "row quick" in quick["output"]
+    assert (full["command"], quick["command"]) == ("python -m braintrace",
+                                                   "python -m braintrace --quick")
+    assert (full["wall_s"], full["cpu_s"]) == (61.0, 58.5)
     assert sys.executable == script.COMMAND[0]

@@ -1,0 +1,551 @@
+"""The tables of the benchmark results, each rendered from committed JSONs.
+
+Each function of :data:`BLOCKS` takes a :class:`Results` (the folder of JSONs) and returns
+the Markdown of one generated block: a line that names its source (file, machine, commit,
+configuration) and a table. ``render_tables.py`` writes them into the pages; nothing here
+holds a measured number. A method, model or size that a new run adds to a JSON becomes a
+row or a column on the next render; a new algorithm of the README's table is one line of
+:data:`ALGORITHMS`.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import statistics
+import textwrap
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+DEVICE_NAMES = {"TPU v5 lite": "TPU v5e"}
+MISSING = "—"
+
+
+class Results:
+    """The JSONs of one results folder, each read once."""
+
+    def __init__(self, folder: pathlib.Path = RESULTS):
+        self.folder = pathlib.Path(folder)
+        self._cache: dict[str, Any] = {}
+        self.read: set[str] = set()
+
+    def __call__(self, name: str) -> Any:
+        if name not in self._cache:
+            path = self.folder / name
+            if not path.exists():
+                raise FileNotFoundError(f"{path}: a generated table reads it; run its benchmark "
+                                        "or remove the table's block")
+            self._cache[name] = json.loads(path.read_text())
+        self.read.add(name)
+        return self._cache[name]
+
+
+# -- formatting ------------------------------------------------------------------------------
+
+def ratio(r: float | None) -> str:
+    """``1.39×``: two decimals below 10, one below 100, none above."""
+    if r is None:
+        return MISSING
+    return f"{r:.2f}×" if r < 10 else f"{r:.1f}×" if r < 100 else f"{r:.0f}×"
+
+
+def size(n: float) -> str:
+    """Bytes in KiB, MiB or GiB."""
+    for unit in ("KiB", "MiB", "GiB"):
+        n /= 1024
+        if n < 1024 or unit == "GiB":
+            return f"{n:.3g} {unit}" if n < 10 else f"{n:.1f} {unit}" if n < 100 else \
+                f"{n:.0f} {unit}"
+    raise AssertionError
+
+
+def micro(us: float) -> str:
+    return f"{us:.3g} µs" if us < 100 else f"{us:.0f} µs"
+
+
+def wrap(text: str) -> str:
+    """A paragraph in lines of at most 100 characters (words and code spans kept whole)."""
+    return textwrap.fill(text, width=100, break_long_words=False, break_on_hyphens=False)
+
+
+def captioned(caption: str, *lines: str) -> str:
+    """A block: its caption (wrapped), a blank line, then ``lines``."""
+    return "\n".join([wrap(caption), "", *lines])
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def machine(env: dict[str, Any]) -> str:
+    """``a 2-core CPU``, ``one TPU v5e chip``."""
+    if env["backend"] == "cpu":
+        return f"a {env['cpu_count']}-core CPU"
+    kind = env.get("device_kind", env["backend"])
+    return f"one {DEVICE_NAMES.get(kind, kind)} chip"
+
+
+def source(results: Results, *names: str) -> str:
+    """Where a table's numbers come from: files, machine, commit."""
+    parts = []
+    for name in names:
+        env = results(name)["environment"]
+        state = env["braintrace"]
+        changes = " with uncommitted changes" if state.get("uncommitted_library_diff_sha1") else ""
+        parts.append(f"`benchmarks/results/{name}` ({machine(env)}, commit `{state['commit'][:7]}`{changes})")
+    return "; ".join(parts)
+
+
+def seconds(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} minutes"
+
+
+# -- the main job (python -m braintrace) -----------------------------------------------------
+
+def main_job_parts(output: str) -> tuple[list[str], list[str], list[str]]:
+    """The table (header and rows), the footnote with the plot line, the closing sentence."""
+    lines = output.strip("\n").splitlines()
+    plot = next(i for i, line in enumerate(lines) if line.startswith("plot: "))
+    notes = next(i for i, line in enumerate(lines) if line.startswith("chance accuracy"))
+    return lines[:notes], lines[notes:plot + 1], lines[plot + 1:]
+
+
+def _main_run(results: Results, run: str) -> dict[str, Any]:
+    return results("main_job.json")["runs"][run]
+
+
+def payoff(results: Results) -> str:
+    """The README's one sentence: online memory against BPTT's at the longest sequence."""
+    table_lines, _, _ = main_job_parts(_main_run(results, "full")["output"])
+    rows = [line.split() for line in table_lines[1:]]
+    online = [r for r in rows if r[1] != "bptt"]
+    bptt = [r for r in rows if r[1] == "bptt"]
+    memory = lambda row: " ".join(row[5:7])  # noqa: E731  (T, method, acc, loss, chunk, memory)
+    if len({memory(r) for r in online}) != 1:
+        raise ValueError("main_job.json: the online train step's memory is not the same at "
+                         "every length; the README's sentence says it is")
+    return wrap(f"In the main job below, the online train step takes **{memory(online[-1])}** "
+                f"per call at every sequence length up to T = {int(online[-1][0]):,}; BPTT's "
+                f"takes **{memory(bptt[-1])}** at T = {int(bptt[-1][0]):,}.")
+
+
+def main_job(results: Results) -> str:
+    run = results("main_job.json")
+    full = run["runs"]["full"]
+    table_lines, _, closing = main_job_parts(full["output"])
+    return captioned(
+        f"On {machine(run['environment'])} it took {seconds(full['wall_s'])} and printed "
+        "(`benchmarks/results/main_job.json`; `python -m braintrace --help` says what each "
+        "column is):",
+        "```", *table_lines, *closing, "```")
+
+
+def _main_job_run(results: Results, run: str, command: str) -> str:
+    record = _main_run(results, run)
+    env = results("main_job.json")["environment"]
+    return captioned(f"`{command}` on {machine(env)}, {seconds(record['wall_s'])} "
+                     f"({seconds(record['cpu_s'])} of CPU time):",
+                     "```", record["output"].strip("\n"), "```")
+
+
+# -- the README's algorithms -----------------------------------------------------------------
+
+class Algorithm(NamedTuple):
+    """One row of the README's algorithms table.
+
+    ``key`` names it in ``throughput*.json`` and ``tasks.json``; ``time_key`` /
+    ``task_key`` where the two name it differently (``None``: not measured there).
+    """
+
+    key: str
+    label: str
+    exact: str
+    memory: str
+    time_key: str | None = ""
+    task_key: str | None = ""
+
+    def keys(self) -> tuple[str | None, str | None]:
+        return (self.key if self.time_key == "" else self.time_key,
+                self.key if self.task_key == "" else self.task_key)
+
+
+ALGORITHMS = (
+    Algorithm("d_rtrl", "`DRTRL()`, `'d_rtrl'`",
+              "the recurrence is position-diagonal and each weight reaches its state "
+              "elementwise (leaky, LIF/ALIF, minGRU, one LRU)", "`O(B·\\|θ\\|·S)`"),
+    Algorithm("es_d_rtrl", "`ESDRTRL()`, `'es_d_rtrl'`",
+              "`T = 1` only (a smoothed factorisation of D-RTRL's traces)", "`O(B·(I + O·S))`"),
+    Algorithm("windowed", "`DRTRL()` with `chunk_size=16`",
+              "inside each window of 16 steps (exact reverse mode there)", "+ one window",
+              time_key=None, task_key="d_rtrl@16"),
+    Algorithm("eprop", "`EProp(kappa)`, `'eprop'`",
+              "`kappa = 0` with symmetric feedback (it is then D-RTRL)", "2 × D-RTRL"),
+    Algorithm("ostl_recurrent", "`OSTLRecurrent()`", "as D-RTRL, in the coupled scope",
+              "as D-RTRL"),
+    Algorithm("ostl_feedforward", "`OSTLFeedforward()`", "`T = 1` only", "as ES-D-RTRL"),
+    Algorithm("rtrl", "`RTRL()`, `'rtrl'`",
+              "every trainable operation is an ETP op (recurrent kernels included)",
+              "`O(B·\\|θ\\|·N)`"),
+    Algorithm("snap", "`SnAp(n)`, `'snap'`",
+              "`n` at least the model's saturation (then it is RTRL)", "RTRL's, masked"),
+    Algorithm("uoro", "`UORO()`, `'uoro'`", "never: unbiased, one random draw",
+              "`O(B·(N + \\|θ\\|))`"),
+    Algorithm("three_factor", "`ThreeFactor()`",
+              "a modulated rule; D-RTRL when the modulator is `∂L_t/∂h^t`", "as D-RTRL"),
+    Algorithm("dni", "`DNI(synthesizer)`", "with a perfect synthesiser",
+              "the base's + the synthesiser"),
+    Algorithm("bptt", "`BPTT()`, `'bptt'`", "always (the reference)", "`O(T·B·N)`: grows with T"),
+)
+TIME_MODEL = "snn"
+"""The throughput benchmark's model whose times the README's table shows."""
+LEARNING = ("spiking_digits", "alif")
+"""The task and model of ``tasks.json`` whose accuracies the README's table shows."""
+
+
+def _timing(results: Results, name: str) -> tuple[str, str]:
+    """The key of the online methods' time over BPTT's in ``name``, and what it times:
+    ``online_grad`` in a jitted step where the run measured it, else ``etrace_grad``."""
+    methods = results(name)["results"][TIME_MODEL]["methods"]
+    if any("jit_ratio_to_bptt" in e for e in methods.values()):
+        return "jit_ratio_to_bptt", "`online_grad` in a jitted step"
+    return "ratio_to_bptt", "`etrace_grad`"
+
+
+def algorithms(results: Results) -> str:
+    times = []
+    for name in ("throughput.json", "throughput_tpu.json"):
+        key, how = _timing(results, name)
+        run = results(name)
+        times.append((run["results"][TIME_MODEL]["methods"], key,
+                      f"T = {run['config']['T']} on {machine(run['environment'])} ({how})"))
+    task, model = LEARNING
+    rows_of_task = results("tasks.json")["results"][task][model]
+    reference = rows_of_task["bptt"]["test_accuracy_mean"]
+
+    def time_cell(methods: dict[str, Any], key: str, method: str | None) -> str:
+        if method == "bptt":
+            return ratio(1.0)
+        entry = methods.get(method) if method else None
+        return ratio(entry[key]) if entry else MISSING
+
+    rows = []
+    for a in ALGORITHMS:
+        time_key, task_key = a.keys()
+        row = rows_of_task.get(task_key, {}) if task_key else {}
+        learn = (ratio(row["test_accuracy_mean"] / reference) if "test_accuracy_mean" in row
+                 else MISSING)
+        rows.append((a.label, a.exact, a.memory,
+                     *(time_cell(methods, key, time_key) for methods, key, _ in times), learn))
+    config = results("throughput.json")["config"]
+    caption = (
+        f"Time and accuracy as ratios to BPTT's ({MISSING}: not measured). Time: the "
+        f"`{TIME_MODEL}` model of the benchmarks (hidden {config['hidden']}, batch "
+        f"{config['batch']}), {' and '.join(what for _, _, what in times)}. Accuracy: "
+        f"{task.replace('_', ' ')}, the `{model}` network (hidden "
+        f"{rows_of_task['bptt']['hidden']}), test accuracy over BPTT's {reference:.3f}. `B` "
+        "batch, `|θ|` weights, `S` states per neuron, `I`/`O` a layer's inputs/outputs, `N` "
+        "hidden units.")
+    return captioned(caption, *table(("algorithm", "exact (= BPTT) when", "trace memory",
+                                      "time, CPU", "time, TPU", "accuracy"), rows))
+
+
+# -- memory, throughput, fidelity ------------------------------------------------------------
+
+def memory(results: Results) -> str:
+    run = results("memory_vs_length.json")
+    config = run["config"]
+    lengths = config["lengths"]
+    cells: dict[tuple[str, str], dict[int, str]] = {}
+    for r in run["results"]:
+        cell = (f"{size(r['xla']['temp_bytes'])} / {size(r['rss']['peak_bytes'])}"
+                if r.get("executed") else f"{size(r['xla']['temp_bytes'])} / not run")
+        cells.setdefault((r["model"], r["method"]), {})[r["T"]] = cell
+    rows = [(f"`{model}`", f"`{method}`", *(c.get(t, MISSING) for t in lengths))
+            for (model, method), c in cells.items()]
+    return captioned(
+        f"{source(results, 'memory_vs_length.json')}: hidden {config['hidden']}, batch "
+        f"{config['batch']}; `_streamed`: chunks of {config['stream_chunk']} steps. Per cell: "
+        "XLA temporary memory of the compiled pass / peak RSS of its process.",
+        *table(("model", "method", *(f"T = {t:,}" for t in lengths)), rows))
+
+
+_THROUGHPUT_FIGURES = (("ratio_to_bptt", "`etrace_grad`"),
+                       ("jit_ratio_to_bptt", "`online_grad` in a jitted step"),
+                       ("device_ratio_to_bptt", "the device's own time"))
+
+
+def _throughput(results: Results, names: Sequence[str]) -> str:
+    columns = [(name, model) for name in names for model in results(name)["results"]]
+    figures = [(key, what) for key, what in _THROUGHPUT_FIGURES
+               if any(key in e for name, model in columns
+                      for e in results(name)["results"][model]["methods"].values())]
+    methods = list(dict.fromkeys(m for name, model in columns
+                                 for m in results(name)["results"][model]["methods"]))
+
+    def cell(name: str, model: str, method: str) -> str:
+        entry = results(name)["results"][model]["methods"].get(method)
+        if entry is None:
+            return MISSING
+        if method == "bptt":
+            device = (f" ({micro(entry['device_step_us'])} on the device)"
+                      if "device_step_us" in entry else "")
+            return f"{micro(entry['step_us_median'])} per step{device}"
+        return " / ".join(ratio(entry[key]) if key in entry else MISSING for key, _ in figures)
+
+    def heading(name: str, model: str) -> str:
+        config = results(name)["config"]
+        sizes = (config["demo_model"] if model == "demo" else config)
+        return f"`{model}`, hidden {sizes['hidden']}, batch {sizes['batch']}, T = {config['T']}"
+
+    rows = [(f"`{m}`", *(cell(n, model, m) for n, model in columns)) for m in methods]
+    return captioned(
+        f"{source(results, *names)}. BPTT's time per step, then each method's over BPTT's: "
+        + " / ".join(what for _, what in figures) + ".",
+        *table(("method", *(heading(n, model) for n, model in columns)), rows))
+
+
+def throughput_cpu(results: Results) -> str:
+    return _throughput(results, ("throughput.json",))
+
+
+def throughput_tpu(results: Results) -> str:
+    return _throughput(results, ("throughput_tpu.json", "throughput_tpu_h1024.json"))
+
+
+def fidelity(results: Results) -> str:
+    run = results("fidelity.json")
+    columns = [(c, m) for c, config in run["results"].items() for m in config["models"]]
+    methods = list(dict.fromkeys(a for c, m in columns
+                                 for a in run["results"][c]["models"][m]["algorithms"]))
+
+    def cell(c: str, m: str, a: str) -> str:
+        entry = run["results"][c]["models"][m]["algorithms"].get(a, {})
+        if "cosine" not in entry:
+            return MISSING
+        return f"{entry['cosine']:.3f} / {entry['cosine_recurrent_layers']:.3f}"
+
+    def heading(c: str, m: str) -> str:
+        config = run["results"][c]["config"]
+        return f"`{m}`, hidden {config['hidden']}, T = {config['T']}"
+
+    rows = [(f"`{a}`", *(cell(c, m, a) for c, m in columns)) for a in methods]
+    rows.append(("random direction (control)", *(
+        f"{run['results'][c]['models'][m]['control_random_direction']['cosine']:.3f}"
+        for c, m in columns)))
+    return captioned(
+        f"{source(results, 'fidelity.json')}, {run['dtype']}. Cosine to BPTT's gradient: all "
+        "Params / the recurrent layers only.",
+        *table(("algorithm", *(heading(c, m) for c, m in columns)), rows))
+
+
+# -- tasks, devices, scale -------------------------------------------------------------------
+
+def tasks(results: Results) -> str:
+    run = results("tasks.json")
+    config = run["config"]
+    rows_in = [(t, m, row) for t, models in run["results"].items() for m, row in models.items()]
+    methods = list(dict.fromkeys(meth for _, _, row in rows_in for meth in row))
+
+    def cell(entry: dict[str, Any] | None) -> str:
+        if not entry or "test_accuracy_mean" not in entry:
+            return MISSING
+        return f"{entry['test_accuracy_mean']:.3f} ± {entry['test_accuracy_std']:.3f}"
+
+    rows = [(t.replace("_", " "), f"`{m}`", *(cell(row.get(meth)) for meth in methods))
+            for t, m, row in rows_in]
+    return captioned(
+        f"{source(results, 'tasks.json')}: test accuracy, mean ± std over {config['seeds']} "
+        f"seeds; hidden {config['hidden']} (`@small` and the methods beside it: "
+        f"{config['small_hidden']}), batch {config['batch']}, {config['steps']} Adam steps, "
+        f"rate per row from {config['lrs']} on the validation split.",
+        *table(("task", "model", *(f"`{m}`" for m in methods)), rows))
+
+
+def _sharding(results: Results, mode: str) -> str:
+    run = results("sharding.json")
+    records = [r for r in run["results"] if r["mode"] == mode]
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    by = {(r["devices"], r["method"]): r for r in records}
+
+    def cell(devices: int, show: Callable[[dict[str, Any]], str]) -> str:
+        return " / ".join(show(by[devices, m]) if (devices, m) in by else MISSING
+                          for m in methods)
+
+    rows = [(str(n), cell(n, lambda r: size(r["trace_bytes_per_device"])),
+             cell(n, lambda r: size(r["param_bytes_per_device"])),
+             cell(n, lambda r: size(r["xla_temp_bytes_per_device"])),
+             cell(n, lambda r: f"{r['etrace_grad_ms_per_step']:.2f}"),
+             cell(n, lambda r: f"{r['trainer_ms_per_step']:.2f}"))
+            for n in sorted({r["devices"] for r in records})]
+    first = records[0]
+    return captioned(
+        f"{source(results, 'sharding.json')}: `{first['model']}` model, hidden "
+        f"{first['hidden']}, batch {first['batch']}, T = {first['T']}; per cell "
+        + " / ".join(f"`{m}`" for m in methods) + ". Forced host devices share the CPU's "
+        "cores, so times show the cost of partitioning, not a speed-up.",
+        *table(("devices", "traces per device", "Params per device", "XLA temp per device",
+                "`etrace_grad` ms/step", "`OnlineTrainer` ms/step"), rows))
+
+
+def sharding_data(results: Results) -> str:
+    return _sharding(results, "data")
+
+
+def sharding_neuron(results: Results) -> str:
+    return _sharding(results, "neuron")
+
+
+def _scale(results: Results, names: Sequence[str]) -> str:
+    rows = []
+    for name in names:
+        run = results(name)
+        for r in run["results"]:
+            summary = run["summary"].get(f"N={r['neurons']},T={r['T']}", {}).get(r["method"], {})
+            if not r.get("executed"):
+                figures = (f"not run: {r.get('skipped_reason', r.get('error', ''))}",
+                           MISSING, MISSING, MISSING)
+            else:
+                figures = (f"{r['s_per_update']:.3g} s",
+                           ratio(summary.get("time_ratio_to_bptt")),
+                           f"{summary['peak_rss_gib']:.2f} GiB",
+                           f"{summary['xla_peak_gib']:.2f} GiB")
+            loop = r.get("loop") or MISSING
+            rows.append((f"{r['neurons']:,}", str(r["T"]), f"`{r['method']}`", loop, *figures))
+    config = results(names[0])["config"]
+    return captioned(
+        f"{source(results, *names)}: batch {config['batch']}, {config['degree']} synapses per "
+        f"neuron; seconds per update (median of {config['repeats']} after a warm-up).",
+        *table(("neurons", "T", "method", "loop", "s/update", "× BPTT", "peak RSS", "XLA peak"),
+               rows))
+
+
+def scale_cpu(results: Results) -> str:
+    return _scale(results, ("scale.json", "scale_t300.json"))
+
+
+def scale_tpu(results: Results) -> str:
+    return _scale(results, ("scale_tpu.json", "scale_tpu_t300.json"))
+
+
+# -- the smaller benchmarks ------------------------------------------------------------------
+
+def sparse(results: Results) -> str:
+    run = results("sparse.json")
+    config = run["config"]
+    methods = list(run["results"])
+    variants = list(dict.fromkeys(v for m in methods for v in run["results"][m]))
+    first = run["results"][methods[0]]
+    rows = [(f"`{v}`", f"{first[v]['connections']:,}",
+             f"{size(first[v]['trace_bytes'])} ({ratio(first[v]['trace_ratio_to_dense'])})",
+             *(f"{micro(e['step_us_median'])} ({ratio(e['step_ratio_to_dense'])})"
+               for e in (run["results"][m][v] for m in methods)))
+            for v in variants]
+    return captioned(
+        f"{source(results, 'sparse.json')}: {config['inputs']} inputs, hidden "
+        f"{config['hidden']}, batch {config['batch']}, T = {config['T']}; in brackets, over "
+        "the dense layer's.",
+        *table(("connectivity", "connections", "trace",
+                *(f"`{m}` time per step" for m in methods)), rows))
+
+
+def trainer_step(results: Results) -> str:
+    run = results("trainer_step.json")
+    variants = [*run["variants"], "per_step_floor"]
+    rows = [(f"`{model}`", f"`{method}`", *(
+        f"{e[v]['step_us']:.0f} µs ({ratio(e[v]['ratio_to_grad'])})" for v in variants))
+            for model, methods in run["models"].items() for method, e in methods.items()]
+    config = run["config"]
+    return captioned(
+        f"{source(results, 'trainer_step.json')}: hidden {config['hidden']}, batch "
+        f"{config['batch']}, T = {run['T']}; time per step (over the blocked `etrace_grad`'s).",
+        *table(("model", "method", *(f"`{v}`" for v in variants)), rows))
+
+
+def fast_signal(results: Results) -> str:
+    run = results("fast_signal.json")
+    methods = run["methods"]
+    rows = []
+    for model, lengths in run["models"].items():
+        for length, entries in lengths.items():
+            rows.append((f"`{model}`", length, *(
+                ratio(entries[m]["ratio_to_bptt"])
+                + (f", cosine {entries[m]['cosine']:.3f}" if "cosine" in entries[m] else "")
+                for m in methods)))
+    config = run["config"]
+    return captioned(
+        f"{source(results, 'fast_signal.json')}: hidden {config['hidden']}, batch "
+        f"{config['batch']}; time per step over BPTT's, cosine of the gradient to BPTT's.",
+        *table(("model", "T", *(f"`{m}`" for m in methods)), rows))
+
+
+def published(results: Results) -> str:
+    run = results("published.json")
+    models = list(run["models"])
+    methods = list(dict.fromkeys(m for e in run["models"].values() for m in e["methods"]))
+
+    def time(e: dict[str, Any]) -> str:
+        against = (f" / {ratio(statistics.median(e['ratio_to_published_per_round']))}"
+                   if "ratio_to_published_per_round" in e else "")
+        return f"{e['ms_per_step']:.3f} ms ({ratio(e['ratio_to_our_bptt'])}{against})"
+
+    def cells(model: str, method: str) -> tuple[str, str]:
+        e = run["models"][model]["methods"].get(method)
+        return (time(e), f"{e['cosine']:.4f}") if e else (MISSING, MISSING)
+
+    rows = [(f"`{m}`", *(c for model in models for c in cells(model, m))) for m in methods]
+    config = run["config"]
+    return captioned(
+        f"{source(results, 'published.json')}: hidden {config['hidden']}, batch "
+        f"{config['batch']}, T = {config['T']}, medians over {run['rounds']} rounds; `pub:` the "
+        "published library's methods. Time per step (over our BPTT's / over the published "
+        "counterpart's), cosine of the gradient to our BPTT's.",
+        *table(("method", *(f"`{model}` {what}" for model in models
+                            for what in ("time per step", "cosine"))), rows))
+
+
+def mingru_credit(results: Results) -> str:
+    run = results("mingru_credit.json")
+    checkpoints = [str(c) for c in run["config"]["checkpoints"]]
+    rows = []
+    for t in run["trajectories"]:
+        for method in run["config"]["methods"]:
+            if method == "bptt":
+                continue
+            layer = [t["checkpoints"][c][method]["l1"] for c in checkpoints]
+            rows.append((f"`{t['spec']}` (seed {t['seed']})", f"`{method}`",
+                         *(f"{e['cos']:.3f} / {e['norm_ratio']:.2f}" for e in layer)))
+    runs = [*run["trajectories"], *run["hybrids"]]
+    return captioned(
+        f"{source(results, 'mingru_credit.json')}: {run['task']}; layer 1's gradient at the "
+        "Params of one training run (cosine to BPTT's / norm over BPTT's) after each number of "
+        "steps:",
+        *table(("trained by", "gradient of", *(f"step {c}" for c in checkpoints)), rows), "",
+        wrap("Test accuracy after training (`A+l1:B`: A's gradient, layer 1's from B; `zero`: "
+             "layer 1 frozen):"), "",
+        *table([f"`{r['spec']}`" for r in runs], [[f"{r['test_accuracy']:.3f}" for r in runs]]))
+
+
+BLOCKS: dict[str, Callable[[Results], str]] = {
+    "payoff": payoff,
+    "main_job": main_job,
+    "main_job_full": lambda r: _main_job_run(r, "full", "python -m braintrace"),
+    "main_job_quick": lambda r: _main_job_run(r, "quick", "python -m braintrace --quick"),
+    "algorithms": algorithms,
+    "memory": memory,
+    "throughput_cpu": throughput_cpu,
+    "throughput_tpu": throughput_tpu,
+    "fidelity": fidelity,
+    "tasks": tasks,
+    "sharding_data": sharding_data,
+    "sharding_neuron": sharding_neuron,
+    "scale_cpu": scale_cpu,
+    "scale_tpu": scale_tpu,
+    "sparse": sparse,
+    "trainer_step": trainer_step,
+    "fast_signal": fast_signal,
+    "published": published,
+    "mingru_credit": mingru_credit,
+}
+"""Every generated block, by the name its markers carry."""
