@@ -363,38 +363,33 @@ def tasks(results: Results) -> str:
         *table(("task", "model", *(f"`{m}`" for m in methods)), rows))
 
 
-def _sharding(results: Results, mode: str) -> str:
+def sharding(results: Results) -> str:
     run = results("sharding.json")
-    records = [r for r in run["results"] if r["mode"] == mode]
+    records = run["results"]
     methods = list(dict.fromkeys(r["method"] for r in records))
-    by = {(r["devices"], r["method"]): r for r in records}
+    by = {(r["mode"], r["devices"], r["method"]): r for r in records}
 
-    def cell(devices: int, show: Callable[[dict[str, Any]], str]) -> str:
-        return " / ".join(show(by[devices, m]) if (devices, m) in by else MISSING
+    def cell(mode: str, devices: int, show: Callable[[dict[str, Any]], str]) -> str:
+        return " / ".join(show(by[mode, devices, m]) if (mode, devices, m) in by else MISSING
                           for m in methods)
 
-    rows = [(str(n), cell(n, lambda r: size(r["trace_bytes_per_device"])),
-             cell(n, lambda r: size(r["param_bytes_per_device"])),
-             cell(n, lambda r: size(r["xla_temp_bytes_per_device"])),
-             cell(n, lambda r: f"{r['etrace_grad_ms_per_step']:.2f}"),
-             cell(n, lambda r: f"{r['trainer_ms_per_step']:.2f}"))
-            for n in sorted({r["devices"] for r in records})]
+    rows = []
+    for mode, devices in dict.fromkeys((r["mode"], r["devices"]) for r in records):
+        model = by[mode, devices, methods[0]]
+        rows.append((f"{mode}: `{model['model']}`, hidden {model['hidden']}", str(devices),
+                     cell(mode, devices, lambda r: size(r["trace_bytes_per_device"])),
+                     cell(mode, devices, lambda r: size(r["param_bytes_per_device"])),
+                     cell(mode, devices, lambda r: size(r["xla_temp_bytes_per_device"])),
+                     cell(mode, devices, lambda r: f"{r['etrace_grad_ms_per_step']:.2f}"),
+                     cell(mode, devices, lambda r: f"{r['trainer_ms_per_step']:.2f}")))
     first = records[0]
     return captioned(
-        f"{source(results, 'sharding.json')}: `{first['model']}` model, hidden "
-        f"{first['hidden']}, batch {first['batch']}, T = {first['T']}; per cell "
-        + " / ".join(f"`{m}`" for m in methods) + ". Forced host devices share the CPU's "
-        "cores, so times show the cost of partitioning, not a speed-up.",
-        *table(("devices", "traces per device", "Params per device", "XLA temp per device",
-                "`etrace_grad` ms/step", "`OnlineTrainer` ms/step"), rows))
-
-
-def sharding_data(results: Results) -> str:
-    return _sharding(results, "data")
-
-
-def sharding_neuron(results: Results) -> str:
-    return _sharding(results, "neuron")
+        f"{source(results, 'sharding.json')}: batch {first['batch']}, T = {first['T']}; per "
+        "cell " + " / ".join(f"`{m}`" for m in methods) + ". Forced host devices share the "
+        "CPU's cores, so times show the cost of partitioning, not a speed-up.",
+        *table(("split", "devices", "traces per device", "Params per device",
+                "XLA temp per device", "`etrace_grad` ms/step", "`OnlineTrainer` ms/step"),
+               rows))
 
 
 def _scale(results: Results, names: Sequence[str]) -> str:
@@ -538,8 +533,7 @@ BLOCKS: dict[str, Callable[[Results], str]] = {
     "throughput_tpu": throughput_tpu,
     "fidelity": fidelity,
     "tasks": tasks,
-    "sharding_data": sharding_data,
-    "sharding_neuron": sharding_neuron,
+    "sharding": sharding,
     "scale_cpu": scale_cpu,
     "scale_tpu": scale_tpu,
     "sparse": sparse,

@@ -365,3 +365,59 @@ def _check_dropout(example):
     np.testing.assert_allclose(evaluations[0],
                                braintrace.evaluate(plain, xs, batch_size=example["BATCH"]),
                                rtol=1e-6, atol=1e-6)
+
+
+def _run_page(page: pathlib.Path) -> dict:
+    """Runs the page's ``python`` blocks in order, in one namespace, as a reader would."""
+    namespace: dict = {"__name__": "__main__"}
+    for block in re.findall(r"^```python\n(.*?)^```$", page.read_text(), re.DOTALL | re.MULTILINE):
+        exec(compile(block, str(page.relative_to(ROOT)), "exec"), namespace)  # noqa: S102
+    return namespace
+
+
+def _check_tasks(ns):
+    history = ns["history"]
+    assert len(history) == 40  # the budget ends the endless stream
+    assert list(ns["steps"]) == [10, 20, 30, 40]
+    assert all(0.0 <= a <= 1.0 for a in ns["val_accuracy"])
+    assert all("val_mean_output" in record for record in history.evaluations)
+
+
+def _check_devices(ns):
+    want = nnx.to_pure_dict(nnx.state(ns["model"], nnx.Param))
+    got = nnx.to_pure_dict(ns["grads"])  # the neuron-split learner's gradients
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(got))
+    assert ns["learner"].mesh.axis_names == ("data", "neuron")
+
+
+def _check_checkpoints(ns):
+    assert ns["restored_step"] == 4
+    params = lambda trainer: nnx.to_pure_dict(nnx.state(trainer.learner.model, nnx.Param))
+    jax.tree.map(np.testing.assert_array_equal, params(ns["resumed"]), params(ns["trainer"]))
+    jax.tree.map(np.testing.assert_array_equal, nnx.to_pure_dict(ns["params"]),
+                 params(ns["trainer"]))  # plain orbax read the Params without braintrace
+    fresh = nnx.to_pure_dict(nnx.state(ns["net"](), nnx.Param))
+    assert _differs(fresh, params(ns["trainer"]))  # the negative control: training moved them
+
+
+def _check_nir(ns):
+    assert ns["y"].shape == (8, 2)
+    assert [type(layer).__name__ for layer in ns["restored"].layers] == [
+        "ETPLinear", "LIF", "LeakyReadout"]
+
+
+PAGE_CHECKS = {"tasks.md": _check_tasks, "devices.md": _check_devices,
+               "checkpoints.md": _check_checkpoints, "nir.md": _check_nir}
+"""Each page whose code the reader runs, and what the page says that code does."""
+
+
+def test_every_page_with_python_code_is_run_by_a_test():
+    with_code = {page.name for page in DOCS.glob("*.md") if "```python" in page.read_text()}
+    assert with_code == set(PAGE_CHECKS)
+
+
+@pytest.mark.parametrize("page", sorted(PAGE_CHECKS))
+def test_page_code_runs_and_does_what_the_page_says(page, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    PAGE_CHECKS[page](_run_page(DOCS / page))

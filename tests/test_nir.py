@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import pathlib
-import re
 import subprocess
 import sys
 
@@ -385,12 +383,3 @@ def test_braintrace_nir_imports_without_nir_and_says_how_to_install_it():
     lines = result.stdout.splitlines()
     assert len(lines) == 2 and all('pip install -e ".[nir]"' in line for line in lines)
     assert "to_nir" in lines[0] and "from_nir" in lines[1]
-
-
-def test_readme_nir_snippet_runs():
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## NIR interchange", 1)[1].split("\n## ", 1)[0]
-    (snippet,) = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
-    namespace: dict = {}
-    exec(compile(snippet, "README.md", "exec"), namespace)  # noqa: S102
-    assert namespace["restored"](namespace["x"]).shape == (8, 2)
