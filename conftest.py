@@ -23,7 +23,7 @@ os.environ.setdefault("BRAINTRACE_QUICK", "1")
 # files: 11.8 s -> 10.0 s); the whole suite, three workers, 6 min 16 s -> 5 min 36 s.
 # SUITE_XLA_FLAGS names what was added, for tests/helpers.py::subprocess_env.
 #
-# On an accelerator (BRAINTRACE_DEVICE_TESTS=1, README "On a TPU or GPU") none of this: the
+# On an accelerator (BRAINTRACE_DEVICE_TESTS=1, docs/accelerators.md) none of this: the
 # flags are XLA:CPU's, and matrix products run at full float32 precision, as the exactness
 # tests assume (at JAX's default precision a TPU multiplies float32 in bfloat16 passes).
 _FAST_COMPILE = "--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1"

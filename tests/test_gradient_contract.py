@@ -212,7 +212,7 @@ def test_rtrl_refuses_influence_matrices_over_its_budget():
 
 SNAP_SATURATION = {"dense": 1, "lif": 1, "gru": 2, "lstm": 2, "simple-cell": 2,
                    "recurrent-lif-2-layers": 2, "alif-learned-taus": 2, "recurrent-alif": 3}
-"""The ``n`` from which SnAp(n) is RTRL, as the docstring and README state it: a diagonal
+"""The ``n`` from which SnAp(n) is RTRL, as the docstring and docs/algorithms.md state it: a diagonal
 model 1, a dense recurrence of one state per unit (and an LSTM) 2, ALIF's adaptation 2 without
 recurrence and 3 with (``v_j → v_k → a_k``)."""
 

@@ -1,7 +1,7 @@
 """What a mask weighs 0 is ignored, even when it is not finite (float64, against BPTT).
 
 A batch of sequences of lengths 6, 4 and 2 is padded to ``T = 6``: the padding
-is NaN, in the targets and in the inputs. The README promises that padded
+is NaN, in the targets and in the inputs. docs/tasks.md promises that padded
 steps add nothing to the loss, the gradient or the metrics, so every driver
 must give the masked BPTT oracle of the *finite* batch (the padding replaced by
 zeros). ``0 · nan = nan``: a mask that only multiplies leaks the NaN.

@@ -95,7 +95,7 @@ def union(maps: Sequence[PositionMap], shape: Sequence[int]) -> PositionMap:
     Maps equal to an earlier one are skipped (an operation reading one value
     twice, or values of one layout), and a single remaining map of the output
     shape is returned as it is: at 131k neurons concatenating and sorting copies
-    of one map was most of ``compile``'s memory (``benchmarks/README.md``, Scale).
+    of one map was most of ``compile``'s memory (``benchmarks/scale.py``).
     """
     distinct: list[PositionMap] = []
     for m in maps:

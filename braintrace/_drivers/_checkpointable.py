@@ -52,7 +52,7 @@ class Checkpointable(abc.ABC):
         sharded arrays included; on several hosts every process calls this. The
         Params are its item ``params``, ``nnx.state(model, nnx.Param)`` under its
         Flax paths, which plain orbax and Flax restore without braintrace
-        (README: "Checkpoints"); an :class:`~braintrace.OnlineTrainer` adds its
+        (``docs/checkpoints.md``); an :class:`~braintrace.OnlineTrainer` adds its
         optax state as the item ``opt_state``. It carries a SHA-256 digest of
         its files, checked by :meth:`restore`. For numbered steps, keep-last-N
         and keep-best, use :class:`braintrace.CheckpointManager`.

@@ -15,7 +15,7 @@ A ``segment_sum`` over ``post`` scatters every product into ``y``, and a
 reduction over ``rows`` of gathered products makes XLA:CPU materialise the
 gathers first (``rows × nnz`` values: 3.75 GiB for a block of 960 rows at
 ``nnz = 2^20``). How the sums are written decides how XLA:CPU fuses them
-(timings in ``benchmarks/README.md``, section "Scale"):
+(timed by the ``ops`` of ``benchmarks/scale.py``):
 
 * over slots (:func:`slot_product`): in a loop of at least two groups of up to
   :data:`SLOT_GROUP` slots, so that ``y`` is one buffer; written out as one

@@ -48,7 +48,7 @@ def _whole_inputs(x: jax.Array) -> jax.Array:
     once per product; left to itself it gathered each row a loop reads on its own (eight
     all-gathers per step of :func:`~braintrace._primitives._sparse_kernels.sum_rows`, and
     all-to-alls). Fewer collectives that can be in flight at once are also what keeps
-    forced host devices from waiting in different ones (README, "More than one device"):
+    forced host devices from waiting in different ones (``docs/devices.md``):
     a 4-device D-RTRL program of a spiking net held 79 all-gathers and 4 all-to-alls; 41
     and none with this, 17 with it and the identity map of
     ``InputRelation.gather_hidden`` kept as is. The other axes keep their sharding (a
