@@ -1,255 +1,31 @@
-"""The tables of the benchmark results, each rendered from committed JSONs.
+"""Every generated block, by name (:data:`BLOCKS`), and the benchmarks' tables.
 
 Each function of :data:`BLOCKS` takes a :class:`Results` (the folder of JSONs) and returns
 the Markdown of one generated block: a line that names its source (file, machine, commit,
 configuration) and a table. ``render_tables.py`` writes them into the pages; nothing here
 holds a measured number. A method, model or size that a new run adds to a JSON becomes a
 row or a column on the next render; a new algorithm of the README's table is one line of
-:data:`ALGORITHMS`.
+``_readme_tables.ALGORITHMS``.
 """
 
 from __future__ import annotations
 
-import json
-import pathlib
 import statistics
-import textwrap
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
-DEVICE_NAMES = {"TPU v5 lite": "TPU v5e"}
-MISSING = "—"
-
-
-class Results:
-    """The JSONs of one results folder, each read once."""
-
-    def __init__(self, folder: pathlib.Path = RESULTS):
-        self.folder = pathlib.Path(folder)
-        self._cache: dict[str, Any] = {}
-        self.read: set[str] = set()
-
-    def __call__(self, name: str) -> Any:
-        if name not in self._cache:
-            path = self.folder / name
-            if not path.exists():
-                raise FileNotFoundError(f"{path}: a generated table reads it; run its benchmark "
-                                        "or remove the table's block")
-            self._cache[name] = json.loads(path.read_text())
-        self.read.add(name)
-        return self._cache[name]
-
-
-# -- formatting ------------------------------------------------------------------------------
-
-def ratio(r: float | None) -> str:
-    """``1.39×``: two decimals below 10, one below 100, none above."""
-    if r is None:
-        return MISSING
-    return f"{r:.2f}×" if r < 10 else f"{r:.1f}×" if r < 100 else f"{r:.0f}×"
-
-
-def size(n: float) -> str:
-    """Bytes in KiB, MiB or GiB."""
-    for unit in ("KiB", "MiB", "GiB"):
-        n /= 1024
-        if n < 1024 or unit == "GiB":
-            return f"{n:.3g} {unit}" if n < 10 else f"{n:.1f} {unit}" if n < 100 else \
-                f"{n:.0f} {unit}"
-    raise AssertionError
-
-
-def micro(us: float) -> str:
-    return f"{us:.3g} µs" if us < 100 else f"{us:.0f} µs"
-
-
-def wrap(text: str) -> str:
-    """A paragraph in lines of at most 100 characters (words and code spans kept whole)."""
-    return textwrap.fill(text, width=100, break_long_words=False, break_on_hyphens=False)
-
-
-def captioned(caption: str, *lines: str) -> str:
-    """A block: its caption (wrapped), a blank line, then ``lines``."""
-    return "\n".join([wrap(caption), "", *lines])
-
-
-def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
-
-
-def machine(env: dict[str, Any]) -> str:
-    """``a 2-core CPU``, ``one TPU v5e chip``."""
-    if env["backend"] == "cpu":
-        return f"a {env['cpu_count']}-core CPU"
-    kind = env.get("device_kind", env["backend"])
-    return f"one {DEVICE_NAMES.get(kind, kind)} chip"
-
-
-def source(results: Results, *names: str) -> str:
-    """Where a table's numbers come from: files, machine, commit."""
-    parts = []
-    for name in names:
-        env = results(name)["environment"]
-        state = env["braintrace"]
-        changes = " with uncommitted changes" if state.get("uncommitted_library_diff_sha1") else ""
-        parts.append(f"`benchmarks/results/{name}` ({machine(env)}, commit `{state['commit'][:7]}`{changes})")
-    return "; ".join(parts)
-
-
-def seconds(s: float) -> str:
-    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} minutes"
-
-
-# -- the main job (python -m braintrace) -----------------------------------------------------
-
-def main_job_parts(output: str) -> tuple[list[str], list[str], list[str]]:
-    """The table (header and rows), the footnote with the plot line, the closing sentence."""
-    lines = output.strip("\n").splitlines()
-    plot = next(i for i, line in enumerate(lines) if line.startswith("plot: "))
-    notes = next(i for i, line in enumerate(lines) if line.startswith("chance accuracy"))
-    return lines[:notes], lines[notes:plot + 1], lines[plot + 1:]
-
-
-def _main_run(results: Results, run: str) -> dict[str, Any]:
-    return results("main_job.json")["runs"][run]
-
-
-def payoff(results: Results) -> str:
-    """The README's one sentence: online memory against BPTT's at the longest sequence."""
-    table_lines, _, _ = main_job_parts(_main_run(results, "full")["output"])
-    rows = [line.split() for line in table_lines[1:]]
-    online = [r for r in rows if r[1] != "bptt"]
-    bptt = [r for r in rows if r[1] == "bptt"]
-    memory = lambda row: " ".join(row[5:7])  # noqa: E731  (T, method, acc, loss, chunk, memory)
-    if len({memory(r) for r in online}) != 1:
-        raise ValueError("main_job.json: the online train step's memory is not the same at "
-                         "every length; the README's sentence says it is")
-    return wrap(f"In the main job below, the online train step takes **{memory(online[-1])}** "
-                f"per call at every sequence length up to T = {int(online[-1][0]):,}; BPTT's "
-                f"takes **{memory(bptt[-1])}** at T = {int(bptt[-1][0]):,}.")
-
-
-def main_job(results: Results) -> str:
-    run = results("main_job.json")
-    full = run["runs"]["full"]
-    table_lines, _, closing = main_job_parts(full["output"])
-    return captioned(
-        f"On {machine(run['environment'])} it took {seconds(full['wall_s'])} and printed "
-        "(`benchmarks/results/main_job.json`; `python -m braintrace --help` says what each "
-        "column is):",
-        "```", *table_lines, *closing, "```")
-
-
-def _main_job_run(results: Results, run: str, command: str) -> str:
-    record = _main_run(results, run)
-    env = results("main_job.json")["environment"]
-    return captioned(f"`{command}` on {machine(env)}, {seconds(record['wall_s'])} "
-                     f"({seconds(record['cpu_s'])} of CPU time):",
-                     "```", record["output"].strip("\n"), "```")
-
-
-# -- the README's algorithms -----------------------------------------------------------------
-
-class Algorithm(NamedTuple):
-    """One row of the README's algorithms table.
-
-    ``key`` names it in ``throughput*.json`` and ``tasks.json``; ``time_key`` /
-    ``task_key`` where the two name it differently (``None``: not measured there).
-    """
-
-    key: str
-    label: str
-    exact: str
-    memory: str
-    time_key: str | None = ""
-    task_key: str | None = ""
-
-    def keys(self) -> tuple[str | None, str | None]:
-        return (self.key if self.time_key == "" else self.time_key,
-                self.key if self.task_key == "" else self.task_key)
-
-
-ALGORITHMS = (
-    Algorithm("d_rtrl", "`DRTRL()`, `'d_rtrl'`",
-              "the recurrence is position-diagonal and each weight reaches its state "
-              "elementwise (leaky, LIF/ALIF, minGRU, one LRU)", "`O(B·\\|θ\\|·S)`"),
-    Algorithm("es_d_rtrl", "`ESDRTRL()`, `'es_d_rtrl'`",
-              "`T = 1` only (a smoothed factorisation of D-RTRL's traces)", "`O(B·(I + O·S))`"),
-    Algorithm("windowed", "`DRTRL()` with `chunk_size=16`",
-              "inside each window of 16 steps (exact reverse mode there)", "+ one window",
-              time_key=None, task_key="d_rtrl@16"),
-    Algorithm("eprop", "`EProp(kappa)`, `'eprop'`",
-              "`kappa = 0` with symmetric feedback (it is then D-RTRL)", "2 × D-RTRL"),
-    Algorithm("ostl_recurrent", "`OSTLRecurrent()`", "as D-RTRL, in the coupled scope",
-              "as D-RTRL"),
-    Algorithm("ostl_feedforward", "`OSTLFeedforward()`", "`T = 1` only", "as ES-D-RTRL"),
-    Algorithm("rtrl", "`RTRL()`, `'rtrl'`",
-              "every trainable operation is an ETP op (recurrent kernels included)",
-              "`O(B·\\|θ\\|·N)`"),
-    Algorithm("snap", "`SnAp(n)`, `'snap'`",
-              "`n` at least the model's saturation (then it is RTRL)", "RTRL's, masked"),
-    Algorithm("uoro", "`UORO()`, `'uoro'`", "never: unbiased, one random draw",
-              "`O(B·(N + \\|θ\\|))`"),
-    Algorithm("three_factor", "`ThreeFactor()`",
-              "a modulated rule; D-RTRL when the modulator is `∂L_t/∂h^t`", "as D-RTRL"),
-    Algorithm("dni", "`DNI(synthesizer)`", "with a perfect synthesiser",
-              "the base's + the synthesiser"),
-    Algorithm("bptt", "`BPTT()`, `'bptt'`", "always (the reference)", "`O(T·B·N)`: grows with T"),
+import _readme_tables as readme
+from _table_format import (
+    MISSING,
+    Results,
+    captioned,
+    micro,
+    ratio,
+    size,
+    source,
+    table,
+    wrap,
 )
-TIME_MODEL = "snn"
-"""The throughput benchmark's model whose times the README's table shows."""
-LEARNING = ("spiking_digits", "alif")
-"""The task and model of ``tasks.json`` whose accuracies the README's table shows."""
-
-
-def _timing(results: Results, name: str) -> tuple[str, str]:
-    """The key of the online methods' time over BPTT's in ``name``, and what it times:
-    ``online_grad`` in a jitted step where the run measured it, else ``etrace_grad``."""
-    methods = results(name)["results"][TIME_MODEL]["methods"]
-    if any("jit_ratio_to_bptt" in e for e in methods.values()):
-        return "jit_ratio_to_bptt", "`online_grad` in a jitted step"
-    return "ratio_to_bptt", "`etrace_grad`"
-
-
-def algorithms(results: Results) -> str:
-    times = []
-    for name in ("throughput.json", "throughput_tpu.json"):
-        key, how = _timing(results, name)
-        run = results(name)
-        times.append((run["results"][TIME_MODEL]["methods"], key,
-                      f"T = {run['config']['T']} on {machine(run['environment'])} ({how})"))
-    task, model = LEARNING
-    rows_of_task = results("tasks.json")["results"][task][model]
-    reference = rows_of_task["bptt"]["test_accuracy_mean"]
-
-    def time_cell(methods: dict[str, Any], key: str, method: str | None) -> str:
-        if method == "bptt":
-            return ratio(1.0)
-        entry = methods.get(method) if method else None
-        return ratio(entry[key]) if entry else MISSING
-
-    rows = []
-    for a in ALGORITHMS:
-        time_key, task_key = a.keys()
-        row = rows_of_task.get(task_key, {}) if task_key else {}
-        learn = (ratio(row["test_accuracy_mean"] / reference) if "test_accuracy_mean" in row
-                 else MISSING)
-        rows.append((a.label, a.exact, a.memory,
-                     *(time_cell(methods, key, time_key) for methods, key, _ in times), learn))
-    config = results("throughput.json")["config"]
-    caption = (
-        f"Time and accuracy as ratios to BPTT's ({MISSING}: not measured). Time: the "
-        f"`{TIME_MODEL}` model of the benchmarks (hidden {config['hidden']}, batch "
-        f"{config['batch']}), {' and '.join(what for _, _, what in times)}. Accuracy: "
-        f"{task.replace('_', ' ')}, the `{model}` network (hidden "
-        f"{rows_of_task['bptt']['hidden']}), test accuracy over BPTT's {reference:.3f}. `B` "
-        "batch, `|θ|` weights, `S` states per neuron, `I`/`O` a layer's inputs/outputs, `N` "
-        "hidden units.")
-    return captioned(caption, *table(("algorithm", "exact (= BPTT) when", "trace memory",
-                                      "time, CPU", "time, TPU", "accuracy"), rows))
-
 
 # -- memory, throughput, fidelity ------------------------------------------------------------
 
@@ -409,9 +185,10 @@ def _scale(results: Results, names: Sequence[str]) -> str:
             loop = r.get("loop") or MISSING
             rows.append((f"{r['neurons']:,}", str(r["T"]), f"`{r['method']}`", loop, *figures))
     config = results(names[0])["config"]
+    repeats = ", ".join(f"{results(n)['config']['repeats']} in `{n}`" for n in names)
     return captioned(
         f"{source(results, *names)}: batch {config['batch']}, {config['degree']} synapses per "
-        f"neuron; seconds per update (median of {config['repeats']} after a warm-up).",
+        f"neuron; seconds per update, the median of the runs after a warm-up ({repeats}).",
         *table(("neurons", "T", "method", "loop", "s/update", "× BPTT", "peak RSS", "XLA peak"),
                rows))
 
@@ -523,11 +300,11 @@ def mingru_credit(results: Results) -> str:
 
 
 BLOCKS: dict[str, Callable[[Results], str]] = {
-    "payoff": payoff,
-    "main_job": main_job,
-    "main_job_full": lambda r: _main_job_run(r, "full", "python -m braintrace"),
-    "main_job_quick": lambda r: _main_job_run(r, "quick", "python -m braintrace --quick"),
-    "algorithms": algorithms,
+    "payoff": readme.payoff,
+    "main_job": readme.main_job,
+    "main_job_full": lambda r: readme.main_job_run(r, "full", "python -m braintrace"),
+    "main_job_quick": lambda r: readme.main_job_run(r, "quick", "python -m braintrace --quick"),
+    "algorithms": readme.algorithms,
     "memory": memory,
     "throughput_cpu": throughput_cpu,
     "throughput_tpu": throughput_tpu,

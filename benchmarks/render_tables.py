@@ -22,7 +22,8 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from _tables import BLOCKS, RESULTS, Results  # noqa: E402
+from _table_format import RESULTS, Results
+from _tables import BLOCKS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"^<!-- generated: (\w+) -->\n(.*?)^<!-- /generated -->$",
