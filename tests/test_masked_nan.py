@@ -194,6 +194,26 @@ def test_a_loss_singular_at_the_zero_padding_adds_nothing_to_etrace_grad(algorit
     assert_close(grads, relative_oracle())
 
 
+def test_a_step_that_scores_nothing_reports_0_even_where_the_loss_is_singular():
+    """A ``(T,)`` mask scoring steps 0-3, the targets 0 after: those steps add nothing and
+    report 0 (their loss, inf, is never read), as a ``(T, B)`` step whose samples are all
+    padding does."""
+    xs = 2.0 * jax.random.normal(jax.random.key(0), (T, B, IN), jnp.float64)
+    ys = jax.random.normal(jax.random.key(1), (T, B, OUT), jnp.float64)
+    mask = (jnp.arange(T) < 4).astype(jnp.float64)
+    zeroed = jnp.where(mask[:, None, None] > 0, ys, 0.0)
+    want = bptt_grads(build(), xs, jnp.where(mask[:, None, None] > 0, ys, 1.0),
+                      weights=mask / jnp.sum(mask), loss_fn=relative)
+    learner = braintrace.compile(build(), "d_rtrl", xs[0], strict=True)
+    for weights in (mask, jnp.broadcast_to(mask[:, None], (T, B))):
+        learner.reset()
+        grads, losses = learner.etrace_grad(xs, zeroed, relative, mask=weights,
+                                            return_losses=True)
+        assert_close(grads, want)
+        np.testing.assert_array_equal(np.asarray(losses)[4:], 0.0)
+        assert np.all(np.asarray(losses)[:4] > 0)
+
+
 def test_a_loss_singular_at_the_zero_padding_adds_nothing_to_online_grad_trainer_and_fit():
     xs, ys, mask = padded(0.0)
     model = build()

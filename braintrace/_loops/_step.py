@@ -125,8 +125,8 @@ def step_loss(loss_fn: Callable[[Any, Any], jax.Array], y: Any, y_t: Any,
 
     What the weights ignore adds nothing, even where ``loss_fn`` is singular: the
     outputs reach it through ``_masks.stop_unscored`` and the weighted loss is
-    selected with ``_masks.weigh`` (the double ``where``). Per sample: see
-    :func:`per_sample_loss`.
+    selected with ``_masks.weigh`` (the double ``where``); a step of weight 0
+    reports 0. Per sample: see :func:`per_sample_loss`.
 
     Example:
         >>> import jax.numpy as jnp
@@ -141,7 +141,7 @@ def step_loss(loss_fn: Callable[[Any, Any], jax.Array], y: Any, y_t: Any,
         return per_sample_loss(loss_fn, y, y_t, weight_t)
     loss = loss_fn(y, y_t)
     _check_scalar(loss)
-    return weigh(loss, weight_t), loss
+    return weigh(loss, weight_t), jnp.where(weight_t != 0, loss, 0)
 
 
 def _check_scalar(loss: jax.Array) -> None:
@@ -158,8 +158,8 @@ def per_sample_loss(loss_fn: Callable[[Any, Any], jax.Array], y: Any, y_t: Any,
     ``ℓ_b = loss_fn(y[b], y_t[b])`` is each sample's loss (``loss_fn`` on one
     sample, without the batch axis: a mean-reducing ``loss_fn`` then gives the
     batch's loss as the mean of the samples'). The reported loss is the mean
-    over the step's scored samples, ``Σ_b w_b ℓ_b / Σ_b w_b`` (the plain mean
-    when none is scored).
+    over the step's scored samples, ``Σ_b w_b ℓ_b / Σ_b w_b`` (0 when none is
+    scored: no loss the weights ignore is read).
 
     Example:
         >>> import jax.numpy as jnp
@@ -176,7 +176,7 @@ def per_sample_loss(loss_fn: Callable[[Any, Any], jax.Array], y: Any, y_t: Any,
             f"return a scalar; it returned shape {jnp.shape(losses)[1:]} per sample.")
     total = jnp.sum(weight_t)
     weighted = jnp.sum(weigh(losses, weight_t))
-    reported = jnp.where(total > 0, weighted / jnp.where(total > 0, total, 1), jnp.mean(losses))
+    reported = jnp.where(total > 0, weighted / jnp.where(total > 0, total, 1), 0)
     return weighted, jax.lax.stop_gradient(reported)
 
 
