@@ -77,7 +77,8 @@ class GradStats(NamedTuple):
     """What :meth:`OnlineGradient.grad` reports besides the gradients.
 
     Attributes:
-        losses: Each step's loss ``L_t``, ``(T,)``.
+        losses: Each step's loss ``L_t``, ``(T,)`` (over its scored samples; 0 at a step
+            the mask scores nothing of).
         finite: Whether every loss and every gradient is finite (a scalar).
         param_finite: Per Param leaf (in ``nnx.state(model, nnx.Param)`` leaf order),
             whether its gradient is finite.
@@ -92,7 +93,7 @@ class UpdateStats(NamedTuple):
     """What :meth:`OnlineUpdate.update` reports besides the new state.
 
     Attributes:
-        losses: Each step's loss ``L_t``, ``(T,)``.
+        losses: Each step's loss ``L_t``, ``(T,)`` (0 at a step the mask scores nothing of).
         finite: Whether every loss is finite and every update was applied.
         bad_update_at: The last step of the first update that would have made a
             Param not finite (it and every later update were skipped), or ``-1``.
