@@ -119,32 +119,6 @@ def test_one_early_stopping_passed_to_two_fits_restores_each_its_own_best_params
     assert history.stopped_early and len(history.evaluations) == 3
 
 
-def test_bad_metrics_validation_and_callbacks_are_named_before_anything_is_learnt():
-    t = task()
-    trainer = trainer_for(t, lr=1e-2)
-    batches = [t.sample(jax.random.key(i), B) for i in range(2)]
-    xs = batches[0].xs
-    recorder = Recorder()
-    cases = [
-        ({"metrics": [lambda out, b: 0.0]},
-         r"fit: metrics must be a dict \{name: metric\(outputs, batch\) -> scalar\}, got a list"),
-        ({"metrics": {"f1": 0.5}}, r"fit: metrics\['f1'\] must be a function .*got a float"),
-        ({"validation": xs}, r"fit: validation is one array \(inputs without targets\?\)"),
-        ({"validation": [batches[0], (xs,)]},
-         r"fit: validation\[1\] must be a batch \(xs, ys\) or \(xs, ys, mask\)"),
-        ({"callbacks": braintrace.EarlyStopping()},
-         r"fit: callbacks must be a list or tuple of Callback objects, got a EarlyStopping: "
-         r"pass callbacks=\[EarlyStopping\(\.\.\.\)\]"),
-    ]
-    before = snapshot(trainer)
-    for arguments, message in cases:
-        with pytest.raises((TypeError, ValueError), match=message + r".*Nothing was trained"):
-            trainer.fit(batches, progress=False, **{"callbacks": [recorder], **arguments})
-        for a, b in zip(before, snapshot(trainer), strict=True):
-            np.testing.assert_array_equal(a, b)
-    assert recorder.events == []  # no callback ran
-
-
 class TwoInputs(nnx.Module):
     """A step whose input is a pair ``(xa, xb)``."""
 
@@ -158,15 +132,48 @@ class TwoInputs(nnx.Module):
         return self.lif(self.a(xa) + self.b(xb))
 
 
-def test_validation_takes_tuple_inputs_and_a_batch_that_scores_nothing_adds_nothing():
-    T = 5
+T = 5
+
+
+@pytest.fixture(scope="module")
+def two_inputs():
+    """A trainer that never changes its Params (``sgd(0)``), its inputs a pair, and a batch."""
     inputs = (jax.random.normal(jax.random.key(0), (T, B, 2)),
               jax.random.normal(jax.random.key(1), (T, B, 1)))
     ys = jax.random.normal(jax.random.key(2), (T, B, 3))
     example = jax.tree.map(lambda a: a[0], inputs)
     mse = lambda y, target: jnp.mean((y - target) ** 2)
     learner = braintrace.compile(TwoInputs(), "d_rtrl", example, batch_size=B)
-    trainer = braintrace.OnlineTrainer(learner, optax.sgd(0.0), loss_fn=mse)
+    return braintrace.OnlineTrainer(learner, optax.sgd(0.0), loss_fn=mse), inputs, ys
+
+
+def test_bad_metrics_validation_and_callbacks_are_named_before_anything_is_learnt(two_inputs):
+    trainer, inputs, ys = two_inputs
+    batches = [(inputs, ys)]
+    recorder = Recorder()
+    cases = [
+        ({"metrics": [lambda out, b: 0.0]},
+         r"fit: metrics must be a dict \{name: metric\(outputs, batch\) -> scalar\}, got a list"),
+        ({"metrics": {"f1": 0.5}}, r"fit: metrics\['f1'\] must be a function .*got a float"),
+        ({"validation": ys}, r"fit: validation is one array \(inputs without targets\?\)"),
+        ({"validation": [(inputs, ys), (inputs,)]},
+         r"fit: validation\[1\] must be a batch \(xs, ys\) or \(xs, ys, mask\)"),
+        ({"callbacks": braintrace.EarlyStopping()},
+         (r"fit: callbacks must be a list or tuple of Callback objects, got a EarlyStopping: "
+         r"pass callbacks=\[EarlyStopping\(\.\.\.\)\]")),
+    ]
+    trainer.learner.reset()
+    before = snapshot(trainer)
+    for arguments, message in cases:
+        with pytest.raises((TypeError, ValueError), match=message + r".*Nothing was trained"):
+            trainer.fit(batches, progress=False, **{"callbacks": [recorder], **arguments})
+        for a, b in zip(before, snapshot(trainer), strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert recorder.events == []  # no callback ran
+
+
+def test_validation_takes_tuple_inputs_and_a_batch_that_scores_nothing_adds_nothing(two_inputs):
+    trainer, inputs, ys = two_inputs
     metrics = {"sum": lambda outputs, batch: jnp.sum(outputs)}
 
     def evaluated(validation):
