@@ -193,3 +193,17 @@ def test_a_param_traced_beside_a_custom_derivative_stays_exact(wrapper):
     _assert_close(grads, bptt_grads(WrappedLeaky(WRAPPERS[wrapper], traced_beside=True,
                                                  cut=True), xs, ys),
                   keys=["drive.bias", "drive.kernel"])
+
+
+@pytest.mark.parametrize("wrapper", WRAPPERS)
+def test_bptt_is_exact_through_a_custom_derivative_and_strict_accepts_it(wrapper):
+    """The wrapped Param gets only a same-step gradient from every algorithm that keeps
+    traces (``strict=True`` refuses D-RTRL: the negative control); BPTT keeps none, is
+    accepted, reports no approximation and equals the float64 oracle."""
+    make = lambda: WrappedLeaky(WRAPPERS[wrapper], traced_beside=True)
+    xs, ys = _data(4)
+    with pytest.raises(ValueError, match="strict=True, but"):
+        braintrace.compile(make(), "d_rtrl", xs[0], strict=True)
+    learner = braintrace.compile(make(), "bptt", xs[0], strict=True)
+    assert "approximations: none ('bptt' equals BPTT on this model)" in learner.report()
+    _assert_close(learner.etrace_grad(xs, ys, mse, reduction="sum"), bptt_grads(make(), xs, ys))

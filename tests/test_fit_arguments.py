@@ -117,3 +117,74 @@ def test_one_early_stopping_passed_to_two_fits_restores_each_its_own_best_params
     # without improvement after it stop it, not the first fit's
     assert stop.best == history.evaluations[0]["val_loss"]
     assert history.stopped_early and len(history.evaluations) == 3
+
+
+class TwoInputs(nnx.Module):
+    """A step whose input is a pair ``(xa, xb)``."""
+
+    def __init__(self):
+        self.a = layers.ETPLinear(2, 3, rngs=nnx.Rngs(0))
+        self.b = layers.ETPLinear(1, 3, rngs=nnx.Rngs(1))
+        self.lif = layers.LIF(3, tau=4.0, v_th=0.3)
+
+    def __call__(self, x):
+        xa, xb = x
+        return self.lif(self.a(xa) + self.b(xb))
+
+
+T = 5
+
+
+@pytest.fixture(scope="module")
+def two_inputs():
+    """A trainer that never changes its Params (``sgd(0)``), its inputs a pair, and a batch."""
+    inputs = (jax.random.normal(jax.random.key(0), (T, B, 2)),
+              jax.random.normal(jax.random.key(1), (T, B, 1)))
+    ys = jax.random.normal(jax.random.key(2), (T, B, 3))
+    example = jax.tree.map(lambda a: a[0], inputs)
+    mse = lambda y, target: jnp.mean((y - target) ** 2)
+    learner = braintrace.compile(TwoInputs(), "d_rtrl", example, batch_size=B)
+    return braintrace.OnlineTrainer(learner, optax.sgd(0.0), loss_fn=mse), inputs, ys
+
+
+def test_bad_metrics_validation_and_callbacks_are_named_before_anything_is_learnt(two_inputs):
+    trainer, inputs, ys = two_inputs
+    batches = [(inputs, ys)]
+    recorder = Recorder()
+    cases = [
+        ({"metrics": [lambda out, b: 0.0]},
+         r"fit: metrics must be a dict \{name: metric\(outputs, batch\) -> scalar\}, got a list"),
+        ({"metrics": {"f1": 0.5}}, r"fit: metrics\['f1'\] must be a function .*got a float"),
+        ({"validation": ys}, r"fit: validation is one array \(inputs without targets\?\)"),
+        ({"validation": [(inputs, ys), (inputs,)]},
+         r"fit: validation\[1\] must be a batch \(xs, ys\) or \(xs, ys, mask\)"),
+        ({"callbacks": braintrace.EarlyStopping()},
+         (r"fit: callbacks must be a list or tuple of Callback objects, got a EarlyStopping: "
+         r"pass callbacks=\[EarlyStopping\(\.\.\.\)\]")),
+    ]
+    trainer.learner.reset()
+    before = snapshot(trainer)
+    for arguments, message in cases:
+        with pytest.raises((TypeError, ValueError), match=message + r".*Nothing was trained"):
+            trainer.fit(batches, progress=False, **{"callbacks": [recorder], **arguments})
+        for a, b in zip(before, snapshot(trainer), strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert recorder.events == []  # no callback ran
+
+
+def test_validation_takes_tuple_inputs_and_a_batch_that_scores_nothing_adds_nothing(two_inputs):
+    trainer, inputs, ys = two_inputs
+    metrics = {"sum": lambda outputs, batch: jnp.sum(outputs)}
+
+    def evaluated(validation):
+        history = trainer.fit([(inputs, ys)], validation=validation, metrics=metrics,
+                              progress=False)
+        return history.evaluations[0]
+
+    one = evaluated((inputs, ys))  # one batch whose inputs are a tuple
+    assert one == evaluated([(inputs, ys)]) and np.isfinite(one["val_loss"])
+    mask = jnp.array([0.0, 1.0, 1.0, 0.0, 1.0])
+    scored = evaluated([(inputs, ys, mask)])
+    assert evaluated([(inputs, ys, mask), (inputs, ys, jnp.zeros(T))]) == scored
+    assert scored["val_loss"] != one["val_loss"]
+    assert np.isnan(evaluated([(inputs, ys, jnp.zeros((T, B)))])["val_loss"])

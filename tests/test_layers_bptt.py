@@ -114,3 +114,34 @@ def test_bptt_gradient_matches_finite_differences_for_a_learnable_time_constant(
     tau, eps = np.full(3, 4.0, np.float32), 1e-2
     numeric = [(loss_at(tau + eps * e) - loss_at(tau - eps * e)) / (2 * eps) for e in np.eye(3)]
     np.testing.assert_allclose(grad, numeric, rtol=2e-2)
+
+
+@pytest.mark.parametrize("cell", ["layers.GRUCell", "nnx.GRUCell"])
+def test_bptt_is_exact_on_a_gru_strict_accepts_it_and_reports_no_approximation(cell):
+    """BPTT keeps no traces, so the traces' approximations (a GRU's recurrent kernel couples
+    units) are not its: ``strict=True`` accepts the GRU (a plain Flax one too, which no ETP
+    primitive reads) and its gradient is the float64 oracle's. D-RTRL is refused (the
+    negative control: the approximation, or nothing to trace, is there)."""
+    with jax.enable_x64(True):
+        def make():
+            if cell == "nnx.GRUCell":
+                model = layers.Stateful(nnx.GRUCell(3, 4, param_dtype=jnp.float64,
+                                                    rngs=nnx.Rngs(0)), rngs=nnx.Rngs(1))
+            else:
+                model = layers.Stateful(layers.GRUCell(3, 4, param_dtype=jnp.float64,
+                                                       rngs=nnx.Rngs(0)))
+            braintrace.init_states(model, batch_size=B)
+            return model
+
+        xs = jax.random.normal(jax.random.key(1), (T, B, 3), jnp.float64)
+        learner = braintrace.compile(make(), "bptt", xs[0], strict=True)
+        assert "approximations: none ('bptt' equals BPTT on this model)" in learner.report()
+        got = learner.etrace_grad(xs, jnp.zeros(T), sum_of_squares, reduction="sum")
+        for (path, g), (_, w) in zip(nnx.to_flat_state(got),
+                                     nnx.to_flat_state(bptt_grads(make(), xs)), strict=True):
+            w = np.asarray(w[...])
+            assert np.max(np.abs(w)) > 0, path
+            assert np.max(np.abs(np.asarray(g[...]) - w)) <= 1e-10 * np.max(np.abs(w)), path
+        refused = "no ETP primitive reads a Param" if cell == "nnx.GRUCell" else "strict=True, but"
+        with pytest.raises(ValueError, match=refused):
+            braintrace.compile(make(), "d_rtrl", xs[0], strict=True)

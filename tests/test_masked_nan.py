@@ -159,6 +159,81 @@ def test_the_trainer_with_an_update_every_step_gives_the_params_of_the_finite_ba
         np.testing.assert_array_equal(a, b)
 
 
+# -- a loss singular where the mask is 0: selected before it reaches the gradient ---------------
+
+def relative(y, t):
+    """A per-sample loss singular at a zero target: inf there, with an infinite derivative."""
+    return jnp.mean(((y - t) / t) ** 2)
+
+
+def relative_oracle(reduction="mean"):
+    """The masked BPTT oracle of ``relative`` on the zero-padded batch (its padding made 1)."""
+    xs, ys, mask = padded(0.0)
+
+    def loss_fn(y, target):
+        t, m = target
+        return jnp.sum(m * jax.vmap(relative)(y, t)) / y.shape[0]
+
+    grads = bptt_grads(build(), xs, (jnp.where(mask[..., None] > 0, ys, 1.0), mask),
+                       loss_fn=loss_fn)
+    scale = jnp.sum(mask) / B if reduction == "mean" else 1.0
+    return jax.tree.map(lambda g: g / scale, grads)
+
+
+@pytest.mark.parametrize("algorithm, options", [
+    ("d_rtrl", {"block_size": 1}),   # the per-step loop
+    ("d_rtrl", {}),                  # the time-blocked loop
+    ("bptt", {}),                    # the windowed loop
+])
+def test_a_loss_singular_at_the_zero_padding_adds_nothing_to_etrace_grad(algorithm, options):
+    xs, ys, mask = padded(0.0)
+    learner = braintrace.compile(build(), algorithm, xs[0], strict=True)
+    grads, losses = learner.etrace_grad(xs, ys, relative, mask=mask, return_losses=True,
+                                        **options)
+    assert np.all(np.isfinite(losses))
+    assert_close(grads, relative_oracle())
+
+
+def test_a_step_that_scores_nothing_reports_0_even_where_the_loss_is_singular():
+    """A ``(T,)`` mask scoring steps 0-3, the targets 0 after: those steps add nothing and
+    report 0 (their loss, inf, is never read), as a ``(T, B)`` step whose samples are all
+    padding does."""
+    xs = 2.0 * jax.random.normal(jax.random.key(0), (T, B, IN), jnp.float64)
+    ys = jax.random.normal(jax.random.key(1), (T, B, OUT), jnp.float64)
+    mask = (jnp.arange(T) < 4).astype(jnp.float64)
+    zeroed = jnp.where(mask[:, None, None] > 0, ys, 0.0)
+    want = bptt_grads(build(), xs, jnp.where(mask[:, None, None] > 0, ys, 1.0),
+                      weights=mask / jnp.sum(mask), loss_fn=relative)
+    learner = braintrace.compile(build(), "d_rtrl", xs[0], strict=True)
+    for weights in (mask, jnp.broadcast_to(mask[:, None], (T, B))):
+        learner.reset()
+        grads, losses = learner.etrace_grad(xs, zeroed, relative, mask=weights,
+                                            return_losses=True)
+        assert_close(grads, want)
+        np.testing.assert_array_equal(np.asarray(losses)[4:], 0.0)
+        assert np.all(np.asarray(losses)[:4] > 0)
+
+
+def test_a_loss_singular_at_the_zero_padding_adds_nothing_to_online_grad_trainer_and_fit():
+    xs, ys, mask = padded(0.0)
+    model = build()
+    online = braintrace.online_grad(braintrace.compile(model, "d_rtrl", xs[0]), relative)
+    grads, _, stats = jax.jit(lambda s: online.grad(model, s, xs, ys, mask=mask))(
+        online.init(model))
+    assert bool(stats.finite)
+    assert_close(grads, relative_oracle())
+    want = relative_oracle("sum")
+    for train in (lambda trainer: trainer.step(xs, ys, mask),
+                  lambda trainer: trainer.fit([(xs, ys, mask)], progress=False).losses):
+        model = build()
+        trainer = braintrace.OnlineTrainer(braintrace.compile(model, "d_rtrl", xs[0]),
+                                           optax.sgd(1.0), loss_fn=relative, update_every=T)
+        before = jax.tree.map(jnp.copy, nnx.state(model, nnx.Param))
+        assert np.all(np.isfinite(train(trainer)))
+        step = jax.tree.map(lambda a, b: (a - b) * T, before, nnx.state(model, nnx.Param))
+        assert_close(step, want, 1e-9)  # sgd(1): Params move by the window's mean gradient
+
+
 # -- the metrics: fit's history and the tasks' accuracy -----------------------------------------
 
 def test_fit_records_the_loss_and_validation_metrics_of_the_scored_steps_only():

@@ -165,6 +165,40 @@ def test_under_jax_jit_the_state_carries_the_rng_and_a_closed_over_model_is_name
     assert rng_counts(model) == [0]
 
 
+def values(tree):
+    """Every leaf of ``tree`` as a NumPy array (PRNG keys as their key data)."""
+    return [np.asarray(jax.random.key_data(a) if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key)
+                       else a) for a in jax.tree.leaves(tree)]
+
+
+def test_a_kept_state_is_a_value_that_a_call_never_changes():
+    """A state kept from ``init`` is unchanged by ``online_grad`` calls (eager and under
+    ``nnx.jit``), ``online_update`` calls and calls of the model, which all advance the model's
+    RNG: replayed, it gives the same results bit for bit; only the returned state advances."""
+    model = Dropped(dtype=jnp.float32)
+    learner = braintrace.compile(model, "d_rtrl", jnp.zeros((B, IN)), batch_size=B)
+    online = braintrace.online_grad(learner, mse)
+    train = braintrace.online_update(learner, mse, optax.sgd(0.0), update_every=T)
+    xs, ys = batch(1, dtype=jnp.float32)
+    opt_state, kept = train.init(model)
+    frozen = values(kept)
+    calls = [lambda model, state: online.grad(model, state, xs, ys),
+             nnx.jit(lambda model, state: online.grad(model, state, xs, ys)),
+             nnx.jit(lambda model, state: train.update(model, opt_state, state, xs, ys))]
+    for call in calls:
+        first = call(model, kept)
+        model(xs[0])
+        again = call(model, kept)
+        for a, b in zip(values(first), values(again), strict=True):
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(values(kept), frozen, strict=True):
+            np.testing.assert_array_equal(a, b)
+        returned = first[1] if len(first) == 3 else first[2]
+        assert jax.tree.leaves(nnx.state(returned.other, nnx.RngCount)) == [T]
+    assert jax.tree.leaves(nnx.state(kept.other, nnx.RngCount)) == [0]
+    assert rng_counts(model) == [T]  # each call writes its state's advance into the model
+
+
 # -- any batch size ------------------------------------------------------------------------
 
 

@@ -83,6 +83,29 @@ SCRIPT = textwrap.dedent("""
         errors["reset"] = str(err)
     errors["reset_kept"] = four.batch_size
     out["errors"] = errors
+
+    # Inputs split over the mesh's explicit axes (jax.make_mesh's default), given to learners
+    # compiled without mesh=: gathered outside jit, named inside it.
+    split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "data"))
+    sx, sy = jax.device_put(xs, split), jax.device_put(ys, split)
+    explicit = {"typed": str(jax.typeof(sx))}
+    fresh = lambda: braintrace.compile(make(), "d_rtrl", jnp.ones((B, 3)), batch_size=B)
+    try:
+        explicit["grad"] = gap(fresh().etrace_grad(xs, ys, mse), fresh().etrace_grad(sx, sy, mse))
+        model = make()
+        online = braintrace.online_grad(braintrace.compile(model, "d_rtrl", jnp.ones((B, 3)),
+                                                           batch_size=B), mse)
+        explicit["online_grad"] = gap(online.grad(model, online.init(model), xs, ys)[0],
+                                      online.grad(model, online.init(model), sx, sy)[0])
+        trainers = [braintrace.OnlineTrainer(fresh(), optax.adam(1e-2), loss_fn=mse,
+                                             update_every=2) for _ in range(2)]
+        trainers[0].step(xs, ys)
+        trainers[1].fit([(sx, sy)], validation=(sx, sy), progress=False)
+        explicit["trainer"] = gap(*(nnx.state(t.learner.model, nnx.Param) for t in trainers))
+        jax.jit(lambda s, x, y: online.grad(model, s, x, y)[0])(online.init(model), sx, sy)
+    except Exception as err:
+        explicit["error"] = f"{type(err).__name__}: {err}"
+    out["explicit"] = explicit
     print("RESULT" + json.dumps(out))
 """)
 
@@ -134,6 +157,19 @@ def test_indivisible_batch_or_missing_axis_is_a_clear_error(sharded):
     assert "no axis named 'batch'" in errors["no_axis"] and "('data',)" in errors["no_axis"]
     assert "batch_size=6 is not divisible" in errors["reset"]
     assert errors["reset_kept"] == 8
+
+
+def test_inputs_split_over_explicit_axes_are_gathered_for_a_learner_without_a_mesh(sharded):
+    """``jax.make_mesh`` makes explicit axes: the split is in the arrays' type. A learner
+    compiled without ``mesh=`` gathers such inputs (etrace_grad, online_grad, the trainer and
+    fit give the unsplit results); inside ``jit`` it names them and says to pass ``mesh=``."""
+    explicit = sharded["explicit"]
+    assert explicit["typed"] == "float32[4,8@data,3]"
+    assert explicit["grad"] == explicit["online_grad"] == explicit["trainer"] == 0.0
+    assert explicit["error"].startswith(
+        "ArgumentTypeError: online_grad: grad: xs is split over the mesh axes ['data'] "
+        "(float32[4,8@data,3]) inside jit, but this learner was compiled without mesh=")
+    assert "Pass the mesh to braintrace.compile(" in explicit["error"]
 
 
 def test_per_sample_learner_cannot_be_data_parallel():

@@ -82,12 +82,16 @@ class AbstractAlgorithm(abc.ABC):
         scope: ``'diagonal'``, ``'coupled'`` or ``'full'``: which hidden Jacobian it uses.
         supports_windowed: Whether ``chunk_size=`` (windowed mode) may be used.
         needs_window: Whether it runs only in windowed mode (BPTT, DNI).
+        keeps_traces: Whether its gradient reads eligibility traces, and so has the
+            graph's approximations (``graph.approximations``) besides its own. BPTT's
+            does not: reverse mode through the sequence is exact on every model.
     """
 
     name: str = ""
     scope: str = "diagonal"
     supports_windowed: bool = True
     needs_window: bool = False
+    keeps_traces: bool = True
 
     @abc.abstractmethod
     def relation_rules(self, graph: ETraceGraph) -> tuple[RelationRule, ...]:
@@ -126,9 +130,10 @@ class AbstractAlgorithm(abc.ABC):
         """What this algorithm approximates by construction on ``graph``.
 
         Beyond ``graph.approximations`` (where the graph's own traces are not
-        the exact influence): empty when the algorithm's gradient equals BPTT
-        wherever the graph's traces are exact. ``report()`` lists both and
-        ``compile(..., strict=True)`` refuses either.
+        the exact influence), which count when it :attr:`keeps_traces`: empty
+        when the algorithm's gradient equals BPTT wherever the graph's traces
+        are exact. ``report()`` lists both and ``compile(..., strict=True)``
+        refuses either.
         """
         del graph
         return ()

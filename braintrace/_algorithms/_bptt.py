@@ -40,6 +40,7 @@ class BPTT(AbstractAlgorithm):
 
     name = "bptt"
     needs_window = True
+    keeps_traces = False  # exact on every model: the traces' approximations are not its
 
     def relation_rules(self, graph: ETraceGraph) -> tuple[RelationRule, ...]:
         del graph

@@ -8,14 +8,27 @@ here from the same step (no retracing) when a report or an error asks.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax.extend.core as jex_core
 
 from braintrace._compiler._build import build_graph
 from braintrace._compiler._graph import ETraceGraph
 from braintrace._compiler._phrases import RTRL_TIME
+from braintrace._compiler._records import Approximation
 
-__all__ = ["exact_algorithms", "exact_alternatives", "rescope"]
+__all__ = ["approximations_of", "exact_algorithms", "exact_alternatives", "rescope"]
+
+
+def approximations_of(graph: ETraceGraph, algorithm: Any = None) -> tuple[Approximation, ...]:
+    """Where a gradient on ``graph`` is not BPTT's: the graph's traces' approximations (when
+    ``algorithm`` keeps traces; without one, the traces are asked about), then what
+    ``algorithm`` approximates by construction. BPTT keeps none, and approximates nothing.
+    """
+    if algorithm is None:
+        return graph.approximations
+    return (*(graph.approximations if algorithm.keeps_traces else ()),
+            *algorithm.approximations(graph))
 
 
 def rescope(graph: ETraceGraph, scope: str) -> ETraceGraph:

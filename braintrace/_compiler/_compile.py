@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 from flax import nnx
 
-from braintrace._compiler._alternatives import exact_alternatives
+from braintrace._compiler._alternatives import approximations_of, exact_alternatives
 from braintrace._compiler._build import build_graph
 from braintrace._compiler._graph import ETraceGraph
 from braintrace._compiler._layout import StepLayout
@@ -23,6 +23,7 @@ class AlgorithmLike(Protocol):
 
     name: str
     scope: str
+    keeps_traces: bool
 
     def approximations(self, graph: ETraceGraph) -> Sequence[Approximation]:
         """What the algorithm approximates by construction on ``graph``."""
@@ -61,9 +62,9 @@ def compile_graph(
         params: The trainable parameters of a pure step function.
         hidden: The hidden state of a pure step function.
         strict: Refuse a model whose gradient would not be BPTT's: any
-            approximation of the graph's traces (``graph.approximations``) or,
-            with ``algorithm``, of the algorithm on this model
-            (``algorithm.approximations(graph)``).
+            approximation of the graph's traces (``graph.approximations``, unless
+            ``algorithm`` keeps no traces: BPTT) or, with ``algorithm``, of the
+            algorithm on this model (``algorithm.approximations(graph)``).
         algorithm: The algorithm the graph is compiled for (e.g.
             ``braintrace.SnAp(2)``): its scope, and what ``strict`` checks.
 
@@ -71,7 +72,8 @@ def compile_graph(
         The graph; ``print(graph.report())`` describes it.
 
     Raises:
-        ValueError: No hidden state; no Param read by an ETP primitive; a Param
+        ValueError: No hidden state; no Param read by an ETP primitive (unless
+            ``algorithm`` keeps no traces: BPTT differentiates any step); a Param
             written in the step; a step that changes a hidden state's shape; an
             ETP primitive whose declared layout (``x_invar_index``,
             ``y_outvar_index``, trainable inputs) does not fit its equation;
@@ -128,7 +130,8 @@ def compile_graph(
             f"{type(model).__name__}.")
     _check_layouts(name, step)
     graph = _build(step, _scope(scope, algorithm))
-    _check_traceable(name, graph)
+    if algorithm is None or algorithm.keeps_traces:
+        _check_traceable(name, graph)
     if strict:
         refuse_approximations(name, graph, algorithm)
     return graph
@@ -151,8 +154,7 @@ def refuse_approximations(name: str, graph: ETraceGraph,
     The message names the algorithm, gives one plain sentence per
     approximation (what is approximate, what to do) and the details after.
     """
-    found = (*graph.approximations,
-             *(algorithm.approximations(graph) if algorithm is not None else ()))
+    found = approximations_of(graph, algorithm)
     if not found:
         return
     who = ("the eligibility traces of this model are" if algorithm is None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from braintrace._compiler._alternatives import exact_alternatives
+from braintrace._compiler._alternatives import approximations_of, exact_alternatives
 from braintrace._compiler._graph import ETraceGraph
 
 __all__ = ["graph_report", "same_step_reasons"]
@@ -92,13 +92,17 @@ def _groups_and_relations(graph: ETraceGraph) -> list[str]:
 
 def graph_report(graph: ETraceGraph, algorithm: Any = None) -> str:
     """Describes an ETraceGraph (module docstring); with ``algorithm`` (any object with
-    ``name`` and ``approximations(graph)``), also what that algorithm approximates."""
-    found = (*graph.approximations,
-             *(algorithm.approximations(graph) if algorithm is not None else ()))
+    ``name``, ``keeps_traces`` and ``approximations(graph)``), the approximations of a
+    gradient by that algorithm (``_alternatives.approximations_of``)."""
+    found = approximations_of(graph, algorithm)
     lines = ([] if algorithm is None
              else [f"algorithm: {algorithm.name} ({type(algorithm).__name__})"])
     lines.append(f"ETraceGraph ({graph.scope} scope)")
     lines.extend(_summary(graph, algorithm, found))
+    if algorithm is not None and not algorithm.keeps_traces:
+        lines.append(f"  '{algorithm.name}' keeps no eligibility traces: every Param's gradient "
+                     "is reverse mode through the sequence (the details are the traces an "
+                     "online algorithm would keep)")
     lines.append("details:")
     lines.extend(_groups_and_relations(graph))
     traced = graph.traced_param_paths

@@ -44,7 +44,8 @@ def compile(
             the states as they are.
         strict: Refuse a model whose gradient under ``algorithm`` would not be
             BPTT's: an approximation of the graph's traces
-            (``learner.graph.approximations``) or of the algorithm itself
+            (``learner.graph.approximations``; BPTT keeps none and is exact on
+            every model) or of the algorithm itself
             (``algorithm.approximations(graph)``); ``learner.report()`` lists both.
         mesh: Data parallel over the devices of this mesh: the batch axis of
             inputs, targets, hidden states and traces is split over its axis

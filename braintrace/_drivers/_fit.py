@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -223,7 +223,10 @@ def validation_metrics(trainer: Any, batches: Sequence[Any],
     The model runs in evaluation mode (``model.eval()``; ``model.train()`` after),
     from fresh hidden states (:func:`braintrace.evaluate`), touching nothing.
     The loss and the accuracy count the scored steps only; the accuracy is
-    reported where the targets are integer labels of the outputs' last axis.
+    reported where the targets are integer labels of the outputs' last axis. A
+    batch whose mask weighs every position 0 scores nothing: it adds nothing to
+    any metric (nor to the number of batches it is averaged over); when no batch
+    scores anything, ``val_loss`` is NaN.
     """
     model = trainer.learner.model
     totals: dict[str, list[float]] = {}
@@ -231,6 +234,8 @@ def validation_metrics(trainer: Any, batches: Sequence[Any],
     try:
         for batch in batches:
             xs, ys, mask = unpack(batch)
+            if mask is not None and not np.any(np.asarray(mask) != 0):
+                continue  # scores nothing
             outputs = trainer.learner.evaluate(xs)
             per_sample = mask is not None and np.ndim(mask) == 2  # losses per (step, sample)
             loss_fn = jax.vmap(trainer.loss_fn) if per_sample else trainer.loss_fn
@@ -244,6 +249,8 @@ def validation_metrics(trainer: Any, batches: Sequence[Any],
                 totals.setdefault(f"val_{name}", []).append(float(metric(outputs, batch)))
     finally:
         model.train()
+    if not totals:
+        return {"val_loss": math.nan}
     return {name: float(np.mean(values)) for name, values in totals.items()}
 
 
@@ -257,12 +264,57 @@ def _stream(batches: Iterable[Any], epochs: int, steps: int | None) -> Iterator[
 
 
 def _validation_batches(validation: Any) -> list[Any] | None:
+    """``validation`` as a list of batches, each checked to be ``(xs, ys)`` or ``(xs, ys, mask)``.
+
+    A tuple of 2 or 3 is one batch (its inputs may be a tuple, as training's),
+    unless every element of it is a batch itself: then it is a tuple of batches.
+    """
     if validation is None:
         return None
-    if isinstance(validation, tuple) and len(validation) in (2, 3) and \
-            not isinstance(validation[0], tuple | list):
-        return [validation]  # one batch
-    return list(validation)
+    if hasattr(validation, "shape"):
+        raise ValueError(
+            "fit: validation is one array (inputs without targets?); pass validation=(xs, ys) "
+            "or (xs, ys, mask), or a list of such batches. Nothing was trained.")
+    one = isinstance(validation, tuple) and len(validation) in (2, 3) and \
+        not all(_is_batch(part) for part in validation)
+    batches = [validation] if one else list(validation)
+    for i, batch in enumerate(batches):
+        if not _is_batch(batch):
+            raise ValueError(
+                f"fit: validation[{i}] must be a batch (xs, ys) or (xs, ys, mask) (a "
+                f"braintrace.tasks.Batch is one), got a {type(batch).__name__}; validation is "
+                "one batch or a list of them. Nothing was trained.")
+    return batches
+
+
+def _is_batch(batch: Any) -> bool:
+    return isinstance(batch, tuple | list) and len(batch) in (2, 3)
+
+
+def _check_metrics(metrics: Any) -> dict[str, Metric]:
+    """``metrics`` (``None``: none), after checking it is ``{name: metric}`` of functions."""
+    if metrics is None:
+        return {}
+    if not isinstance(metrics, Mapping):
+        raise TypeError(
+            "fit: metrics must be a dict {name: metric(outputs, batch) -> scalar}, got a "
+            f"{type(metrics).__name__}. Nothing was trained.")
+    for name, metric in metrics.items():
+        if not callable(metric):
+            raise TypeError(f"fit: metrics[{name!r}] must be a function metric(outputs, batch) "
+                            f"-> scalar, got a {type(metric).__name__}. Nothing was trained.")
+    return dict(metrics)
+
+
+def _check_callbacks(callbacks: Any) -> Sequence[Callback]:
+    """``callbacks``, after checking it is a list or tuple (not one callback)."""
+    if not isinstance(callbacks, list | tuple):
+        name = type(callbacks).__name__
+        raise TypeError(
+            f"fit: callbacks must be a list or tuple of Callback objects, got a {name}"
+            + (f": pass callbacks=[{name}(...)]" if isinstance(callbacks, Callback) else "")
+            + ". Nothing was trained.")
+    return callbacks
 
 
 def fit(trainer: Any, batches: Iterable[Any], *, epochs: int = 1, steps: int | None = None,
@@ -273,6 +325,7 @@ def fit(trainer: Any, batches: Iterable[Any], *, epochs: int = 1, steps: int | N
     from tqdm.auto import tqdm
 
     epochs, steps, eval_every = _check_counts(epochs, steps, eval_every)
+    metrics, callbacks = _check_metrics(metrics), _check_callbacks(callbacks)
     validation = _validation_batches(validation)
     pairs = _stream(batches, epochs, steps)
     for callback in callbacks:

@@ -29,7 +29,10 @@ each batch size is compiled once, then reused. Floating-point inputs of another
 width than the compiled example are cast to its dtype, as a Flax layer casts
 its input to its compute dtype. Nothing syncs with the host: both functions
 run under ``jax.jit``, ``nnx.jit``, ``jax.lax.scan`` (one call per chunk of a
-long stream) and with sharded inputs. A non-finite loss or gradient is never
+long stream) and with sharded inputs (a learner compiled with ``mesh=`` splits
+the batch over it; one compiled without gathers inputs split over a mesh's
+explicit axes, ``jax.make_mesh``'s default, and inside ``jit``, where it cannot,
+says to pass ``mesh=``). A non-finite loss or gradient is never
 hidden: ``stats.finite`` is ``False`` (use ``optax.apply_if_finite`` or check
 it), and :class:`OnlineUpdate` skips an update that would make a Param not
 finite and reports it. The stateful :class:`~braintrace.OnlineLearner` and
@@ -66,6 +69,7 @@ from braintrace._drivers._online_state import (
     write_model_variables,
 )
 from braintrace._drivers._programs import grad_program, train_program
+from braintrace._drivers._sharding import gathered
 from braintrace._drivers._states import KEEP
 from braintrace._loops import check_positive, choose_loop, default_block_size
 
@@ -77,7 +81,8 @@ class GradStats(NamedTuple):
     """What :meth:`OnlineGradient.grad` reports besides the gradients.
 
     Attributes:
-        losses: Each step's loss ``L_t``, ``(T,)``.
+        losses: Each step's loss ``L_t``, ``(T,)`` (over its scored samples; 0 at a step
+            the mask scores nothing of).
         finite: Whether every loss and every gradient is finite (a scalar).
         param_finite: Per Param leaf (in ``nnx.state(model, nnx.Param)`` leaf order),
             whether its gradient is finite.
@@ -92,7 +97,7 @@ class UpdateStats(NamedTuple):
     """What :meth:`OnlineUpdate.update` reports besides the new state.
 
     Attributes:
-        losses: Each step's loss ``L_t``, ``(T,)``.
+        losses: Each step's loss ``L_t``, ``(T,)`` (0 at a step the mask scores nothing of).
         finite: Whether every loss is finite and every update was applied.
         bad_update_at: The last step of the first update that would have made a
             Param not finite (it and every later update were skipped), or ``-1``.
@@ -177,6 +182,17 @@ def _sequence_length(name: str, checked: CheckedState, xs: Any, ys: Any) -> int:
                          "differentiate. Give at least one step.")
     check_targets(ys, length)
     return length
+
+
+def _whole(name: str, entry: Entry, xs: Any, ys: Any, mask: Any,
+           signal_inputs: dict[str, Any]) -> tuple[Any, Any, Any, dict[str, Any]]:
+    """The arrays of a call, gathered whole where they are split over a mesh's explicit axes
+    and the learner was compiled without one (``_sharding.gathered``)."""
+    if entry.layout is not None:
+        return xs, ys, mask, signal_inputs
+    return (gathered(f"{name}: xs", xs), gathered(f"{name}: ys", ys),
+            gathered(f"{name}: mask", mask),
+            {key: gathered(f"{name}: {key}", value) for key, value in signal_inputs.items()})
 
 
 def _new_state(name: str, model: nnx.Module, checked: CheckedState, hidden: list[Any],
@@ -271,6 +287,8 @@ def online_grad(learner: Any, loss_fn: Callable[[Any, Any], jax.Array], *,
              **signal_inputs: Any) -> tuple[nnx.State, OnlineState, GradStats]:
         checked = check_state("online_grad: grad", compiled, model, state)
         entry, leaves = checked.entry, checked.leaves
+        xs, ys, mask, signal_inputs = _whole("online_grad: grad", entry, xs, ys, mask,
+                                             signal_inputs)
         length = _sequence_length("online_grad: grad", checked, xs, ys)
         spec = choose_loop(entry.rules, length=length, chunk_size=chunk_size,
                            block_size=block_size)
@@ -349,6 +367,8 @@ def online_update(learner: Any, loss_fn: Callable[[Any, Any], jax.Array],
                ) -> tuple[nnx.State, Any, OnlineState, UpdateStats]:
         checked = check_state("online_update: update", compiled, model, state)
         entry, leaves = checked.entry, checked.leaves
+        xs, ys, mask, signal_inputs = _whole("online_update: update", entry, xs, ys, mask,
+                                             signal_inputs)
         length = _sequence_length("online_update: update", checked, xs, ys)
         if length % update_every:
             raise ValueError(f"online_update: update: the sequence length {length} must be a "

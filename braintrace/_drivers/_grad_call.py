@@ -22,7 +22,7 @@ from braintrace._drivers._compiled import Entry
 from braintrace._drivers._inputs import check_signal_inputs, loss_weights
 from braintrace._drivers._model_state import Leaves
 from braintrace._drivers._programs import GradArgs
-from braintrace._drivers._sharding import place, place_inputs
+from braintrace._drivers._sharding import gathered, place, place_inputs
 from braintrace._loops import LoopSpec, check_positive, choose_loop
 
 __all__ = ["device_weights", "grad_call", "place_learner_inputs"]
@@ -91,11 +91,12 @@ def _put(host: np.ndarray, sharding: Any) -> jax.Array:
 
 
 def place_learner_inputs(entry: Entry, tree: Any) -> Any:
-    """Inputs or targets split over the mesh's data axis (as they are without a mesh).
+    """Inputs or targets split over the mesh's data axis; without a mesh, gathered whole
+    where they are split over a mesh's explicit axes (:func:`gathered`).
 
     ``jax.ShapeDtypeStruct`` leaves (for ``learner.lower_etrace_grad``) stay as they are.
     """
     lay = entry.layout
-    if lay is None or any(isinstance(a, jax.ShapeDtypeStruct) for a in jax.tree.leaves(tree)):
+    if any(isinstance(a, jax.ShapeDtypeStruct) for a in jax.tree.leaves(tree)):
         return tree
-    return place_inputs(lay, tree)
+    return gathered("inputs", tree) if lay is None else place_inputs(lay, tree)

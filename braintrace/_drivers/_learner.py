@@ -340,7 +340,8 @@ class OnlineLearner(Checkpointable):
                 ``braintrace._loops.default_block_size``), else 1. Ignored in
                 windowed mode.
             reduction: ``'mean'`` or ``'sum'`` over time.
-            return_losses: Also return each step's loss ``(T,)``.
+            return_losses: Also return each step's loss ``(T,)`` (with a mask: over the
+                step's scored samples; 0 at a step it scores nothing of).
             **signal_inputs: An algorithm's own per-step inputs:
                 :class:`~braintrace.ThreeFactor`'s ``modulators={hidden path: (T,
                 *state_shape)}``.

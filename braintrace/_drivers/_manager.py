@@ -9,12 +9,18 @@ items of :meth:`OnlineLearner.save <braintrace.OnlineLearner.save>`
 ``nnx.Optimizer`` and an :class:`~braintrace.OnlineState` (``params``,
 ``hidden``, ``other``, ``optimizer``, ``state_hidden``, ``state_other``,
 ``state_traces``; see ``_checkpointable.ModelAndState``), orbax's ``metrics``
-when given, and the SHA-256 manifest. Orbax numbers, lists and deletes the
-steps; braintrace adds the integrity checks and the all-or-nothing restore.
+when given, and the SHA-256 manifest. Orbax numbers and lists the
+steps; braintrace deletes the steps that are not kept once a new step is
+complete (``_keep.py``: a NaN or infinite metric is never best), reads the
+directory (not a cached list) where it matters, and adds the integrity checks
+and the all-or-nothing restore.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import math
 import os
 from collections.abc import Callable
 from typing import Any, Self, overload
@@ -26,6 +32,7 @@ from flax import nnx
 from braintrace._arguments import check_integer
 from braintrace._drivers._checkpoint import (
     MANIFEST,
+    Item,
     damaged,
     restore_args,
     save_args,
@@ -34,6 +41,7 @@ from braintrace._drivers._checkpoint import (
 )
 from braintrace._drivers._checkpointable import ModelAndState
 from braintrace._drivers._functional import OnlineState
+from braintrace._drivers._keep import Saved, keep_rule, score
 from braintrace._drivers._learner import OnlineLearner
 from braintrace._drivers._trainer import OnlineTrainer
 
@@ -162,16 +170,21 @@ class CheckpointManager:
             policies: list[Any] = [ocp.checkpoint_managers.LatestN(n=max_to_keep)]
             if best_fn is not None:
                 policies.append(ocp.checkpoint_managers.BestN(
-                    get_metric_fn=best_fn, reverse=best_mode == "min", n=keep_best))
+                    get_metric_fn=functools.partial(score, best_fn, best_mode), n=keep_best))
             options = ocp.CheckpointManagerOptions(
                 best_fn=best_fn, best_mode=best_mode, enable_async_checkpointing=False,
                 preservation_policy=ocp.checkpoint_managers.AnyPreservationPolicy(policies))
-        self._options = options
+        self._best_fn, self._best_mode = options.best_fn, options.best_mode
+        self._keep = keep_rule(options)
         self._names = options.step_name_format or ocp.step.standard_name_format(
             step_prefix=options.step_prefix,
             step_format_fixed_length=options.step_format_fixed_length)
-        self._manager = ocp.CheckpointManager(os.path.abspath(os.fspath(directory)),
-                                              options=options)
+        # orbax keeps every step; this manager deletes the unkept ones once a new step is complete
+        self._manager = ocp.CheckpointManager(
+            os.path.abspath(os.fspath(directory)),
+            options=dataclasses.replace(
+                options, max_to_keep=None, keep_period=None, keep_time_interval=None,
+                preservation_policy=ocp.checkpoint_managers.preservation_policy.PreserveAll()))
 
     @property
     def directory(self) -> str:
@@ -183,23 +196,36 @@ class CheckpointManager:
         return os.path.join(self.directory, self._names.build_name(step))
 
     def all_steps(self) -> list[int]:
-        """The saved steps, in increasing order."""
+        """The saved steps, in increasing order, as the directory holds them now."""
+        self._manager.reload()
         return sorted(self._manager.all_steps())
 
     def latest_step(self) -> int | None:
         """The newest saved step, or ``None``."""
-        return self._manager.latest_step()
+        steps = self.all_steps()
+        return steps[-1] if steps else None
 
     def best_step(self) -> int | None:
-        """The best saved step by ``best_fn`` (the latest without one), or ``None``."""
-        return self._manager.best_step()
+        """The best saved step by ``best_fn`` (the latest without one), or ``None``.
+
+        A step whose ``best_fn`` value is NaN or infinite is never best: with
+        such values only (or no metrics), ``None``.
+        """
+        saved = self._saved()
+        if self._best_fn is None:
+            return saved[-1].step if saved else None
+        scored = [(value, s.step) for s in saved if s.metrics is not None
+                  and math.isfinite(value := score(self._best_fn, self._best_mode, s.metrics))]
+        return max(scored)[1] if scored else None
 
     def save(self, step: int, target: Target | None = None, *,
              model: nnx.Module | None = None, optimizer: nnx.Optimizer | None = None,
              state: OnlineState | None = None, metrics: Any = None) -> bool:
         """Saves ``target`` (or ``model`` and ``state``) and ``optimizer`` as ``step``.
 
-        Then deletes the steps that are not kept (``max_to_keep``, ``best_fn``).
+        Once the step is complete (its manifest written), deletes the steps that
+        are not kept (``max_to_keep``, ``best_fn``): a save interrupted before
+        then leaves every older step in place.
 
         Args:
             step: The step number, a non-negative int larger than every saved one
@@ -217,6 +243,7 @@ class CheckpointManager:
                 traces), saved as the items ``state_hidden``, ``state_other`` and
                 ``state_traces``.
             metrics: A pytree of scalars for ``best_fn`` (stored as JSON by orbax).
+                A step whose ``best_fn`` value is NaN or infinite is never best.
 
         Returns:
             Whether the step is kept: ``False`` when orbax skipped it (its
@@ -227,25 +254,39 @@ class CheckpointManager:
         Raises:
             TypeError: Neither or both of ``target`` and ``model`` are given,
                 ``state`` is given with a ``target`` (a learner carries its own),
-                or an argument has another type; nothing is written then.
-            ValueError: ``step`` is not a non-negative int, or is already saved;
-                nothing is written then.
+                an argument has another type, or ``model``, ``optimizer`` or
+                ``state`` holds abstract arrays (``jax.eval_shape``); nothing is
+                written then.
+            ValueError: ``step`` is not a non-negative int, is already saved (by
+                this manager or another one on the directory), or is not larger
+                than every saved step; ``best_fn`` cannot read ``metrics`` or
+                does not return a number; nothing is written then.
         """
         import orbax.checkpoint as ocp
 
-        step = _step("CheckpointManager.save", step)
-        items = _checkpointed("CheckpointManager.save", target, model, state)._checkpoint_items(
-            optimizer)
-        if step in self._manager.all_steps():
-            raise ValueError(f"Step {step} is already saved in {self.directory}; "
-                             "save each step once (or delete it first).")
-        args = ocp.args.Composite(**save_args(items))
-        saved = self._manager.save(step, args=args, metrics=_plain(metrics))
+        user = "CheckpointManager.save"
+        step = _step(user, step)
+        items = _checkpointed(user, target, model, state)._checkpoint_items(optimizer)
+        _check_concrete(user, items, "target" if target is not None else "model")
+        metrics = self._checked_metrics(user, metrics)
+        steps = self.all_steps()
+        if step in steps:
+            raise ValueError(f"Step {step} is already saved in {self.directory}; save each step "
+                             "once (or delete it first); nothing is written.")
+        if steps and step < steps[-1]:
+            raise ValueError(
+                f"{user}: step {step} is not larger than every saved step (the latest is "
+                f"{steps[-1]}) in {self.directory}; orbax numbers checkpoints in increasing "
+                "order (also after restoring an older one). Save it as a later step, or delete "
+                "the later steps first; nothing is written.")
+        saved = self._manager.save(step, args=ocp.args.Composite(**save_args(items)),
+                                   metrics=metrics)
         self._manager.wait_until_finished()
-        kept = bool(saved) and step in self._manager.all_steps()
-        if kept:
-            write_manifest(self.step_directory(step))
-        return kept
+        if not saved or step not in self._manager.all_steps():
+            return False
+        write_manifest(self.step_directory(step))
+        self._delete_unkept()
+        return step in self._manager.all_steps()
 
     @overload
     def restore(self, target: Target | int | None = None, step: int | None = None, *,
@@ -320,6 +361,41 @@ class CheckpointManager:
             return step, holder.state
         return step
 
+    def _saved(self) -> list[Saved]:
+        """The saved steps as the directory holds them now (another manager's too), oldest first."""
+        self._manager.reload()
+        committed = {m.step: m.commit_timestamp for m in self._names.find_all(self.directory)}
+        return [Saved(step, self._manager.metrics(step), committed[step])
+                for step in sorted(self._manager.all_steps())]
+
+    def _delete_unkept(self) -> None:
+        """Deletes the saved steps that no keep rule keeps (after a step is complete)."""
+        import orbax.checkpoint as ocp
+
+        saved = self._saved()
+        kept = self._keep.should_preserve(
+            saved, context=ocp.checkpoint_managers.PreservationContext())
+        for info, keep in zip(saved, kept, strict=True):
+            if not keep:
+                self._manager.delete(info.step)
+
+    def _checked_metrics(self, user: str, metrics: Any) -> Any:
+        """``metrics`` as JSON values, after checking ``best_fn`` reads a number from them."""
+        metrics = _plain(metrics)
+        if self._best_fn is None or metrics is None:
+            return metrics
+        try:
+            value = self._best_fn(metrics)
+        except Exception as err:  # whatever best_fn raises, metrics lacks what it reads
+            raise ValueError(
+                f"{user}: best_fn could not read metrics={metrics!r} ({type(err).__name__}: "
+                f"{err}). Pass the metrics best_fn reads (e.g. metrics={{'loss': loss}}); "
+                "nothing is written.") from err
+        if np.ndim(value) != 0 or not np.issubdtype(np.asarray(value).dtype, np.number):
+            raise ValueError(f"{user}: best_fn(metrics) must be a number, got {value!r} from "
+                             f"metrics={metrics!r}; nothing is written.")
+        return metrics
+
     def wait_until_finished(self) -> None:
         """Waits for orbax's background work (saves are synchronous; deletions may not be)."""
         self._manager.wait_until_finished()
@@ -365,6 +441,20 @@ def _step(user: str, step: Any) -> int:
     """``step`` as an int, or an error naming the argument (orbax would write ``-1``, ``2.5``)."""
     return check_integer(f"{user}: step", step, minimum=0, what="a non-negative int",
                          note=" (the number of the checkpoint, e.g. the training step)")
+
+
+def _check_concrete(user: str, items: dict[str, Item], saved: str) -> None:
+    """Refuses abstract arrays (``jax.ShapeDtypeStruct``), naming the argument that holds one."""
+    for name, item in items.items():
+        for leaf_name, leaf in zip(item.names, jax.tree.leaves(item.tree), strict=True):
+            if isinstance(leaf, jax.ShapeDtypeStruct):
+                argument = ("state" if name.startswith("state_") else
+                            "optimizer" if name == "optimizer" else saved)
+                raise TypeError(
+                    f"{user}: {argument} holds abstract arrays (jax.ShapeDtypeStruct, as "
+                    f"jax.eval_shape or nnx.eval_shape make), e.g. '{leaf_name}': there are no "
+                    f"values to save. Pass the {argument} your train step uses (for a state, "
+                    "online.init(model) or the one online.grad returned); nothing is written.")
 
 
 def _plain(metrics: Any) -> Any:

@@ -119,7 +119,14 @@ def init_state(compiled: CompiledModel, model: nnx.Module, batch_size: Any = KEE
     _, params, hidden, other = split_model(model)
     hidden = jax.tree.map(strong, hidden)
     entry = compiled.entry_of(model, compiled.batch_size_of(jax.tree.leaves(hidden)))
-    return OnlineState(hidden, other, compiled.zero_traces(entry, jax.tree.leaves(params)))
+    return OnlineState(hidden, _own(other), compiled.zero_traces(entry, jax.tree.leaves(params)))
+
+
+def _own(variables: nnx.State) -> nnx.State:
+    """``variables`` in Variables of their own: ``nnx.split`` hands out the model's Variable
+    objects, which a later write into the model (its RNG counters after a call) would change
+    inside a state the caller kept. A state is a value."""
+    return jax.tree.map(lambda value: value, variables)
 
 
 def check_state(name: str, compiled: CompiledModel, model: nnx.Module, state: Any

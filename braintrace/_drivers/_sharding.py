@@ -34,11 +34,25 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from braintrace._arguments import ArgumentTypeError
 from braintrace._compiler import splitting_batch
 
-__all__ = ["Layout", "auto_mesh", "batched_leaves", "check_mesh", "constrain", "host_array",
-           "host_arrays", "input_shardings", "layout", "on_mesh", "opt_state_shardings", "place",
-           "place_inputs"]
+__all__ = [
+    "Layout",
+    "auto_mesh",
+    "batched_leaves",
+    "check_mesh",
+    "constrain",
+    "gathered",
+    "host_array",
+    "host_arrays",
+    "input_shardings",
+    "layout",
+    "on_mesh",
+    "opt_state_shardings",
+    "place",
+    "place_inputs",
+]
 
 
 class Layout(NamedTuple):
@@ -246,6 +260,44 @@ def on_mesh(lay: Layout | None) -> Iterator[None]:
     shards = 1 if lay.axis is None else lay.mesh.shape[lay.axis]
     with jax.sharding.use_abstract_mesh(lay.mesh.abstract_mesh), splitting_batch(shards):
         yield
+
+
+def gathered(name: str, tree: Any) -> Any:
+    """``tree`` with every array split over explicit mesh axes gathered whole, for a learner
+    compiled without ``mesh=`` (which runs on one device).
+
+    ``jax.make_mesh`` makes ``Explicit`` axes: an array sharded over one carries
+    the split in its type (``float32[6,4@data,3]``), which the steps of such a
+    learner (reshapes over the batch axis, ``vmap``) refuse. Outside ``jit`` it
+    is copied whole onto the default device (uncommitted, so it joins the
+    learner's arrays wherever they are); other leaves are returned as they are.
+
+    Raises:
+        ArgumentTypeError: Such a leaf inside ``jit`` (a tracer), where it cannot
+            be gathered (a ``TypeError``, as JAX's ``ShardingTypeError``, and a
+            ``ValueError``): the message names it (``name``, its path) and says
+            to pass the mesh to :func:`braintrace.compile`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> gathered('xs', jnp.ones((2, 3))).shape
+        (2, 3)
+    """
+    def whole(path: Any, a: Any) -> Any:
+        kind = jax.typeof(a)
+        axes = [axis for axis in kind.sharding.spec if axis is not None]
+        if not axes:
+            return a
+        if isinstance(a, jax.core.Tracer):
+            raise ArgumentTypeError(
+                f"{name}{jax.tree_util.keystr(path)} is split over the mesh axes {axes} "
+                f"({kind.str_short()}) inside jit, but this learner was compiled without "
+                "mesh=, for one device. Pass the mesh to braintrace.compile(model, algorithm, "
+                "example_x, batch_size=..., mesh=mesh) to split the batch over it, or gather "
+                "the inputs before the jit (or call outside it, where they are gathered).")
+        return jax.numpy.asarray(np.asarray(a))
+
+    return jax.tree_util.tree_map_with_path(whole, tree)
 
 
 def constrain(tree: Any, shardings: Any) -> Any:

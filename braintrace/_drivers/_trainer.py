@@ -212,9 +212,11 @@ class OnlineTrainer(Checkpointable):
                 passed over once).
             steps: At most this many batches in all, a positive int (``None``: no
                 budget).
-            validation: A batch or a list of batches to evaluate on, with the
-                model in evaluation mode (``model.eval()``, then ``model.train()``),
-                from fresh hidden states.
+            validation: A batch (``(xs, ys)`` or ``(xs, ys, mask)``, its inputs
+                any pytree, as in ``batches``) or a list of batches to evaluate on,
+                with the model in evaluation mode (``model.eval()``, then
+                ``model.train()``), from fresh hidden states. A batch whose mask
+                weighs every position 0 adds nothing to any metric.
             eval_every: Evaluate every this many batches, a positive int
                 (``None``: after each epoch). The last batch is always followed
                 by an evaluation.
@@ -240,9 +242,13 @@ class OnlineTrainer(Checkpointable):
 
         Raises:
             ValueError: ``epochs``, ``steps`` or ``eval_every`` is not a positive
-                int (before anything is trained; a float or bool raises an
-                ``ArgumentTypeError``, also a ``TypeError``), or ``batches`` is a
-                generator with ``epochs > 1`` and no ``steps``.
+                int (a float or bool raises an ``ArgumentTypeError``, also a
+                ``TypeError``), ``validation`` is not a batch or a list of
+                batches (inputs without targets, for instance), or ``batches`` is a
+                generator with ``epochs > 1`` and no ``steps``; before anything is
+                trained.
+            TypeError: ``metrics`` is not a dict of functions, or ``callbacks`` is
+                not a list or tuple; before anything is trained.
             ValueError, FloatingPointError: As :meth:`step`, with a note naming
                 the epoch and batch. The batches before it stay learnt; the
                 failing batch is discarded.

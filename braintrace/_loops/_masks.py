@@ -23,10 +23,14 @@ independent of ``T``):
 Finite values are kept as they are, bit for bit, so with finite data the
 result is the one without this step. (The hidden state after the sequence is
 then that of zeros at the replaced inputs: finite, so a stream that carries it
-into its next call goes on.) Each step's weighted loss is then selected
-with :func:`weigh`, ``where(w ≠ 0, w·L, 0)``, not multiplied, so a loss that is
-still not finite at an ignored step (a ``loss_fn`` singular there) does not
-turn the sum into NaN.
+into its next call goes on.) A ``loss_fn`` may still be singular at an ignored position (a relative error
+at a zero-padded target): its loss there is inf and so is its derivative. Two
+selections, the "double ``where``", keep it out of the sum and the gradient:
+each step's weighted loss is selected with :func:`weigh`, ``where(w ≠ 0, w·L,
+0)``, not multiplied, so the sum stays finite; and the outputs reach
+``loss_fn`` through :func:`stop_unscored`, ``where(w ≠ 0, y, stop_gradient(y))``,
+so the zero cotangent of an ignored loss is never multiplied by its infinite
+derivative (``0 · inf = nan``): the pullback of a select drops it.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-__all__ = ["ignore_masked", "reaches_scored", "weigh"]
+__all__ = ["ignore_masked", "reaches_scored", "stop_unscored", "weigh"]
 
 
 def weigh(loss: jax.Array, weight: jax.Array) -> jax.Array:
@@ -48,6 +52,29 @@ def weigh(loss: jax.Array, weight: jax.Array) -> jax.Array:
         [1.0, 0.0]
     """
     return jnp.where(weight != 0, loss * weight, 0)
+
+
+def stop_unscored(y: Any, weight: jax.Array) -> Any:
+    """``y`` (the step's outputs), its gradient stopped at the positions ``weight`` ignores.
+
+    ``weight`` is a scalar (one step) or ``(B,)`` (its samples, each leaf of
+    ``y`` leading with the batch axis). The values are ``y``'s, bit for bit; the
+    pullback is a select, so a non-finite cotangent from an ignored loss stops here.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> f = lambda y: jnp.sum(weigh(1 / stop_unscored(y, jnp.array([1.0, 0.0])),
+        ...                             jnp.array([1.0, 0.0])))
+        >>> jax.grad(f)(jnp.array([2.0, 0.0])).tolist()
+        [-0.25, 0.0]
+    """
+    keep = weight != 0
+
+    def select(a: jax.Array) -> jax.Array:
+        return jnp.where(keep.reshape(keep.shape + (1,) * (jnp.ndim(a) - keep.ndim)), a,
+                         jax.lax.stop_gradient(a))
+
+    return jax.tree.map(select, y)
 
 
 def reaches_scored(weights: jax.Array) -> jax.Array:

@@ -9,7 +9,8 @@ Per step ``t``, with Params ``θ`` and the hidden state ``h^{t-1}`` it starts fr
    of every Param (every path of the step: nothing is ever dropped from it)
    and the learning signal ``δ̄^t = ∂(w_t L_t)/∂h^{t-1}``, which covers both a
    loss that reads the new state and one that reads the previous state
-   (``w_t L_t`` is 0 where ``w_t = 0``, selected, not multiplied: ``_masks.weigh``);
+   (``w_t L_t`` is 0 where ``w_t = 0``, selected, not multiplied, and nothing of an
+   ignored loss reaches the gradient: :func:`step_loss`);
 3. the hidden Jacobians ``D^t = ∂h^t/∂h^{t-1}`` and ``Df^t = ∂h^t/∂y^t`` at
    ``(h^{t-1}, x^t)`` in the scope the algorithm reads.
 
@@ -39,10 +40,10 @@ import jax.numpy as jnp
 from braintrace._algorithms import GraphRules, Jacobians, is_batched
 from braintrace._compiler import StepLeaves, programs
 from braintrace._loops._context import LoopContext
-from braintrace._loops._masks import weigh
+from braintrace._loops._masks import stop_unscored, weigh
 
-__all__ = ["LossTerms", "ProbedLossTerms", "add_same_step", "loss_terms", "probed_loss_terms",
-           "step_jacobians", "step_leaves"]
+__all__ = ["LossTerms", "ProbedLossTerms", "add_same_step", "loss_terms",
+           "probed_loss_terms", "step_jacobians", "step_leaves", "step_loss"]
 
 
 class LossTerms(NamedTuple):
@@ -108,18 +109,39 @@ def _reverse_pass(ctx: LoopContext, leaves: StepLeaves, y_t: Any, weight_t: jax.
                                            ctx.rules.feedback, probes,
                                            x_pullbacks=ctx.x_pullbacks)
         y = jax.tree.unflatten(graph.out_treedef, outs.y)
-        if jnp.ndim(weight_t) == 1:  # per-sample weights: a (T, B) mask
-            weighted, reported = per_sample_loss(loss_fn, y, y_t, weight_t)
-            return weighted, (reported, outs, rel_x)
-        loss = loss_fn(y, y_t)
-        _check_scalar(loss)
-        return weigh(loss, weight_t), (loss, outs, rel_x)
+        weighted, reported = step_loss(loss_fn, y, y_t, weight_t)
+        return weighted, (reported, outs, rel_x)
 
     start = programs.state_probes(graph) if new_state else leaves.hidden
     weighted, pullback, (loss, outs, rel_x) = jax.vjp(
         weighted_loss, leaves.params, start, probes, has_aux=True)
     same_step, signal, dy = pullback(jnp.ones_like(weighted))  # w_t may be wider than L_t
     return outs, list(rel_x), loss, same_step, signal, dy
+
+
+def step_loss(loss_fn: Callable[[Any, Any], jax.Array], y: Any, y_t: Any,
+              weight_t: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(w_t L_t, reported L_t)`` of one step: ``weight_t`` a scalar, or ``(B,)`` per sample.
+
+    What the weights ignore adds nothing, even where ``loss_fn`` is singular: the
+    outputs reach it through ``_masks.stop_unscored`` and the weighted loss is
+    selected with ``_masks.weigh`` (the double ``where``); a step of weight 0
+    reports 0. Per sample: see :func:`per_sample_loss`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> relative = lambda y, t: jnp.mean(((y - t) / t) ** 2)
+        >>> weighted, reported = step_loss(relative, jnp.ones((2, 1)), jnp.array([[2.0], [0.0]]),
+        ...                                jnp.array([1.0, 0.0]))
+        >>> float(weighted), float(reported)
+        (0.25, 0.25)
+    """
+    y = stop_unscored(y, weight_t)
+    if jnp.ndim(weight_t) == 1:  # per-sample weights: a (T, B) mask
+        return per_sample_loss(loss_fn, y, y_t, weight_t)
+    loss = loss_fn(y, y_t)
+    _check_scalar(loss)
+    return weigh(loss, weight_t), jnp.where(weight_t != 0, loss, 0)
 
 
 def _check_scalar(loss: jax.Array) -> None:
@@ -136,8 +158,8 @@ def per_sample_loss(loss_fn: Callable[[Any, Any], jax.Array], y: Any, y_t: Any,
     ``ℓ_b = loss_fn(y[b], y_t[b])`` is each sample's loss (``loss_fn`` on one
     sample, without the batch axis: a mean-reducing ``loss_fn`` then gives the
     batch's loss as the mean of the samples'). The reported loss is the mean
-    over the step's scored samples, ``Σ_b w_b ℓ_b / Σ_b w_b`` (the plain mean
-    when none is scored).
+    over the step's scored samples, ``Σ_b w_b ℓ_b / Σ_b w_b`` (0 when none is
+    scored: no loss the weights ignore is read).
 
     Example:
         >>> import jax.numpy as jnp
@@ -154,7 +176,7 @@ def per_sample_loss(loss_fn: Callable[[Any, Any], jax.Array], y: Any, y_t: Any,
             f"return a scalar; it returned shape {jnp.shape(losses)[1:]} per sample.")
     total = jnp.sum(weight_t)
     weighted = jnp.sum(weigh(losses, weight_t))
-    reported = jnp.where(total > 0, weighted / jnp.where(total > 0, total, 1), jnp.mean(losses))
+    reported = jnp.where(total > 0, weighted / jnp.where(total > 0, total, 1), 0)
     return weighted, jax.lax.stop_gradient(reported)
 
 

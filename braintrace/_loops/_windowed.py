@@ -24,9 +24,8 @@ import jax.numpy as jnp
 
 from braintrace._compiler import StepLeaves, programs
 from braintrace._loops._context import LoopContext
-from braintrace._loops._masks import weigh
 from braintrace._loops._per_step import ScanCarry
-from braintrace._loops._step import per_sample_loss, step_jacobians, step_leaves
+from braintrace._loops._step import step_jacobians, step_leaves, step_loss
 
 __all__ = ["run_windowed"]
 
@@ -86,10 +85,7 @@ def _window_loss(ctx: LoopContext, params, hidden, other, xw, yw, ww,
         x_t, y_t, w_t = inputs
         outs, _ = programs.forward(graph, StepLeaves(params, h, o, jax.tree.leaves(x_t)))
         y = jax.tree.unflatten(graph.out_treedef, outs.y)
-        if jnp.ndim(w_t) == 1:  # per-sample weights: a (T, B) mask
-            return (outs.hidden, outs.other), per_sample_loss(ctx.loss_fn, y, y_t, w_t)
-        loss = ctx.loss_fn(y, y_t)
-        return (outs.hidden, outs.other), (weigh(loss, w_t), loss)
+        return (outs.hidden, outs.other), step_loss(ctx.loss_fn, y, y_t, w_t)
 
     (h_end, o_end), (weighted, losses) = jax.lax.scan(body, (list(hidden), list(other)),
                                                       (xw, yw, ww))
