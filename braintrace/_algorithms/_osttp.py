@@ -137,8 +137,8 @@ class TargetProjection(AbstractLearningSignal):
             raise ValueError(
                 f"OSTTP projects each step's target y* onto the hidden layers: y* must be a "
                 f"float array shaped like the model's output {shape} (one-hot for classes) or "
-                f"integer class labels of shape {shape[:-1]}, but the step's target "
-                f"{'mapped by target=' if self.target is not None else ''} is {got}. Pass "
+                f"integer class labels of shape {shape[:-1]}, but the step's target"
+                f"{' mapped by target=' if self.target is not None else ''} is {got}. Pass "
                 "OSTTP(target=fn), fn mapping the target loss_fn receives to y*.")
         rows = shape[0] if any(self.batched) else 1
         return y.reshape(rows, -1)
