@@ -16,6 +16,7 @@ from braintrace._algorithms import DNI as DNI
 from braintrace._algorithms import DRTRL as DRTRL
 from braintrace._algorithms import ESDRTRL as ESDRTRL
 from braintrace._algorithms import FPTT as FPTT
+from braintrace._algorithms import OSTTP as OSTTP
 from braintrace._algorithms import RTRL as RTRL
 from braintrace._algorithms import UORO as UORO
 from braintrace._algorithms import AbstractAlgorithm as AbstractAlgorithm
@@ -23,7 +24,6 @@ from braintrace._algorithms import EProp as EProp
 from braintrace._algorithms import LinearSynthesizer as LinearSynthesizer
 from braintrace._algorithms import OSTLFeedforward as OSTLFeedforward
 from braintrace._algorithms import OSTLRecurrent as OSTLRecurrent
-from braintrace._algorithms import OSTTP as OSTTP
 from braintrace._algorithms import SnAp as SnAp
 from braintrace._algorithms import ThreeFactor as ThreeFactor
 from braintrace._algorithms import fptt_regularizer as fptt_regularizer
@@ -68,6 +68,7 @@ __all__ = [
     "DRTRL",
     "ESDRTRL",
     "FPTT",
+    "OSTTP",
     "RTRL",
     "UORO",
     "AbstractAlgorithm",
@@ -86,7 +87,6 @@ __all__ = [
     "MissingRuleError",
     "OSTLFeedforward",
     "OSTLRecurrent",
-    "OSTTP",
     "OnlineGradient",
     "OnlineLearner",
     "OnlineState",

@@ -6,8 +6,8 @@ from braintrace._algorithms._base import AbstractAlgorithm
 from braintrace._algorithms._bptt import BPTT
 from braintrace._algorithms._d_rtrl import DRTRL
 from braintrace._algorithms._eprop import EProp
-from braintrace._algorithms._fptt import FPTT
 from braintrace._algorithms._es_d_rtrl import ESDRTRL
+from braintrace._algorithms._fptt import FPTT
 from braintrace._algorithms._ostl import OSTLFeedforward, OSTLRecurrent
 from braintrace._algorithms._osttp import OSTTP
 from braintrace._algorithms._rtrl import RTRL
