@@ -3,7 +3,7 @@
 FPTT updates the Params at every step ``t`` from the instantaneous loss ``ℓ_t`` alone, and
 makes up for the credit it does not carry over time with a dynamic regulariser that pulls
 the Params towards a running average ``W̄`` of their past values (Kag & Saligrama, ICML
-2021, Sec. 3 and Algorithm 1):
+2021, Algorithm 1):
 
 .. math::
 

@@ -69,7 +69,8 @@ from braintrace._compiler import (
     reached,
 )
 
-__all__ = ["OSTTP", "TargetProjection", "projected_equations"]
+__all__ = ["OSTTP", "TargetProjection", "new_state_signal_approximation", "projected_equations",
+           "projection_approximation", "projection_matrices"]
 
 
 def projected_equations(graph: ETraceGraph) -> list[int]:
