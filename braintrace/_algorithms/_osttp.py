@@ -228,10 +228,10 @@ class OSTTP(AbstractAlgorithm):
     ``δ^t = ∂/∂h^t`` of ``w_t L_t`` in which every ETP operation reading a hidden layer's
     output ``x`` sends ``w_t y*^t B`` back to ``x`` instead of the error (see the module
     docstring for the target ``y*``, the matrices ``B`` and the scaling). Hidden layers learn
-    without any error transported to them, the output layer from its true error. It is
-    OSTL (D-RTRL with the fast signal) where no ETP operation reads the new hidden state,
-    and exact there wherever D-RTRL is; elsewhere ``report()`` names the Params that learn
-    from the projection and ``strict=True`` refuses them. Traces ``O(B·|θ|·S)``, constant in
+    without any error transported to them, the output layer from its true error. Where no
+    ETP operation reads the new hidden state it is OSTL (D-RTRL with the fast signal), equal
+    to BPTT wherever ``compile(..., strict=True)`` accepts it; elsewhere ``report()`` names
+    the Params that learn from the projection and ``strict=True`` refuses them. Traces ``O(B·|θ|·S)``, constant in
     ``T``. Single-step: no ``chunk_size``.
 
     Args:
