@@ -209,14 +209,16 @@ def test_the_target_must_be_shaped_like_the_output_or_be_class_labels():
         braintrace.OSTTP(target="one_hot")
 
 
-def test_osttp_in_the_trainer_and_fit_equals_a_gradient_and_an_update_per_window():
+def test_osttp_in_the_trainer_fit_and_online_update_equals_an_update_per_window_by_hand():
     xs = 2.0 * jax.random.normal(jax.random.key(1), (2, 4, B, IN), F64)
     labels = jax.random.randint(jax.random.key(2), (2, 4, B), 0, OUT)
     tx = optax.adam(0.05)
+    params = lambda model: [np.asarray(a) for a in jax.tree.leaves(nnx.state(model, nnx.Param))]
     model = spiking_net()
     learner = braintrace.compile(model, "osttp", xs[0, 0])
     optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
     update = nnx.jit(lambda model, optimizer, grads: optimizer.update(model, grads))
+    want = []
     for batch in range(2):  # by hand: an update per window of 2 steps; fit resets the state
         if batch:
             learner.reset()
@@ -224,13 +226,24 @@ def test_osttp_in_the_trainer_and_fit_equals_a_gradient_and_an_update_per_window
             update(model, optimizer, learner.etrace_grad(xs[batch, window],
                                                          labels[batch, window], class_loss,
                                                          block_size=1))
-    want = [np.asarray(a) for a in jax.tree.leaves(nnx.state(model, nnx.Param))]
+        want.append(params(model))
+
+    def close(got, want):
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
 
     model = spiking_net()
     trainer = braintrace.OnlineTrainer(braintrace.compile(model, "osttp", xs[0, 0]), tx,
                                        loss_fn=class_loss, update_every=2)
     trainer.step(xs[0], labels[0])
+    close(params(model), want[0])
     trainer.fit([(xs[1], labels[1])], progress=False)  # from a reset state
-    got = [np.asarray(a) for a in jax.tree.leaves(nnx.state(model, nnx.Param))]
-    for g, w in zip(got, want, strict=True):
-        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+    close(params(model), want[1])
+
+    model = spiking_net()  # a user's nnx.jit step
+    train = braintrace.online_update(braintrace.compile(model, "osttp", xs[0, 0]), class_loss,
+                                     tx, update_every=2)
+    opt_state, state = train.init(model)
+    new, *_ = nnx.jit(train.update)(model, opt_state, state, xs[0], labels[0])
+    nnx.update(model, new)
+    close(params(model), want[0])
