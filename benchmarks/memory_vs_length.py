@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 HERE = os.path.dirname(os.path.abspath(__file__))
 NAME = "memory_vs_length"
 STREAMED = ("d_rtrl_streamed", "es_d_rtrl_streamed")
-METHODS = ("bptt", "d_rtrl", "es_d_rtrl", *STREAMED)
+METHODS = ("bptt", "d_rtrl", "es_d_rtrl", "fptt", "osttp", *STREAMED)
 STREAM_CHUNK = 100
 FULL_LENGTHS = (100, 1000, 4000, 10000)
 QUICK_LENGTHS = (8, 64)
@@ -250,6 +250,7 @@ def plot(records: list[dict], path: str) -> None:
     models = sorted({r["model"] for r in records})
     fig, axes = plt.subplots(2, len(models), figsize=(5.5 * len(models), 8), squeeze=False)
     colours = {"bptt": "tab:red", "d_rtrl": "tab:blue", "es_d_rtrl": "tab:green",
+               "fptt": "tab:brown", "osttp": "tab:pink",
                "d_rtrl_streamed": "tab:cyan", "es_d_rtrl_streamed": "tab:olive"}
     for j, model in enumerate(models):
         for i, (key, title) in enumerate((("xla", "XLA compiled peak (arg+out+temp)"),

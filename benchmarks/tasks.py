@@ -7,10 +7,15 @@ digits, 64 channels, T = 32). Models: ``gru`` (one GRU cell, linear readout),
 ``layers.LRU``, GELU between, linear readout) and ``lru_mlp`` (one ``layers.LRU``
 and a GELU MLP readout: the architecture on which D-RTRL is exact) on the first
 two; ``alif`` (a recurrent layer of adaptive LIF neurons, leaky readout) on the
-spiking one.
+spiking one and on MNIST-1D (its one channel as input current).
 
 Methods: ``bptt`` (``braintrace.BPTT()``: ``jax.grad`` through the scan), ``d_rtrl``,
-``es_d_rtrl``, ``eprop`` (``EProp(kappa=0.9)``, SNN only), ``d_rtrl@8`` and
+``es_d_rtrl``, ``eprop`` (``EProp(kappa=0.9)``, SNN only), ``osttp`` (``OSTTP()``: the label's
+one-hot projected onto the ALIF layer, SNN only), ``fptt`` (SNN only: ``FPTT()`` with
+``fptt_regularizer(0.1)`` before Adam, an update every step from that step's own gradient,
+``OnlineTrainer(update_every=1)``; FPTT has no credit over time, so its loss is the label's
+cross-entropy at every step weighted ``(t + 1)/T``, the intermediate losses of Yin et al.
+2023, instead of the last step's alone), ``d_rtrl@8`` and
 ``d_rtrl@16`` (D-RTRL in windowed mode, ``chunk_size`` 8 or 16: exact reverse mode
 inside each window, traces across windows; a window that does not divide T is
 skipped), and at a small hidden size (``--small-hidden``, where RTRL's ``B·|θ|·N``
@@ -20,7 +25,8 @@ reference.
 
 Every row of one model and task starts from the same initialisation (seed),
 sees the same batches (``task.sample(fold_in(key, step))``), and takes the same
-number of Adam steps (``--steps``) with the loss at the last step (cross-entropy).
+number of Adam steps (``--steps``) with the loss at the last step (cross-entropy);
+``fptt`` sees the same batches and makes ``T`` updates on each.
 The learning rate is chosen per row from ``--lrs`` by validation accuracy after
 training with seed 0; further seeds (``--seeds``) rerun only the chosen rate.
 Reported: test accuracy of each seed (mean and spread), validation accuracy of
@@ -60,7 +66,7 @@ from braintrace import tasks as bt_tasks
 
 NAME = "tasks"
 TASKS = {
-    "mnist1d": (bt_tasks.MNIST1D, ("gru", "mingru2", "lru2", "lru_mlp")),
+    "mnist1d": (bt_tasks.MNIST1D, ("gru", "mingru2", "lru2", "lru_mlp", "alif")),
     "digits": (bt_tasks.SequentialDigits, ("gru", "mingru2", "lru2", "lru_mlp")),
     "spiking_digits": (bt_tasks.SpikingDigits, ("alif",)),
 }
@@ -70,7 +76,7 @@ METHODS = {
     "mingru2": ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@8", "d_rtrl@16", "bptt@small", "rtrl"),
     "lru2": ("bptt", "d_rtrl", "es_d_rtrl"),
     "lru_mlp": ("bptt", "d_rtrl"),
-    "alif": ("bptt", "d_rtrl", "es_d_rtrl", "eprop", "d_rtrl@8", "d_rtrl@16"),
+    "alif": ("bptt", "d_rtrl", "es_d_rtrl", "eprop", "d_rtrl@8", "d_rtrl@16", "fptt", "osttp"),
 }
 FULL = {"hidden": 64, "small_hidden": 16, "batch": 64, "steps": 500, "seeds": 2,
         "lrs": (3e-3, 1e-2)}
@@ -78,6 +84,7 @@ QUICK = {"hidden": 4, "small_hidden": 4, "batch": 4, "steps": 2, "seeds": 1, "lr
 SMALL = ("rtrl", "bptt@small", "snap1", "uoro")
 ALGORITHMS = {"eprop": lambda: braintrace.EProp(kappa=0.9), "snap1": lambda: braintrace.SnAp(1),
               "uoro": lambda: braintrace.UORO(seed=0)}
+FPTT_ALPHA = 0.1  # fptt_regularizer's α (β = 1/2, the paper's running average); not tuned
 EVAL_CHUNK = 500  # validation and test run in chunks of this many sequences: one compilation
 # --quick: one task per model, BPTT or one online rule each (the LRU under an MLP readout
 # both: D-RTRL is exact there)
@@ -201,26 +208,53 @@ def grad_function(model: nnx.Module, method: str, task, batch_size: int):
     return grad
 
 
-def train(task, model_name: str, method: str, lr: float, cfg: dict, seed: int) -> dict:
-    hidden = cfg["small_hidden"] if method in SMALL else cfg["hidden"]
-    model = MODELS[model_name](task.num_inputs, hidden, task.num_classes, nnx.Rngs(seed))
-    braintrace.init_states(model, cfg["batch"])
-    grad = grad_function(model, method, task, cfg["batch"])
+def update_function(model: nnx.Module, method: str, task, batch_size: int, lr: float):
+    """``update(batch)``: the method's Adam update(s) of the model's Params from one batch."""
+    if method == "fptt":
+        return fptt_update(model, task, batch_size, lr)
+    grad = grad_function(model, method, task, batch_size)
     tx = optax.adam(lr)
-    params = nnx.state(model, nnx.Param)
-    opt_state = tx.init(params)
+    opt_state = tx.init(nnx.state(model, nnx.Param))
 
     @jax.jit
     def apply(params, opt_state, grads):
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state
 
+    def update(batch):
+        nonlocal opt_state
+        params, opt_state = apply(nnx.state(model, nnx.Param), opt_state, grad(batch))
+        nnx.update(model, params)
+
+    return update
+
+
+def fptt_update(model: nnx.Module, task, batch_size: int, lr: float):
+    """FPTT: an update every step, ``fptt_regularizer`` before Adam, the label's loss at every
+    step weighted ``(t + 1)/T`` (module docstring)."""
+    example = jnp.zeros((batch_size, task.num_inputs))
+    learner = braintrace.compile(model, "fptt", example, batch_size=batch_size)
+    tx = optax.chain(braintrace.fptt_regularizer(FPTT_ALPHA), optax.adam(lr))
+    trainer = braintrace.OnlineTrainer(learner, tx, loss_fn=cross_entropy, update_every=1)
+    weights = (jnp.arange(task.seq_len) + 1.0) / task.seq_len
+
+    def update(batch):
+        learner.reset()
+        trainer.step(batch.xs, batch.ys, weights)
+
+    return update
+
+
+def train(task, model_name: str, method: str, lr: float, cfg: dict, seed: int) -> dict:
+    hidden = cfg["small_hidden"] if method in SMALL else cfg["hidden"]
+    model = MODELS[model_name](task.num_inputs, hidden, task.num_classes, nnx.Rngs(seed))
+    braintrace.init_states(model, cfg["batch"])
+    update = update_function(model, method, task, cfg["batch"], lr)
     key = jax.random.key(seed)
     start = time.perf_counter()
     for step in range(cfg["steps"]):
-        grads = grad(task.sample(jax.random.fold_in(key, step), cfg["batch"]))
-        params, opt_state = apply(params, opt_state, grads)
-        nnx.update(model, params)
+        update(task.sample(jax.random.fold_in(key, step), cfg["batch"]))
+    params = nnx.state(model, nnx.Param)
     jax.block_until_ready(params)
     wall = time.perf_counter() - start
     out = {"hidden": hidden, "train_wall_s": wall, "lr": lr, "seed": seed}

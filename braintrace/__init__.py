@@ -15,6 +15,8 @@ from braintrace._algorithms import BPTT as BPTT
 from braintrace._algorithms import DNI as DNI
 from braintrace._algorithms import DRTRL as DRTRL
 from braintrace._algorithms import ESDRTRL as ESDRTRL
+from braintrace._algorithms import FPTT as FPTT
+from braintrace._algorithms import OSTTP as OSTTP
 from braintrace._algorithms import RTRL as RTRL
 from braintrace._algorithms import UORO as UORO
 from braintrace._algorithms import AbstractAlgorithm as AbstractAlgorithm
@@ -24,6 +26,7 @@ from braintrace._algorithms import OSTLFeedforward as OSTLFeedforward
 from braintrace._algorithms import OSTLRecurrent as OSTLRecurrent
 from braintrace._algorithms import SnAp as SnAp
 from braintrace._algorithms import ThreeFactor as ThreeFactor
+from braintrace._algorithms import fptt_regularizer as fptt_regularizer
 from braintrace._compiler import ETraceGraph as ETraceGraph
 from braintrace._compiler import compile_graph as compile_graph
 from braintrace._drivers import Callback as Callback
@@ -64,6 +67,8 @@ __all__ = [
     "DNI",
     "DRTRL",
     "ESDRTRL",
+    "FPTT",
+    "OSTTP",
     "RTRL",
     "UORO",
     "AbstractAlgorithm",
@@ -98,6 +103,7 @@ __all__ = [
     "element_wise",
     "embed_lookup",
     "evaluate",
+    "fptt_regularizer",
     "grouped_matmul",
     "init_states",
     "lora_matmul",

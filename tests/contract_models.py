@@ -394,6 +394,7 @@ ALGORITHMS: dict[str, Callable[[], braintrace.AbstractAlgorithm]] = {
     "d_rtrl": braintrace.D_RTRL,
     "es_d_rtrl": lambda: braintrace.ES_D_RTRL(0.7, x_decay_or_rank=0.4),
     "eprop": lambda: braintrace.EProp(0.5),
+    "fptt": braintrace.FPTT,
     "ostl_recurrent": braintrace.OSTLRecurrent,
     "ostl_feedforward": braintrace.OSTLFeedforward,
     "rtrl": braintrace.RTRL,

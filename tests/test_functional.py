@@ -85,7 +85,8 @@ def stateful_run(net, algorithm, dtype, tx, chunks):
 
 
 CASES = [("d_rtrl", Net), ("es_d_rtrl", Net), ("rtrl", Net), ("bptt", Net),
-         ("d_rtrl", Spiking)]
+         ("d_rtrl", Spiking), ("fptt", Spiking), ("osttp", Spiking)]
+"""The same user train step for each: switching a rule is one string."""
 
 
 @pytest.mark.parametrize("algorithm, net, dtype, rtol", [

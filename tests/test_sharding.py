@@ -63,6 +63,12 @@ SCRIPT = textwrap.dedent("""
                                **kw).etrace_grad(xs, ys, mse) for kw in ({}, {"mesh": mesh})]
     out["snap"] = {"grad": gap(*snap), "size": max(float(jnp.max(jnp.abs(g)))
                                                    for g in jax.tree.leaves(snap[0]))}
+    for alg in ["fptt", "osttp"]:  # no traces; a target projected onto the GRU's output
+        pair = [braintrace.compile(make(), alg, jnp.ones((B, 3)), batch_size=B, **kw)
+                for kw in ({}, {"mesh": mesh})]
+        grads = [learner.etrace_grad(xs, ys, mse) for learner in pair]
+        out[alg] = {"grad": gap(*grads), "size": max(float(jnp.max(jnp.abs(g)))
+                                                     for g in jax.tree.leaves(grads[0]))}
     t1 = braintrace.OnlineTrainer(one, optax.adam(1e-2), loss_fn=mse, update_every=2)
     t4 = braintrace.OnlineTrainer(four, optax.adam(1e-2), loss_fn=mse, update_every=2)
     t1.step(xs, ys)
@@ -135,6 +141,11 @@ def test_gradients_on_four_devices_equal_one_device(sharded, alg):
 def test_snap_on_four_devices_equals_one_device(sharded):
     """SnAp's NumPy patterns are built outside the mesh layout's ``jax.eval_shape``."""
     assert sharded["snap"]["size"] > 1e-4 and sharded["snap"]["grad"] < 1e-6
+
+
+@pytest.mark.parametrize("alg", ["fptt", "osttp"])
+def test_fptt_and_osttp_on_four_devices_equal_one_device(sharded, alg):
+    assert sharded[alg]["size"] > 1e-4 and sharded[alg]["grad"] < 1e-6
 
 
 @pytest.mark.parametrize("alg", ["d_rtrl", "es_d_rtrl"])

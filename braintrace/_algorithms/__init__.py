@@ -23,9 +23,13 @@ from braintrace._algorithms._eprop import EProp as EProp
 from braintrace._algorithms._es_d_rtrl import ES_D_RTRL as ES_D_RTRL
 from braintrace._algorithms._es_d_rtrl import ESDRTRL as ESDRTRL
 from braintrace._algorithms._es_d_rtrl import pp_prop as pp_prop
+from braintrace._algorithms._fptt import FPTT as FPTT
+from braintrace._algorithms._fptt import FPTTState as FPTTState
+from braintrace._algorithms._fptt import fptt_regularizer as fptt_regularizer
 from braintrace._algorithms._graph_rules import GraphRules as GraphRules
 from braintrace._algorithms._ostl import OSTLFeedforward as OSTLFeedforward
 from braintrace._algorithms._ostl import OSTLRecurrent as OSTLRecurrent
+from braintrace._algorithms._osttp import OSTTP as OSTTP
 from braintrace._algorithms._registry import ALGORITHMS as ALGORITHMS
 from braintrace._algorithms._registry import get_algorithm as get_algorithm
 from braintrace._algorithms._relation_rule import BlockSteps as BlockSteps
@@ -46,12 +50,15 @@ __all__ = [
     "D_RTRL",
     "ESDRTRL",
     "ES_D_RTRL",
+    "FPTT",
+    "OSTTP",
     "RTRL",
     "UORO",
     "AbstractAlgorithm",
     "AbstractLearningSignal",
     "BlockSteps",
     "EProp",
+    "FPTTState",
     "GraphRules",
     "Jacobians",
     "LinearSynthesizer",
@@ -60,6 +67,7 @@ __all__ = [
     "RelationRule",
     "SnAp",
     "ThreeFactor",
+    "fptt_regularizer",
     "get_algorithm",
     "is_batched",
     "pp_prop",

@@ -7,7 +7,9 @@ from braintrace._algorithms._bptt import BPTT
 from braintrace._algorithms._d_rtrl import DRTRL
 from braintrace._algorithms._eprop import EProp
 from braintrace._algorithms._es_d_rtrl import ESDRTRL
+from braintrace._algorithms._fptt import FPTT
 from braintrace._algorithms._ostl import OSTLFeedforward, OSTLRecurrent
+from braintrace._algorithms._osttp import OSTTP
 from braintrace._algorithms._rtrl import RTRL
 from braintrace._algorithms._snap import SnAp
 from braintrace._algorithms._three_factor import ThreeFactor
@@ -21,8 +23,10 @@ ALGORITHMS = {
     "es_d_rtrl": ESDRTRL,
     "pp_prop": ESDRTRL,
     "eprop": EProp,
+    "fptt": FPTT,
     "ostl_recurrent": OSTLRecurrent,
     "ostl_feedforward": OSTLFeedforward,
+    "osttp": OSTTP,
     "rtrl": RTRL,
     "uoro": UORO,
     "snap": SnAp,

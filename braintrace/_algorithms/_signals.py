@@ -11,7 +11,9 @@ backward product through the recurrent kernels). A rule whose signal comes from 
 neuromodulator) subclasses :class:`AbstractLearningSignal`: it names the per-step input
 it reads (``etrace_grad(..., <input_name>=...)``), checks it, says whether it
 is contracted with the traces after the step's update, and which Params keep
-their same-step gradient of the loss.
+their same-step gradient of the loss. A signal may also cut the error the loss sends back
+through the input of some ETP operations and send a value of its own there instead
+(``cut_inputs`` and :meth:`~AbstractLearningSignal.input_objective`: OSTTP's projected target).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from braintrace._compiler import ETraceGraph
 
@@ -40,11 +43,15 @@ class AbstractLearningSignal(abc.ABC):
             ``∂(w_t L_t)/∂h^t`` (``h^t`` an input of the rest of the step; the
             traced operations cut from the same-step gradient) instead of
             ``∂(w_t L_t)/∂h^{t-1}``.
+        cut_inputs: ETP equations (indices in the step's jaxpr) through whose input ``x``
+            the loss sends no derivative back; the step's reverse pass adds
+            :meth:`input_objective` of their inputs to the weighted loss instead.
     """
 
     input_name: str | None = None
     after_update: bool = False
     reads_new_state: bool = False
+    cut_inputs: tuple[int, ...] = ()
 
     def check_inputs(self, graph: ETraceGraph, hidden: Sequence[jax.Array], inputs: Any,
                      length: int) -> Any:
@@ -67,6 +74,15 @@ class AbstractLearningSignal(abc.ABC):
     def keeps_same_step(self, graph: ETraceGraph) -> tuple[bool, ...]:
         """Per Param leaf: whether it keeps its exact same-step gradient of the loss."""
         return (True,) * graph.num_params
+
+    def input_objective(self, inputs: Sequence[jax.Array], target_t: Any,
+                        weight_t: jax.Array) -> jax.Array:
+        """A zero-valued term of step ``t``'s weighted loss whose derivative with respect to
+        the inputs of the :attr:`cut_inputs` equations (in that order) is what they send back
+        instead of the loss's error; ``target_t`` is the step's target (as ``loss_fn`` gets
+        it). By default none: the cut inputs send nothing back."""
+        del inputs, target_t
+        return jnp.zeros((), jnp.result_type(weight_t))
 
 
 class LossSignal(AbstractLearningSignal):

@@ -47,6 +47,7 @@ __all__ = [
     "can_pull_jacobians",
     "coupled_jacobians",
     "forward",
+    "forward_cutting_inputs",
     "full_jacobians",
     "jacobian_responses",
     "jacobians",
@@ -98,12 +99,34 @@ def forward(graph: ETraceGraph, leaves: StepLeaves,
             input's derivative back through a kernel transposed in advance
             (the same derivatives; reverse mode only).
     """
+    outs, rel_x, _ = forward_cutting_inputs(graph, leaves, (), feedback, output_probes,
+                                            state_probes, x_pullbacks)
+    return outs, rel_x
+
+
+def forward_cutting_inputs(graph: ETraceGraph, leaves: StepLeaves, cut_inputs: Sequence[int],
+                           feedback: dict[int, dict[int, jax.Array]] | None = None,
+                           output_probes: Sequence[jax.Array | None] | None = None,
+                           state_probes: Sequence[jax.Array] | None = None,
+                           x_pullbacks: dict[int, tuple[Any, jax.Array]] | None = None,
+                           ) -> tuple[StepOutputs, list[jax.Array | None], list[jax.Array]]:
+    """:func:`forward`, with the input ``x`` of each ETP equation of ``cut_inputs`` passing
+    no derivative back through the equation (its other reads keep theirs), and returned.
+
+    Returns:
+        ``(outputs, rel_x, cut_x)``: :func:`forward`'s two and the input of each equation
+        of ``cut_inputs``, in that order (a learning signal's ``input_objective`` reads them).
+    """
+    eqns = graph.jaxpr.eqns
     inputs = [graph.relation_input_var(r) for r in graph.input_relations]
-    stops, injections = {}, {}
+    inputs += [eqns[i].invars[eqns[i].primitive.x_invar_index] for i in cut_inputs]
+    stops: dict[int, tuple[int, ...]] = {i: (eqns[i].primitive.x_invar_index,)
+                                         for i in cut_inputs}
+    injections = {}
     cut = output_probes if output_probes is not None else (
         [None] * len(graph.relations) if state_probes is not None else ())
     for r, probe in zip(graph.relations, cut):
-        stops[r.eqn_index] = tuple(r.operands.values())
+        stops[r.eqn_index] = (*stops.get(r.eqn_index, ()), *r.operands.values())
         if probe is not None:
             injections[r.eqn_index] = (r.primitive.y_outvar_index, probe)
     probed: dict[Any, jax.Array] = {}
@@ -113,8 +136,10 @@ def forward(graph: ETraceGraph, leaves: StepLeaves,
     outs, recorded = evaluate(graph.jaxpr, graph.consts, leaves.args(), feedback=feedback,
                               stop_operands=stops, injections=injections,
                               var_injections=probed, record=inputs, x_pullbacks=x_pullbacks)
-    by_relation = dict(zip((r.index for r in graph.input_relations), recorded))
-    return graph.layout.split_outputs(outs), [by_relation.get(r.index) for r in graph.relations]
+    count = len(graph.input_relations)
+    by_relation = dict(zip((r.index for r in graph.input_relations), recorded[:count]))
+    return (graph.layout.split_outputs(outs),
+            [by_relation.get(r.index) for r in graph.relations], list(recorded[count:]))
 
 
 def x_pullbacks(graph: ETraceGraph, operands_: Sequence[dict[str, jax.Array]],

@@ -83,7 +83,7 @@ class OnlineTrainer(Checkpointable):
         if blocked is not None and not isinstance(blocked, bool):
             raise ValueError(f"OnlineTrainer: blocked must be True, False or None, got "
                              f"{blocked!r}.")
-        if blocked and not learner.rules.supports_blocks:
+        if blocked and learner.rules.traced and not learner.rules.supports_blocks:
             raise ValueError(
                 f"Algorithm '{learner.algorithm.name}' has no time-blocked form for this model; "
                 "use blocked=False (or leave it unset).")

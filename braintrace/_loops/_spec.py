@@ -117,7 +117,8 @@ def choose_loop(rules: GraphRules, *, length: int, chunk_size: int | None = None
         block_size: Time blocks of the traces outside windowed mode; ``None``:
             :func:`default_block_size` (32 steps, fewer for a network whose
             stacked steps exceed 256 MiB, at least 2) where the rules have a
-            blocked form, else the per-step loop.
+            blocked form, else the per-step loop (always, for rules that keep no
+            traces: FPTT's).
 
     Raises:
         ValueError: An argument is not a positive int, ``chunk_size`` does not
@@ -153,6 +154,8 @@ def choose_loop(rules: GraphRules, *, length: int, chunk_size: int | None = None
     if block_size is None:
         return Blocked(default_block_size(rules)) if rules.supports_blocks else PerStep()
     block_size = check_positive("block_size", block_size)
+    if not rules.traced:  # no traces to advance in blocks: every block size is per step
+        return PerStep()
     if block_size > 1 and not rules.supports_blocks:
         raise ValueError(
             f"Algorithm '{rules.name}' has no time-blocked form for this model; pass "

@@ -27,6 +27,11 @@ readout and later states, but no path into ``h^t``: no backward product
 through the recurrent kernels) and the same-step gradient by every path but
 the traced relations' (the readout's Params, untraced paths). The relations'
 own share is then in the updated traces ``ε^t``, so ``dy`` is ``None``.
+
+A learning signal with ``cut_inputs`` (OSTTP's target projection) cuts the derivative the
+loss sends back through the input ``x`` of those ETP equations and adds its
+``input_objective`` of their inputs (zero-valued) to the weighted loss of 2: what those
+inputs send back instead.
 """
 
 from __future__ import annotations
@@ -98,18 +103,23 @@ def _reverse_pass(ctx: LoopContext, leaves: StepLeaves, y_t: Any, weight_t: jax.
                   probes: Any, new_state: bool = False) -> tuple[Any, ...]:
     """The VJP of ``w_t L_t`` with respect to the Params, the start (``h^{t-1}``, or the
     probes on ``h^t`` with ``new_state``) and the relations' output probes."""
-    graph, loss_fn = ctx.graph, ctx.loss_fn
+    graph, loss_fn, signal = ctx.graph, ctx.loss_fn, ctx.rules.learning_signal
+    cut = signal.cut_inputs
 
     def weighted_loss(params, start, probes):
         if new_state:
-            outs, rel_x = programs.forward(graph, leaves._replace(params=params),
-                                           ctx.rules.feedback, state_probes=start)
+            outs, rel_x, cut_x = programs.forward_cutting_inputs(
+                graph, leaves._replace(params=params), cut, ctx.rules.feedback,
+                state_probes=start)
         else:
-            outs, rel_x = programs.forward(graph, leaves._replace(params=params, hidden=start),
-                                           ctx.rules.feedback, probes,
-                                           x_pullbacks=ctx.x_pullbacks)
+            outs, rel_x, cut_x = programs.forward_cutting_inputs(
+                graph, leaves._replace(params=params, hidden=start), cut, ctx.rules.feedback,
+                probes, x_pullbacks=ctx.x_pullbacks)
         y = jax.tree.unflatten(graph.out_treedef, outs.y)
         weighted, reported = step_loss(loss_fn, y, y_t, weight_t)
+        if cut:  # the learning signal's own value at the cut inputs (zero-valued)
+            weighted = weighted + signal.input_objective(cut_x, y_t, weight_t).astype(
+                weighted.dtype)
         return weighted, (reported, outs, rel_x)
 
     start = programs.state_probes(graph) if new_state else leaves.hidden
