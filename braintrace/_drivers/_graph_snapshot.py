@@ -35,15 +35,9 @@ from flax import nnx
 
 __all__ = ["GraphSnapshot"]
 
-_OBJECT, _LIST, _DICT, _PYTREE, _VARIABLE = range(5)
 _SCALARS = frozenset((str, int, float, bool, complex, type(None)))
 _LEAVES = (type, np.dtype, jax.Array, np.ndarray)
 """Types that are never a pytree node (checked first: the general tests cost more)."""
-
-
-def _same(values: Any, recorded: tuple[Any, ...]) -> bool:
-    """Whether ``values`` are the ``recorded`` objects, in order."""
-    return len(values) == len(recorded) and all(map(operator.is_, values, recorded))
 
 
 def _one_level(node: Any) -> tuple[list[Any], Any]:
@@ -65,73 +59,84 @@ class GraphSnapshot:
         False
     """
 
-    def __init__(self, records: list[tuple[int, Any, tuple[Any, ...], tuple[Any, ...]]],
-                 followed: bool):
-        self._records = records
-        self._followed = followed
+    def __init__(self) -> None:
+        self.mappings: list[tuple[dict[Any, Any], tuple[Any, ...], tuple[Any, ...]]] = []
+        """Each Module's ``vars`` and each dict, with its keys and values."""
+        self.lists: list[tuple[list[Any], tuple[Any, ...]]] = []
+        self.variables: list[tuple[nnx.Variable, tuple[Any, ...], tuple[Any, ...]]] = []
+        """Each Variable with its metadata's keys and values."""
+        self.pytrees: list[tuple[Any, Any, tuple[Any, ...]]] = []
+        """Each other pytree node with its treedef and children (one level)."""
+        self.followed = True
+        """Whether every node could be followed (else the snapshot never holds)."""
 
     @classmethod
     def of(cls, model: Any) -> GraphSnapshot:
         """The snapshot of ``model``'s graph as it is now."""
-        records: list[tuple[int, Any, tuple[Any, ...], tuple[Any, ...]]] = []
-        followed = _record(model, records, set())
-        return cls(records, followed)
+        snapshot = cls()
+        snapshot.followed = snapshot._record(model, set())
+        return snapshot
 
     def holds(self) -> bool:
         """Whether every node still has what was recorded (module docstring)."""
-        if not self._followed:
+        same = _same
+        if not self.followed:
             return False
-        for kind, node, keys, values in self._records:
-            if kind == _OBJECT or kind == _DICT:
-                if not (_same(node, keys) and _same(node.values(), values)):
-                    return False
-            elif kind == _LIST:
-                if not _same(node, values):
-                    return False
-            elif kind == _VARIABLE:
-                metadata = node.get_metadata()
-                if not (_same(metadata, keys) and _same(metadata.values(), values)):
-                    return False
-            else:
-                children, treedef = _one_level(node)
-                if treedef != keys[0] or not _same(children, values):
-                    return False
+        for mapping, keys, values in self.mappings:
+            if not (same(mapping, keys) and same(mapping.values(), values)):
+                return False
+        for items, values in self.lists:
+            if not same(items, values):
+                return False
+        for variable, keys, values in self.variables:
+            metadata = variable.get_metadata()
+            if not (same(metadata, keys) and same(metadata.values(), values)):
+                return False
+        for node, treedef, values in self.pytrees:
+            children, now = _one_level(node)
+            if now != treedef or not same(children, values):
+                return False
         return True
 
+    def _record(self, node: Any, seen: set[int]) -> bool:
+        """Records ``node`` and everything below it; ``False`` where a node cannot be
+        followed."""
+        if type(node) in _SCALARS or id(node) in seen:
+            return True
+        if isinstance(node, nnx.Variable):
+            seen.add(id(node))
+            metadata = node.get_metadata()
+            self.variables.append((node, tuple(metadata), tuple(metadata.values())))
+            return True
+        if isinstance(node, nnx.Pytree):
+            seen.add(id(node))
+            attributes = vars(node)  # the live dict: compared in place
+            self.mappings.append((attributes, tuple(attributes), tuple(attributes.values())))
+            children: Any = attributes.values()
+        elif nnx.graph.is_graph_node(node):
+            return False  # a graph node type of its own: its flattening is not known here
+        elif type(node) is list:
+            seen.add(id(node))
+            self.lists.append((node, tuple(node)))
+            children = node
+        elif type(node) is dict:
+            seen.add(id(node))
+            self.mappings.append((node, tuple(node), tuple(node.values())))
+            children = node.values()
+        elif isinstance(node, tuple):
+            children = node
+        elif isinstance(node, _LEAVES) or not _is_pytree(node):
+            return True
+        else:
+            seen.add(id(node))
+            children, treedef = _one_level(node)
+            self.pytrees.append((node, treedef, tuple(children)))
+        return all(self._record(child, seen) for child in children)
 
-def _record(node: Any, records: list[Any], seen: set[int]) -> bool:
-    """Records ``node`` and everything below it; ``False`` where a node cannot be followed."""
-    if type(node) in _SCALARS or id(node) in seen:
-        return True
-    if isinstance(node, nnx.Variable):
-        seen.add(id(node))
-        metadata = node.get_metadata()
-        records.append((_VARIABLE, node, tuple(metadata), tuple(metadata.values())))
-        return True
-    if isinstance(node, nnx.Pytree):
-        seen.add(id(node))
-        attributes = vars(node)  # the live dict: compared in place
-        records.append((_OBJECT, attributes, tuple(attributes), tuple(attributes.values())))
-        children: Any = attributes.values()
-    elif nnx.graph.is_graph_node(node):
-        return False  # a graph node type of its own: its flattening is not known here
-    elif type(node) is list:
-        seen.add(id(node))
-        records.append((_LIST, node, (), tuple(node)))
-        children = node
-    elif type(node) is dict:
-        seen.add(id(node))
-        records.append((_DICT, node, tuple(node), tuple(node.values())))
-        children = node.values()
-    elif isinstance(node, tuple):
-        children = node
-    elif isinstance(node, _LEAVES) or not _is_pytree(node):
-        return True
-    else:
-        seen.add(id(node))
-        children, treedef = _one_level(node)
-        records.append((_PYTREE, node, (treedef,), tuple(children)))
-    return all(_record(child, records, seen) for child in children)
+
+def _same(values: Any, recorded: tuple[Any, ...]) -> bool:
+    """Whether ``values`` are the ``recorded`` objects, in order."""
+    return len(values) == len(recorded) and all(map(operator.is_, values, recorded))
 
 
 def _is_pytree(node: Any) -> bool:

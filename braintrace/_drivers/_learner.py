@@ -28,6 +28,7 @@ from braintrace._drivers._evaluate import batch_size_of, evaluate
 from braintrace._drivers._grad_call import grad_call, place_learner_inputs
 from braintrace._drivers._inputs import cast_inputs, check_inputs, refuse_traced
 from braintrace._drivers._learner_state import (
+    Reset,
     checked_traces,
     checkpoint_items,
     fresh_traces,
@@ -87,6 +88,7 @@ class OnlineLearner(Checkpointable):
         self._views = ViewCache()
         self._bound: tuple[ModelView, int | None, Entry] | None = None
         self._checked = CheckedCalls()
+        self._resets: tuple[ModelView | None, dict[int | None, Reset | None]] = (None, {})
         place_model(model, self._entry())
         self.traces = fresh_traces(self.compiled, self._entry(), model)
 
@@ -229,8 +231,23 @@ class OnlineLearner(Checkpointable):
             (8, (5, 8, 3))
         """
         target = self._batch_size if batch_size is KEEP else batch_size
-        self._batch_size, self.traces = reset_state(self.compiled, self.model, self._batch_size,
-                                                    target)
+        view = self._views(self.model)
+        done = self._resets_of(view).get(target) if target is None or type(target) is int \
+            else None  # (2.0 or True: checked again)
+        traces = None if done is None else done.repeat(self.compiled, view)
+        if traces is None:
+            target, traces = reset_state(self.compiled, self.model, self._batch_size, target)
+            view = self._views(self.model)
+            self._resets_of(view)[target] = Reset.after(
+                view, self.compiled.entry(view.graphdef, target))
+        self._batch_size, self.traces = target, traces
+
+    def _resets_of(self, view: ModelView) -> dict[int | None, Reset | None]:
+        """The resets that worked for ``view`` (:class:`Reset`), by batch size (those of an
+        earlier view are forgotten)."""
+        if self._resets[0] is not view:
+            self._resets = (view, {})
+        return self._resets[1]
 
     def state(self) -> dict[str, Any]:
         """Everything a resumed run needs: Params, hidden and other state, traces."""

@@ -133,6 +133,11 @@ class ModelView:
                       [strong(h) for h in jax.tree.leaves(self.hidden)],
                       jax.tree.leaves(self.other))
 
+    def variables(self) -> list[nnx.Variable] | None:
+        """The model's Variables (Params, hidden states, the rest), ``None`` if it also holds
+        bare arrays."""
+        return None if self._variables is None else [v for g in self._variables for v in g]
+
     def param_state(self, arrays: Sequence[jax.Array]) -> nnx.State:
         """``arrays`` (one per Param leaf) in the structure of ``nnx.state(model, nnx.Param)``."""
         return jax.tree.unflatten(self.params_def, list(arrays))
@@ -247,10 +252,10 @@ def check_leaves(leaves: Leaves, graph: ETraceGraph, avals: LeafAvals,
 def _fits(leaves: Leaves, avals: LeafAvals) -> bool:
     """Whether every leaf is an array of exactly its compiled shape and dtype (what
     :func:`check_leaves` accepts, without converting a dtype: a quick test first)."""
-    flat = [*leaves.params, *leaves.hidden, *leaves.other]
-    return len(flat) == len(avals) and all(
-        isinstance(a, _ARRAYS) and a.shape == shape and a.dtype == dtype
-        for a, (shape, dtype) in zip(flat, avals))
+    try:
+        return tuple([(a.shape, a.dtype) for group in leaves for a in group]) == avals
+    except AttributeError:  # not an array
+        return False
 
 
 def _changed_leaf(kind: str, path: str, leaf: Any, shape: tuple[int, ...], dtype: Any,
