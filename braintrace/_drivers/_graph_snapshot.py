@@ -21,7 +21,10 @@ break it. What the Variables hold is not part of it (values change at every
 call; the drivers check their shapes and dtypes, see ``_model_state``). A node
 it cannot follow (a graph node type registered outside Flax's ``nnx.Pytree``)
 makes a snapshot that never holds, so such a model is walked at every call, as
-before.
+before. Any other attribute value is one object to it: one changed in place (a
+mutable configuration object whose fields are reassigned) is not seen, where
+the walk would compare it by equality; Flax needs such static values hashable,
+so keep them immutable (replace them to change them).
 """
 
 from __future__ import annotations
@@ -47,6 +50,14 @@ def _one_level(node: Any) -> tuple[list[Any], Any]:
 class GraphSnapshot:
     """What Flax's walk of a model's graph reads, recorded to be compared by identity.
 
+    Attributes:
+        mappings: Each Module's ``vars`` and each dict (the live objects), with their keys
+            and values as recorded.
+        lists: Each list, with its items.
+        variables: Each Variable, with its metadata's keys and values.
+        pytrees: Each other pytree node, with its treedef and children (one level).
+        followed: Whether every node could be followed (if not, the snapshot never holds).
+
     Example:
         >>> from flax import nnx
         >>> from braintrace import layers
@@ -61,14 +72,10 @@ class GraphSnapshot:
 
     def __init__(self) -> None:
         self.mappings: list[tuple[dict[Any, Any], tuple[Any, ...], tuple[Any, ...]]] = []
-        """Each Module's ``vars`` and each dict, with its keys and values."""
         self.lists: list[tuple[list[Any], tuple[Any, ...]]] = []
         self.variables: list[tuple[nnx.Variable, tuple[Any, ...], tuple[Any, ...]]] = []
-        """Each Variable with its metadata's keys and values."""
         self.pytrees: list[tuple[Any, Any, tuple[Any, ...]]] = []
-        """Each other pytree node with its treedef and children (one level)."""
         self.followed = True
-        """Whether every node could be followed (else the snapshot never holds)."""
 
     @classmethod
     def of(cls, model: Any) -> GraphSnapshot:
@@ -79,9 +86,9 @@ class GraphSnapshot:
 
     def holds(self) -> bool:
         """Whether every node still has what was recorded (module docstring)."""
-        same = _same
         if not self.followed:
             return False
+        same = _same
         for mapping, keys, values in self.mappings:
             if not (same(mapping, keys) and same(mapping.values(), values)):
                 return False
