@@ -46,6 +46,7 @@ class Entry:
         leaf_avals: Shapes and dtypes of the Params, hidden states and other Variables.
         batch_size: The batch size (``None``: per sample).
         layout: Where each array lives on the mesh (``None`` without one).
+        param_dtype: The dtype the Params promote to (the loss weights').
     """
 
     graph: ETraceGraph
@@ -54,6 +55,11 @@ class Entry:
     leaf_avals: LeafAvals
     batch_size: int | None
     layout: Layout | None
+    param_dtype: Any = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        dtypes = (dtype for _, dtype in self.leaf_avals[:self.graph.num_params])
+        object.__setattr__(self, "param_dtype", jnp.result_type(*dtypes))
 
 
 class CompiledModel:

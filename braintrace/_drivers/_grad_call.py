@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from braintrace._drivers._checked_calls import CheckedCalls, call_signature
@@ -26,7 +25,7 @@ from braintrace._drivers._programs import GradArgs
 from braintrace._drivers._sharding import place, place_inputs
 from braintrace._loops import LoopSpec, check_positive, choose_loop
 
-__all__ = ["device_weights", "grad_call", "param_dtype", "place_learner_inputs"]
+__all__ = ["device_weights", "grad_call", "place_learner_inputs"]
 
 
 def grad_call(entry: Entry, xs: Any, ys: Any, *, mask: Any, chunk_size: Any, block_size: Any,
@@ -55,11 +54,16 @@ def grad_call(entry: Entry, xs: Any, ys: Any, *, mask: Any, chunk_size: Any, blo
     def checks() -> tuple[LoopSpec, jax.Array, int]:
         weights = loss_weights(xs, ys, entry.example, mask, chunk_size, reduction,
                                entry.batch_size)
-        spec = choose_loop(entry.rules, length=len(weights), chunk_size=chunk_size,
-                           block_size=None if block_size is None
-                           else check_positive("block_size", block_size))
-        return spec, device_weights(weights, param_dtype(entry), entry.layout,
-                                    reuse=mask is None), len(weights)
+        return loop(len(weights)), device_weights(weights, entry.param_dtype, entry.layout,
+                                                  reuse=mask is None), len(weights)
+
+    def loop(length: int) -> LoopSpec:  # remembered apart: a mask's checks run every call
+        return checked.check(entry, call_signature(statics=("loop", length, chunk_size,
+                                                            block_size)),
+                             lambda: choose_loop(entry.rules, length=length,
+                                                 chunk_size=chunk_size,
+                                                 block_size=None if block_size is None
+                                                 else check_positive("block_size", block_size)))
 
     signature = None if mask is not None else call_signature(
         xs, ys, statics=(chunk_size, block_size, reduction))
@@ -71,11 +75,6 @@ def grad_call(entry: Entry, xs: Any, ys: Any, *, mask: Any, chunk_size: Any, blo
     return spec, GradArgs(params, hidden, other, traces(), xs, ys, weights, inputs)
 
 
-def param_dtype(entry: Entry) -> Any:
-    """The dtype the Params of ``entry`` promote to (that of the loss weights)."""
-    return jnp.result_type(*(dtype for _, dtype in entry.leaf_avals[:entry.graph.num_params]))
-
-
 def device_weights(weights: np.ndarray, dtype: Any, lay: Any, *, reuse: bool) -> jax.Array:
     """The host loss weights in ``dtype`` on the device (replicated on the layout's mesh).
 
@@ -85,8 +84,8 @@ def device_weights(weights: np.ndarray, dtype: Any, lay: Any, *, reuse: bool) ->
     one array per value is kept and handed out again.
 
     Example:
-        >>> a = device_weights(np.full(3, 1 / 3), jnp.float32, None, reuse=True)
-        >>> a.dtype, a is device_weights(np.full(3, 1 / 3), jnp.float32, None, reuse=True)
+        >>> a = device_weights(np.full(3, 1 / 3), np.float32, None, reuse=True)
+        >>> a.dtype, a is device_weights(np.full(3, 1 / 3), np.float32, None, reuse=True)
         (dtype('float32'), True)
     """
     sharding = None if lay is None else lay.replicated

@@ -22,7 +22,7 @@ from braintrace._drivers._checkpointable import Checkpointable
 from braintrace._drivers._compiled import Entry
 from braintrace._drivers._fit import Callback, History, Metric, fit
 from braintrace._drivers._functional import window_loop
-from braintrace._drivers._grad_call import device_weights, param_dtype
+from braintrace._drivers._grad_call import device_weights
 from braintrace._drivers._inputs import (
     check_inputs,
     check_signal_inputs,
@@ -154,7 +154,7 @@ class OnlineTrainer(Checkpointable):
                     f"The sequence length {length} must be a positive multiple of update_every="
                     f"{k}.")
             weights = device_weights(step_weights(mask, length, entry.batch_size) / k,
-                                     param_dtype(entry), entry.layout, reuse=mask is None)
+                                     entry.param_dtype, entry.layout, reuse=mask is None)
             block_size = None if blocked is None else (None if blocked else 1)
             return length, weights, window_loop(entry, k, block_size)
 
