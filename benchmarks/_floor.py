@@ -88,3 +88,15 @@ def bandwidth(megabytes: int, passes: int = 8, repeats: int = 3) -> dict[str, An
     return {"bytes_per_s": moved / min(seconds), "gb_per_s": moved / min(seconds) / 1e9,
             "probe": f"{passes} passes a <- a + 1 over {megabytes} MiB of float32 in one "
                      f"program, fastest of {repeats}"}
+
+
+def floor_ratio(entry: dict, probe: dict) -> dict[str, Any]:
+    """``entry``'s floor (:func:`floor`) in µs per step at the probe's bandwidth, and
+    ``measured ÷ floor`` of the device time, else the jit step's, else the stateful call's."""
+    found = entry["floor"]
+    us = found["bytes_per_step"] / probe["bytes_per_s"] * 1e6
+    for key, of in (("device_step_us", "device"), ("jit_step_us_median", "jit_step"),
+                    ("step_us_median", "wall")):
+        if entry.get(key) is not None:
+            return {**found, "us_per_step": us, "ratio": entry[key] / us, "ratio_of": of}
+    raise KeyError("no measured time per step")

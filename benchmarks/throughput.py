@@ -62,7 +62,7 @@ if "--xla-multi-output-fusion" in sys.argv[1:]:  # XLA reads XLA_FLAGS once, at 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _floor import TERMS, bandwidth, floor, model_terms
+from _floor import TERMS, bandwidth, floor, floor_ratio, model_terms
 from _models import (
     DEMO,
     FULL,
@@ -196,18 +196,6 @@ def per_call(runs: dict, times: dict, method: str, T: int, device: dict) -> dict
                           else row["jit_us"] - row["jit_device_us"])
     row["stateful_step_us"] = row["stateful_us"] / T
     return row
-
-
-def floor_ratio(entry: dict, probe: dict) -> dict[str, Any]:
-    """``entry``'s floor (``_floor.floor``) in µs per step at the probe's bandwidth, and
-    ``measured ÷ floor`` of the device time, else the jit step's, else the stateful call's."""
-    found = entry["floor"]
-    us = found["bytes_per_step"] / probe["bytes_per_s"] * 1e6
-    for key, of in (("device_step_us", "device"), ("jit_step_us_median", "jit_step"),
-                    ("step_us_median", "wall")):
-        if entry.get(key) is not None:
-            return {**found, "us_per_step": us, "ratio": entry[key] / us, "ratio_of": of}
-    raise KeyError("no measured time per step")
 
 
 def profile_step(model_name: str, method: str, cfg: dict, xs, ys, repeats: int) -> dict:
