@@ -16,6 +16,19 @@ into its parts, inside the fused scan: the forward pass with the learning
 signal (VJP), the hidden Jacobians, the trace update and the gradient
 contribution (see :func:`profile_step`).
 
+``--host-time`` adds, per method, the host's time per call of the stateful API
+(``per_call``): ``learner.etrace_grad`` (BPTT too, through ``braintrace.compile(model,
+'bptt')``) against its own compiled program called directly, and against the device's time
+(``--device-time``): ``host_us = wall − device`` per call, next to the jit step's.
+
+Every method also gets an analytic floor (``floor``, see ``_floor.py``): the bytes a step
+must move (Params, inputs, hidden state, traces; the formula is in the JSON) over a
+bandwidth probe run in the same process, and ``measured ÷ floor`` (of the device time
+where there is one, else of the jit step's wall time, else of the stateful call's).
+
+``--length`` takes several lengths (``100,1000``); each model is then measured at each, under
+the key ``model@T``.
+
 ``--xla-multi-output-fusion`` runs everything (BPTT included) with XLA:CPU's
 multi-output fusion pass switched on (``XLA_FLAGS=--xla_backend_extra_options=
 xla_cpu_use_multi_output_fusion``; it is off by default in XLA:CPU) and writes
@@ -27,6 +40,8 @@ Usage::
     python benchmarks/throughput.py                 # snn, gru, alif; hidden 256, input 64, batch 16
     python benchmarks/throughput.py --quick         # seconds
     python benchmarks/throughput.py --xla-multi-output-fusion
+    python benchmarks/throughput.py --models gru,snn --length 100,1000 --repeats 3 \
+        --no-profile --jit-step --device-time --host-time   # on an accelerator
 """
 
 from __future__ import annotations
@@ -47,6 +62,7 @@ if "--xla-multi-output-fusion" in sys.argv[1:]:  # XLA reads XLA_FLAGS once, at 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _floor import TERMS, bandwidth, floor, floor_ratio, model_terms
 from _models import (
     DEMO,
     FULL,
@@ -65,6 +81,7 @@ from _models import (
 from flax import nnx
 
 import braintrace
+from braintrace._loops import Blocked, choose_loop
 
 NAME = "throughput"
 MODELS = ("snn", "gru", "alif", "demo")
@@ -98,11 +115,15 @@ def jit_step(model, learner, block_size: int | None, xs, ys) -> Callable[[], Any
     return lambda: compiled(state, carried, xs, ys)
 
 
-def prepare(model_name: str, method: str, cfg: dict, xs, ys, with_jit_step: bool = False):
-    """Compiles one training pass; returns ``(run, compile_s, extra)`` (``extra['jit_run']``:
-    the pass as a jitted train step, with ``with_jit_step``)."""
+def prepare(model_name: str, method: str, cfg: dict, xs, ys, with_jit_step: bool = False,
+            with_program: bool = False):
+    """Compiles one training pass; returns ``(run, compile_s, extra)``: ``extra['jit_run']``,
+    the pass as a jitted train step (with ``with_jit_step``); ``extra['program_run']``, the
+    stateful call's compiled program called directly (with ``with_program``); and what the
+    floor needs (``extra['floor']``)."""
     H, I, O, B = cfg["hidden"], cfg["inputs"], cfg["outputs"], cfg["batch"]
     model = build(model_name, I, H, O, B)
+    terms = model_terms(model, xs[0], ys[0])
     start = time.perf_counter()
     if method == "bptt":
         grad_fn, params, hidden = bptt_grad_fn(model)
@@ -114,14 +135,14 @@ def prepare(model_name: str, method: str, cfg: dict, xs, ys, with_jit_step: bool
         def run():
             return compiled(params, hidden, xs, ys)
 
-        extra = {"graph_compile_s": 0.0}
+        extra = {"graph_compile_s": 0.0, "floor": floor(terms)}
     else:
         name, block_size = method_parts(method)
         learner = braintrace.compile(model, name, xs[0], batch_size=B)
         graph_s = time.perf_counter() - start
         lowered = learner.lower_etrace_grad(xs, ys, mse, block_size=block_size)
         lower_s = time.perf_counter() - start - graph_s
-        lowered.compile()
+        program = lowered.compile()
         xla_s = time.perf_counter() - start - graph_s - lower_s
         trace_bytes = sum(int(np.size(a)) * jnp.dtype(a.dtype).itemsize
                           for a in jax.tree.leaves(learner.traces))
@@ -129,12 +150,52 @@ def prepare(model_name: str, method: str, cfg: dict, xs, ys, with_jit_step: bool
         def run():
             return learner.etrace_grad(xs, ys, mse, block_size=block_size)
 
-        extra = {"graph_compile_s": graph_s, "trace_bytes": trace_bytes}
+        spec = choose_loop(learner.rules, length=xs.shape[0], block_size=block_size)
+        extra = {"graph_compile_s": graph_s, "trace_bytes": trace_bytes,
+                 "floor": floor(terms, traces=learner.traces,
+                                block=spec.size if isinstance(spec, Blocked) else 1)}
         if with_jit_step:
             extra["jit_run"] = jit_step(model, learner, block_size, xs, ys)
+        if with_program:
+            extra["program_run"] = program_call(program, learner, xs, ys)
     extra.update({"trace_lower_s": lower_s, "xla_compile_s": xla_s})
     compile_s = time.perf_counter() - start
     return run, compile_s, extra
+
+
+def program_call(program, learner, xs, ys) -> Callable[[], Any]:
+    """``run()``: the stateful call's compiled ``program`` on its checked arguments, prepared
+    once (the device's work of ``etrace_grad`` without its host-side checks and write-back)."""
+    args = learner.grad_args(xs, ys)
+    return lambda: program(*args)
+
+
+def api_bptt(model_name: str, cfg: dict, xs, ys) -> dict[str, Callable[[], Any]]:
+    """BPTT through the stateful API (``braintrace.compile(model, 'bptt')``): its
+    ``etrace_grad`` and its compiled program called directly."""
+    model = build(model_name, cfg["inputs"], cfg["hidden"], cfg["outputs"], cfg["batch"])
+    learner = braintrace.compile(model, "bptt", xs[0], batch_size=cfg["batch"])
+    program = learner.lower_etrace_grad(xs, ys, mse).compile()
+    return {"bptt:api": lambda: learner.etrace_grad(xs, ys, mse),
+            "bptt:api:program": program_call(program, learner, xs, ys)}
+
+
+def per_call(runs: dict, times: dict, method: str, T: int, device: dict) -> dict[str, Any]:
+    """The host's time per call of ``method`` through the stateful API (µs): the stateful
+    call's wall time, its program's called directly, the device's (``None`` on the CPU) and
+    the differences; and the same for the jit step where there is one."""
+    stateful = "bptt:api" if method == "bptt" else method
+    jit = "bptt" if method == "bptt" else f"{method}:jit"
+    median = lambda name: float(np.median(times[name]) * 1e6) if name in times else None
+    row = {"stateful_us": median(stateful), "program_us": median(f"{stateful}:program"),
+           "device_us": device.get(stateful), "jit_us": median(jit),
+           "jit_device_us": device.get(jit)}
+    row["driver_us"] = row["stateful_us"] - row["program_us"]
+    row["host_us"] = None if row["device_us"] is None else row["stateful_us"] - row["device_us"]
+    row["jit_host_us"] = (None if row["jit_us"] is None or row["jit_device_us"] is None
+                          else row["jit_us"] - row["jit_device_us"])
+    row["stateful_step_us"] = row["stateful_us"] / T
+    return row
 
 
 def profile_step(model_name: str, method: str, cfg: dict, xs, ys, repeats: int) -> dict:
@@ -235,6 +296,95 @@ def plot(results: dict, path: str, note: str = "") -> None:
     plt.close(fig)
 
 
+def measure(model_name: str, T: int, cfg: dict, methods: list[str], args: Any, repeats: int,
+            probe: dict, do_profile: bool) -> dict:
+    """One model at one sequence length: every method's times, ratios, floor (and per-call
+    host times, profile) as ``results[model]`` holds them."""
+    xs, ys = data(model_name, T, cfg["inputs"], cfg["outputs"], cfg["batch"])
+    runs, entry = {}, {}
+    for method in methods:
+        run, compile_s, extra = prepare(model_name, method, cfg, xs, ys, args.jit_step,
+                                        args.host_time)
+        runs[method] = run
+        for part in ("jit_run", "program_run"):
+            if part in extra:
+                runs[f"{method}:{part.removesuffix('_run')}"] = extra.pop(part)
+        entry[method] = {"compile_s": compile_s, **extra}
+    if args.host_time:
+        runs.update(api_bptt(model_name, cfg, xs, ys))
+    for run in runs.values():
+        block(run())  # warm
+    times = {m: [] for m in runs}
+    for _ in range(repeats):  # round-robin: load changes hit every method alike
+        for m, run in runs.items():
+            times[m].append(timed(run))
+    device = {}
+    if args.device_time:
+        device = {m: device_seconds(run) for m, run in runs.items() if ":program" not in m}
+        device = {m: None if v is None else v * 1e6 for m, v in device.items()}
+    for m in methods:
+        t = np.asarray(times[m]) / T * 1e6
+        entry[m].update({"step_us_median": float(np.median(t)), "step_us_min": float(t.min()),
+                         "step_us_all": t.tolist()})
+        if f"{m}:jit" in times:
+            jit_s = np.median(times[f"{m}:jit"])
+            entry[m]["jit_step_us_median"] = float(jit_s / T * 1e6)
+            entry[m]["jit_ratio_to_bptt"] = float(jit_s / np.median(times["bptt"]))
+        if args.device_time:
+            entry[m]["device_step_us"] = None if device[m] is None else device[m] / T
+    base = entry["bptt"]["step_us_median"]
+    base_min = entry["bptt"]["step_us_min"]
+    for m in methods:
+        entry[m]["ratio_to_bptt"] = entry[m]["step_us_median"] / base
+        entry[m]["ratio_to_bptt_min"] = entry[m]["step_us_min"] / base_min
+        if entry[m].get("device_step_us") is not None:
+            entry[m]["device_ratio_to_bptt"] = (entry[m]["device_step_us"]
+                                                / entry["bptt"]["device_step_us"])
+        if m in TARGETS:
+            entry[m]["target_ratio"] = TARGETS[m]
+            entry[m]["meets_target"] = bool(entry[m]["ratio_to_bptt"] <= TARGETS[m])
+        entry[m]["floor"] = floor_ratio(entry[m], probe)
+    result = {"num_params": count_params(build(model_name, cfg["inputs"], cfg["hidden"],
+                                                cfg["outputs"], cfg["batch"])),
+              "T": T, "methods": entry}
+    if args.host_time:
+        result["per_call"] = {m: per_call(runs, times, m, T, device) for m in methods}
+    if do_profile:
+        prof = {}
+        for m in methods:
+            if m == "bptt" or method_parts(m)[1] != 1:  # the per-step forms' parts
+                continue
+            try:
+                prof[m] = profile_step(model_name, m, cfg, xs, ys, max(repeats, 5))
+            except Exception as e:  # noqa: BLE001  (internals may move; keep the timings)
+                prof[m] = {"error": f"{type(e).__name__}: {e}"}
+        result["profile_us"] = prof
+    return result
+
+
+def report(name: str, result: dict) -> None:
+    """Prints one model's lines."""
+    for m, e in result["methods"].items():
+        device = (f"  device {e['device_step_us']:.1f} us x{e['device_ratio_to_bptt']:.2f}"
+                  if e.get("device_step_us") is not None else "")
+        if "jit_step_us_median" in e:
+            device += (f"  jit step {e['jit_step_us_median']:.1f} us "
+                       f"x{e['jit_ratio_to_bptt']:.2f}")
+        device += f"  floor {e['floor']['us_per_step']:.2f} us x{e['floor']['ratio']:.1f}"
+        print(f"{name:9s} {m:10s} step {e['step_us_median']:10.1f} us (min "
+              f"{e['step_us_min']:.1f})  x{e['ratio_to_bptt']:.2f} BPTT  compile "
+              f"{e['compile_s']:.2f}s{device}", flush=True)
+    for m, row in result.get("per_call", {}).items():
+        shown = {k: v for k, v in row.items() if v is not None and k != "stateful_step_us"}
+        print(f"{name:9s} {m:10s} per call (us): " + ", ".join(
+            f"{k.removesuffix('_us')} {v:.0f}" for k, v in shown.items()), flush=True)
+    for m, parts in result.get("profile_us", {}).items():
+        shown = parts.get("marginal_us_per_step", parts)
+        print(f"     profile {m} (us/step, marginal): " + ", ".join(
+            f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in shown.items()), flush=True)
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny sizes, seconds")
@@ -244,7 +394,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--methods", default=None,
                    help=f"comma-separated (default {','.join(METHODS)}; with --quick "
                         f"{','.join(QUICK_METHODS)})")
-    p.add_argument("--length", type=int, default=None, help="steps per pass (T)")
+    p.add_argument("--length", default=None,
+                   help="steps per pass (T); several, comma-separated, measure each")
     p.add_argument("--hidden", type=int, default=None, help="hidden units (default 256)")
     p.add_argument("--batch", type=int, default=None, help="batch size (default 16)")
     p.add_argument("--name", default=None, help=f"the JSON/PNG file name (default {NAME})")
@@ -255,6 +406,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--jit-step", action="store_true",
                    help="also time each online method as online_grad inside jax.jit (a user's "
                         "own train step: jit_step_us_median, jit_ratio_to_bptt)")
+    p.add_argument("--host-time", action="store_true",
+                   help="also the host's time per call of the stateful API (per_call): "
+                        "etrace_grad (BPTT through braintrace.compile too) against its program "
+                        "called directly and the device's time")
+    p.add_argument("--probe-mib", type=int, default=None,
+                   help="the bandwidth probe's array in MiB (default 512; 32 with --quick)")
     p.add_argument("--xla-multi-output-fusion", action="store_true",
                    help="switch on XLA:CPU's multi-output fusion (for every method); writes "
                         f"{NAME}_xla_mof.json")
@@ -262,7 +419,8 @@ def main(argv: list[str] | None = None) -> dict:
                    help="also time the parts of one online step (default: on, off with --quick)")
     args = p.parse_args(argv)
     sizes = {k: v for k, v in (("hidden", args.hidden), ("batch", args.batch)) if v}
-    T = args.length or (20 if args.quick else 200)
+    lengths = ([int(t) for t in args.length.split(",")] if args.length
+               else [20 if args.quick else 200])
     repeats = args.repeats or (3 if args.quick else 7)
     methods = (args.methods.split(",") if args.methods
                else list(QUICK_METHODS if args.quick else METHODS))
@@ -273,76 +431,18 @@ def main(argv: list[str] | None = None) -> dict:
     if "bptt" not in methods:
         methods = ["bptt", *methods]
     start_all = time.perf_counter()
+    probe = bandwidth(args.probe_mib or (32 if args.quick else 512))
+    print(f"bandwidth probe: {probe['gb_per_s']:.1f} GB/s ({probe['probe']})", flush=True)
     results = {}
     models = args.models.split(",") if args.models else (["gru"] if args.quick else list(MODELS))
     for model_name in models:
         cfg = DEMO if model_name == "demo" and not args.quick else (QUICK if args.quick else FULL)
         cfg = {**cfg, **sizes}
-        xs, ys = data(model_name, T, cfg["inputs"], cfg["outputs"], cfg["batch"])
-        runs, entry = {}, {}
-        for method in methods:
-            run, compile_s, extra = prepare(model_name, method, cfg, xs, ys, args.jit_step)
-            block(run())  # warm
-            runs[method] = run
-            if "jit_run" in extra:
-                runs[f"{method}:jit"] = extra.pop("jit_run")
-                block(runs[f"{method}:jit"]())
-            entry[method] = {"compile_s": compile_s, **extra}
-        times = {m: [] for m in runs}
-        for _ in range(repeats):  # round-robin: load changes hit every method alike
-            for m, run in runs.items():
-                times[m].append(timed(run))
-        for m in methods:
-            t = np.asarray(times[m]) / T * 1e6
-            entry[m].update({"step_us_median": float(np.median(t)), "step_us_min": float(t.min()),
-                             "step_us_all": t.tolist()})
-            if f"{m}:jit" in times:
-                jit_s = np.median(times[f"{m}:jit"])
-                entry[m]["jit_step_us_median"] = float(jit_s / T * 1e6)
-                entry[m]["jit_ratio_to_bptt"] = float(jit_s / np.median(times["bptt"]))
-            if args.device_time:
-                seconds = device_seconds(runs[m])
-                entry[m]["device_step_us"] = None if seconds is None else seconds / T * 1e6
-        base = entry["bptt"]["step_us_median"]
-        base_min = entry["bptt"]["step_us_min"]
-        for m in methods:
-            entry[m]["ratio_to_bptt"] = entry[m]["step_us_median"] / base
-            entry[m]["ratio_to_bptt_min"] = entry[m]["step_us_min"] / base_min
-            if entry[m].get("device_step_us") is not None:
-                entry[m]["device_ratio_to_bptt"] = (entry[m]["device_step_us"]
-                                                    / entry["bptt"]["device_step_us"])
-            if m in TARGETS:
-                entry[m]["target_ratio"] = TARGETS[m]
-                entry[m]["meets_target"] = bool(entry[m]["ratio_to_bptt"] <= TARGETS[m])
-        model_params = count_params(build(model_name, cfg["inputs"], cfg["hidden"],
-                                          cfg["outputs"], cfg["batch"]))
-        results[model_name] = {"num_params": model_params, "methods": entry}
-        if do_profile:
-            prof = {}
-            for m in methods:
-                if m == "bptt" or method_parts(m)[1] != 1:  # the per-step forms' parts
-                    continue
-                try:
-                    prof[m] = profile_step(model_name, m, cfg, xs, ys, max(repeats, 5))
-                except Exception as e:  # noqa: BLE001  (internals may move; keep the timings)
-                    prof[m] = {"error": f"{type(e).__name__}: {e}"}
-            results[model_name]["profile_us"] = prof
-        for m in methods:
-            e = entry[m]
-            device = (f"  device {e['device_step_us']:.1f} us x{e['device_ratio_to_bptt']:.2f}"
-                      if e.get("device_step_us") is not None else "")
-            if "jit_step_us_median" in e:
-                device += (f"  jit step {e['jit_step_us_median']:.1f} us "
-                           f"x{e['jit_ratio_to_bptt']:.2f}")
-            print(f"{model_name:4s} {m:10s} step {e['step_us_median']:10.1f} us (min "
-                  f"{e['step_us_min']:.1f})  x{e['ratio_to_bptt']:.2f} BPTT  compile "
-                  f"{e['compile_s']:.2f}s{device}", flush=True)
-        if do_profile:
-            for m, parts in results[model_name]["profile_us"].items():
-                shown = parts.get("marginal_us_per_step", parts)
-                print(f"     profile {m} (us/step, marginal): " + ", ".join(
-                    f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}"
-                    for k, v in shown.items()), flush=True)
+        for T in lengths:
+            key = model_name if len(lengths) == 1 else f"{model_name}@T{T}"
+            results[key] = measure(model_name, T, cfg, methods, args, repeats, probe,
+                                   do_profile)
+            report(key, results[key])
 
     try:
         load = os.getloadavg()
@@ -351,10 +451,13 @@ def main(argv: list[str] | None = None) -> dict:
     payload = {
         "benchmark": NAME,
         "quick": args.quick,
-        "config": {**(QUICK if args.quick else FULL), **sizes, "demo_model": DEMO, "T": T,
+        "config": {**(QUICK if args.quick else FULL), **sizes, "demo_model": DEMO,
+                   "T": lengths[0] if len(lengths) == 1 else lengths,
                    "repeats": repeats, "dtype": "float32", "loss": "mse",
                    "xla_flags": os.environ.get("XLA_FLAGS", "")},
         "environment": {**environment(), "loadavg_at_end": load},
+        "bandwidth": probe,
+        "floor_terms": TERMS,
         "notes": [
             ("step_us = wall time of one compiled pass over T steps / T (median over repeats, "
              "methods run round-robin)."),
@@ -367,6 +470,14 @@ def main(argv: list[str] | None = None) -> dict:
             ("profile_us: marginal cost per step of each part of online_step, from four scans "
              "that add one part at a time (forward+VJP, +jacobians, +trace update, "
              "+contribution)."),
+            ("floor: bytes one step must move (formula and terms per method, floor_terms) over "
+             "the bandwidth probe; ratio = measured / floor (ratio_of: device time, else the "
+             "jit step's wall time, else the stateful call's). benchmarks/_floor.py."),
+            ("per_call (--host-time), microseconds per call: stateful = learner.etrace_grad "
+             "(bptt: a learner compiled with 'bptt'); program = its compiled program called "
+             "directly on prepared arguments; driver = stateful - program; device = the "
+             "device's time for one call (None on the CPU); host = stateful - device; jit, "
+             "jit_device, jit_host the same for the jit step (bptt: the bare jitted grad)."),
         ],
         "targets": TARGETS,
         "results": results,

@@ -18,7 +18,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("memory_vs_length", "throughput", "fidelity")
-EXTRA_ARGS = {"throughput": ["--jit-step"]}
+EXTRA_ARGS = {"throughput": ["--jit-step", "--host-time"]}
 
 
 def finite(x) -> bool:
@@ -93,6 +93,28 @@ def test_throughput_quick_writes_step_times_and_ratios(quick_results):
             if name != "bptt":
                 for key in ("jit_step_us_median", "jit_ratio_to_bptt"):
                     assert finite(entry[key]) and entry[key] > 0, (name, key)
+        for name, entry in methods.items():  # the analytic floor
+            found = entry["floor"]
+            assert found["formula"] == ("2*W + X + 4*Hd" if name == "bptt"
+                                        else "W + X + 2*Hd + 2*Tr/K")
+            terms = found["terms"]
+            bytes_per_step = (2 * terms["W"] + terms["X"] + 4 * terms["Hd"] if name == "bptt"
+                              else terms["W"] + terms["X"] + 2 * terms["Hd"]
+                              + 2 * terms["Tr"] / terms["K"])
+            assert bytes_per_step > 0 and found["bytes_per_step"] == pytest.approx(bytes_per_step)
+            assert found["us_per_step"] == pytest.approx(
+                found["bytes_per_step"] / payload["bandwidth"]["bytes_per_s"] * 1e6)
+            assert finite(found["ratio"]) and found["ratio"] > 0
+        assert methods["d_rtrl@1"]["floor"]["terms"]["K"] == 1  # the per-step form
+        assert methods["d_rtrl"]["floor"]["terms"]["K"] > 1     # time blocks
+        assert methods["d_rtrl"]["floor"]["terms"]["Tr"] > methods["es_d_rtrl"]["floor"][
+            "terms"]["Tr"]  # B·|θ|·S against B·(I + O·S)
+        assert set(model["per_call"]) == set(methods)  # --host-time: bptt through the API too
+        for row in model["per_call"].values():
+            for key in ("stateful_us", "program_us", "jit_us"):
+                assert finite(row[key]) and row[key] > 0, key
+            assert row["driver_us"] == pytest.approx(row["stateful_us"] - row["program_us"])
+            assert row["host_us"] is None  # no --device-time
 
 
 def test_fidelity_quick_writes_cosines_against_a_live_bptt_reference(quick_results):

@@ -13,6 +13,7 @@ and reused after: a mode or batch size met before costs nothing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from typing import Any
 
@@ -45,6 +46,7 @@ class Entry:
         leaf_avals: Shapes and dtypes of the Params, hidden states and other Variables.
         batch_size: The batch size (``None``: per sample).
         layout: Where each array lives on the mesh (``None`` without one).
+        param_dtype: The dtype the Params promote to (the loss weights').
     """
 
     graph: ETraceGraph
@@ -53,6 +55,11 @@ class Entry:
     leaf_avals: LeafAvals
     batch_size: int | None
     layout: Layout | None
+    param_dtype: Any = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        dtypes = (dtype for _, dtype in self.leaf_avals[:self.graph.num_params])
+        object.__setattr__(self, "param_dtype", jnp.result_type(*dtypes))
 
 
 class CompiledModel:
@@ -87,6 +94,8 @@ class CompiledModel:
             self._data_axis_at(batch_size)
         self._entries: dict[tuple[Any, int | None], Entry] = {}
         self._trace_shapes: dict[Entry, Any] = {}
+        self._trace_avals: dict[Entry, tuple[Any, list[tuple[Any, Any]]]] = {}
+        self._fresh: dict[Entry, Any] = {}
         entry = self._compile(model, example_x, batch_size)
         self.base_batch_size = batch_size
         self._base_example = entry.example
@@ -191,6 +200,13 @@ class CompiledModel:
         """Fresh (zero) traces of ``entry`` for ``params``."""
         return entry.rules.init(programs.operands(entry.graph, params))
 
+    def fresh_traces(self, entry: Entry, params: list[jax.Array]) -> Any:
+        """:meth:`zero_traces` as one program (compiled once per entry; made array by array
+        they cost a dispatch each, a millisecond per reset on a two-layer network)."""
+        if entry not in self._fresh:
+            self._fresh[entry] = jax.jit(functools.partial(self.zero_traces, entry))
+        return self._fresh[entry](params)
+
     def trace_shapes(self, entry: Entry) -> Any:
         """The traces of ``entry`` as ``jax.ShapeDtypeStruct`` leaves (computed once per entry:
         an ``eval_shape`` costs ~0.3 ms)."""
@@ -199,6 +215,8 @@ class CompiledModel:
                       for s, d in entry.leaf_avals[:entry.graph.num_params]]
             self._trace_shapes[entry] = jax.eval_shape(lambda p: self.zero_traces(entry, p),
                                                        params)
+            leaves, treedef = jax.tree.flatten(self._trace_shapes[entry])
+            self._trace_avals[entry] = (treedef, [(a.shape, a.dtype) for a in leaves])
         return self._trace_shapes[entry]
 
     def trace_mismatch(self, entry: Entry, traces: Any) -> str | None:
@@ -219,10 +237,14 @@ class CompiledModel:
             they are 0 arrays as []; this learner's are 2 arrays as [({'bias': *, 'kernel': *},)]
         """
         want = self.trace_shapes(entry)
-        if jax.tree.structure(want) != jax.tree.structure(traces):
+        want_def, want_avals = self._trace_avals[entry]
+        leaves, treedef = jax.tree.flatten(traces)
+        if treedef != want_def:
             return f"they are {_structure(traces)}; this learner's are {_structure(want)}"
+        if _avals(leaves) == want_avals:
+            return None  # each of exactly its shape and dtype (a quick test first)
         return next((f"one is {_aval(b)} where this learner's is {tuple(a.shape)} {a.dtype}"
-                     for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(traces), strict=True)
+                     for a, b in zip(jax.tree.leaves(want), leaves, strict=True)
                      if (tuple(a.shape), a.dtype) != (tuple(np.shape(b)), jnp.result_type(b))),
                     None)
 
@@ -233,6 +255,14 @@ def _structure(tree: Any) -> str:
     text = re.sub(r"CustomNode\(namedtuple\[(\w+)\], \[([^\]]*)\]\)", r"\1(\2)", text)
     text = text if len(text) <= 80 else text[:77] + "..."
     return f"{len(jax.tree.leaves(tree))} arrays as {text}"
+
+
+def _avals(arrays: list[Any]) -> list[tuple[Any, Any]] | None:
+    """Each array's ``(shape, dtype)`` as it is (``None`` if one has none: not an array)."""
+    try:
+        return [(a.shape, a.dtype) for a in arrays]
+    except AttributeError:
+        return None
 
 
 def _aval(a: Any) -> str:

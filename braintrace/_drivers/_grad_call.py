@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from braintrace._drivers._checked_calls import CheckedCalls, call_signature
 from braintrace._drivers._compiled import Entry
 from braintrace._drivers._inputs import check_signal_inputs, loss_weights
 from braintrace._drivers._model_state import Leaves
@@ -30,7 +30,7 @@ __all__ = ["device_weights", "grad_call", "place_learner_inputs"]
 
 def grad_call(entry: Entry, xs: Any, ys: Any, *, mask: Any, chunk_size: Any, block_size: Any,
               reduction: str, signal_inputs: dict[str, Any], leaves: Callable[[], Leaves],
-              traces: Callable[[], Any]) -> tuple[LoopSpec, GradArgs]:
+              traces: Callable[[], Any], checked: CheckedCalls) -> tuple[LoopSpec, GradArgs]:
     """The loop and the checked arguments of an ``etrace_grad`` call at ``entry``.
 
     Args:
@@ -40,6 +40,9 @@ def grad_call(entry: Entry, xs: Any, ys: Any, *, mask: Any, chunk_size: Any, blo
         leaves: Reads the model's arrays, checked and on the mesh (called after the
             inputs are checked, so an input error comes first).
         traces: Reads the learner's traces, checked against ``entry`` (called last).
+        checked: Where the checks of ``xs``, ``ys``, the sizes and the reduction (and the
+            loop and the device weights they give) are remembered, for calls without a
+            mask (``_checked_calls``).
 
     Raises:
         ValueError: An argument is invalid (see :func:`~braintrace._drivers._inputs.loss_weights`,
@@ -47,17 +50,28 @@ def grad_call(entry: Entry, xs: Any, ys: Any, *, mask: Any, chunk_size: Any, blo
             ``leaves`` and ``traces`` raise.
     """
     xs, ys = place_learner_inputs(entry, xs), place_learner_inputs(entry, ys)
-    weights = loss_weights(xs, ys, entry.example, mask, chunk_size, reduction, entry.batch_size)
-    length = len(weights)
-    spec = choose_loop(entry.rules, length=length, chunk_size=chunk_size,
-                       block_size=None if block_size is None
-                       else check_positive("block_size", block_size))
+
+    def checks() -> tuple[LoopSpec, jax.Array, int]:
+        weights = loss_weights(xs, ys, entry.example, mask, chunk_size, reduction,
+                               entry.batch_size)
+        return loop(len(weights)), device_weights(weights, entry.param_dtype, entry.layout,
+                                                  reuse=mask is None), len(weights)
+
+    def loop(length: int) -> LoopSpec:  # remembered apart: a mask's checks run every call
+        return checked.check(entry, call_signature(statics=("loop", length, chunk_size,
+                                                            block_size)),
+                             lambda: choose_loop(entry.rules, length=length,
+                                                 chunk_size=chunk_size,
+                                                 block_size=None if block_size is None
+                                                 else check_positive("block_size", block_size)))
+
+    signature = None if mask is not None else call_signature(
+        xs, ys, statics=(chunk_size, block_size, reduction))
+    spec, weights, length = checked.check(entry, signature, checks)
     params, hidden, other = leaves()
     inputs = check_signal_inputs(entry.rules, hidden, signal_inputs, length)
     if inputs is not None:
         inputs = place_learner_inputs(entry, inputs)
-    weights = device_weights(weights, jnp.result_type(*params), entry.layout,
-                             reuse=mask is None)
     return spec, GradArgs(params, hidden, other, traces(), xs, ys, weights, inputs)
 
 
@@ -70,8 +84,8 @@ def device_weights(weights: np.ndarray, dtype: Any, lay: Any, *, reuse: bool) ->
     one array per value is kept and handed out again.
 
     Example:
-        >>> a = device_weights(np.full(3, 1 / 3), jnp.float32, None, reuse=True)
-        >>> a.dtype, a is device_weights(np.full(3, 1 / 3), jnp.float32, None, reuse=True)
+        >>> a = device_weights(np.full(3, 1 / 3), np.float32, None, reuse=True)
+        >>> a.dtype, a is device_weights(np.full(3, 1 / 3), np.float32, None, reuse=True)
         (dtype('float32'), True)
     """
     sharding = None if lay is None else lay.replicated

@@ -6,7 +6,11 @@ states live in it) and the traces, checks every argument on the host with clear
 errors, runs a program under ``jax.jit`` and writes the results back. A call that
 raises leaves the model and the learner as they were. It reads the model's mode
 (``model.eval()`` / ``model.train()``) at every call: each mode is compiled once,
-then reused.
+then reused. What does not change between calls is kept, so that a call costs the
+host tens of microseconds, not a walk of the model: the model's view while its
+graph is unchanged (``_model_state.ViewCache``), the checks of arguments shaped
+like an earlier call's (``_checked_calls``), a reset that worked
+(``_learner_state.Reset``); the arrays' shapes and dtypes are checked at every call.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from flax import nnx
 
 from braintrace._algorithms import AbstractAlgorithm, GraphRules
 from braintrace._compiler import ETraceGraph
+from braintrace._drivers._checked_calls import CheckedCalls, call_signature
 from braintrace._drivers._checkpoint import Item
 from braintrace._drivers._checkpointable import Checkpointable
 from braintrace._drivers._compiled import CompiledModel, Entry
@@ -27,6 +32,7 @@ from braintrace._drivers._evaluate import batch_size_of, evaluate
 from braintrace._drivers._grad_call import grad_call, place_learner_inputs
 from braintrace._drivers._inputs import cast_inputs, check_inputs, refuse_traced
 from braintrace._drivers._learner_state import (
+    Reset,
     checked_traces,
     checkpoint_items,
     fresh_traces,
@@ -36,7 +42,7 @@ from braintrace._drivers._learner_state import (
     reset_state,
     restored_state,
 )
-from braintrace._drivers._model_state import Leaves, ModelView, model_leaves
+from braintrace._drivers._model_state import Leaves, ModelView, ViewCache, model_leaves
 from braintrace._drivers._not_finite import raise_if_grad_not_finite
 from braintrace._drivers._programs import EVOLVE_PROGRAM, GRAD_PROGRAM, GradArgs, GradResult
 from braintrace._drivers._sharding import host_arrays
@@ -83,6 +89,10 @@ class OnlineLearner(Checkpointable):
         self.compiled = CompiledModel(model, algorithm, example_x, strict=strict, mesh=mesh,
                                       data_axis=data_axis, neuron_axis=neuron_axis)
         self._batch_size = self.compiled.base_batch_size
+        self._views = ViewCache()
+        self._bound: tuple[ModelView, int | None, Entry] | None = None
+        self._checked = CheckedCalls()
+        self._resets: tuple[ModelView | None, dict[int | None, Reset | None]] = (None, {})
         place_model(model, self._entry())
         self.traces = fresh_traces(self.compiled, self._entry(), model)
 
@@ -128,13 +138,19 @@ class OnlineLearner(Checkpointable):
         """The batch size this learner runs at (``None``: per sample, no batch axis)."""
         return self._batch_size
 
-    def _entry(self, batch_size: Any = KEEP, view: ModelView | None = None) -> Entry:
-        """The entry of the model's current mode (at ``batch_size``, default the current;
-        ``view``: a :class:`ModelView` of the model, whose graphdef is used)."""
-        batch_size = self._batch_size if batch_size is KEEP else batch_size
-        if view is None:
-            return self.compiled.entry_of(self.model, batch_size)
-        return self.compiled.entry(view.graphdef, batch_size)
+    def _entry(self) -> Entry:
+        """The entry of the model's current mode at the learner's batch size."""
+        return self._view_entry()[1]
+
+    def _view_entry(self) -> tuple[ModelView, Entry]:
+        """The model's :class:`ModelView` (walked again only when its graph changed:
+        :class:`ViewCache`) and the entry of its mode at the learner's batch size."""
+        view = self._views(self.model)
+        bound = self._bound
+        if bound is None or bound[0] is not view or bound[1] != self._batch_size:
+            entry = self.compiled.entry(view.graphdef, self._batch_size)
+            bound = self._bound = (view, self._batch_size, entry)
+        return view, bound[2]
 
     def _checked_traces(self, entry: Entry) -> Any:
         """The traces, after checking they fit ``entry`` (a mode may change what is traced)."""
@@ -164,10 +180,11 @@ class OnlineLearner(Checkpointable):
             >>> learner.graph.hidden_paths, [h.shape for h in hidden]
             (('layers.1.v',), [(2, 4)])
         """
-        return self._leaves(self._entry())
+        view, entry = self._view_entry()
+        return self._leaves(entry, view)
 
-    def _leaves(self, entry: Entry, view: ModelView | None = None) -> Leaves:
-        return placed_leaves(self.model if view is None else view, entry, self._batch_size)
+    def _leaves(self, entry: Entry, view: ModelView) -> Leaves:
+        return placed_leaves(view, entry, self._batch_size)
 
     def check_inputs(self, xs: Any) -> int:
         """The number of time steps of ``xs``, after checking each step has the compiled shape.
@@ -218,8 +235,23 @@ class OnlineLearner(Checkpointable):
             (8, (5, 8, 3))
         """
         target = self._batch_size if batch_size is KEEP else batch_size
-        self._batch_size, self.traces = reset_state(self.compiled, self.model, self._batch_size,
-                                                    target)
+        view = self._views(self.model)
+        done = self._resets_of(view).get(target) if target is None or type(target) is int \
+            else None  # (2.0 or True: checked again)
+        traces = None if done is None else done.repeat(self.compiled, view)
+        if traces is None:
+            target, traces = reset_state(self.compiled, self.model, self._batch_size, target)
+            view = self._views(self.model)
+            self._resets_of(view)[target] = Reset.after(
+                view, self.compiled.entry(view.graphdef, target))
+        self._batch_size, self.traces = target, traces
+
+    def _resets_of(self, view: ModelView) -> dict[int | None, Reset | None]:
+        """The resets that worked for ``view`` (:class:`Reset`), by batch size (those of an
+        earlier view are forgotten)."""
+        if self._resets[0] is not view:
+            self._resets = (view, {})
+        return self._resets[1]
 
     def state(self) -> dict[str, Any]:
         """Everything a resumed run needs: Params, hidden and other state, traces."""
@@ -256,10 +288,9 @@ class OnlineLearner(Checkpointable):
     def etrace_evolve(self, xs: Any) -> Any:
         """Advances hidden state and traces over ``xs`` (time axis leading); returns outputs."""
         refuse_traced("learner.etrace_evolve", xs)
-        view = ModelView.of(self.model)
-        entry = self._entry(view=view)
+        view, entry = self._view_entry()
         xs = self._place_inputs(entry, xs)
-        check_inputs(xs, entry.example)
+        self._checked.check(entry, call_signature(xs), lambda: check_inputs(xs, entry.example))
         params, hidden, other = self._leaves(entry, view)
         ys, hidden, other, traces = EVOLVE_PROGRAM(entry, params, hidden, other,
                                                    self._checked_traces(entry), xs)
@@ -362,10 +393,10 @@ class OnlineLearner(Checkpointable):
                 step), or a Param's gradient is not finite (names the Param).
         """
         refuse_traced("learner.etrace_grad", xs, ys, mask)
-        view = ModelView.of(self.model)
-        entry, spec, args = self._grad_call(xs, ys, mask=mask, chunk_size=chunk_size,
-                                            block_size=block_size, reduction=reduction,
-                                            signal_inputs=signal_inputs, view=view)
+        view, entry = self._view_entry()
+        _, spec, args = self._grad_call(xs, ys, mask=mask, chunk_size=chunk_size,
+                                        block_size=block_size, reduction=reduction,
+                                        signal_inputs=signal_inputs, bound=(view, entry))
         result: GradResult = GRAD_PROGRAM(entry, loss_fn, spec, *args, masked=mask is not None)
         state = view.param_state(result.grads)  # while the device runs
         losses, finite = host_arrays(result.losses, result.finite)
@@ -421,15 +452,17 @@ class OnlineLearner(Checkpointable):
 
     def _grad_call(self, xs: Any, ys: Any, *, mask: Any, chunk_size: Any, block_size: Any,
                    reduction: str, signal_inputs: dict[str, Any],
-                   view: ModelView | None = None) -> tuple[Entry, LoopSpec, GradArgs]:
+                   bound: tuple[ModelView, Entry] | None = None
+                   ) -> tuple[Entry, LoopSpec, GradArgs]:
         """The entry, the loop and the checked arguments of an ``etrace_grad`` call (the model
-        read through ``view`` when one is given)."""
-        entry = self._entry(view=view)
+        read through ``bound``'s view, at its entry, when given: :meth:`_view_entry`)."""
+        view, entry = self._view_entry() if bound is None else bound
         spec, args = grad_call(entry, xs, ys, mask=mask, chunk_size=chunk_size,
                                block_size=block_size, reduction=reduction,
                                signal_inputs=signal_inputs,
                                leaves=lambda: self._leaves(entry, view),
-                               traces=lambda: self._checked_traces(entry))
+                               traces=lambda: self._checked_traces(entry),
+                               checked=self._checked)
         return entry, spec, args
 
     @staticmethod

@@ -13,7 +13,7 @@ as it was.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 from flax import nnx
@@ -33,9 +33,10 @@ from braintrace._drivers._model_state import (
 )
 from braintrace._drivers._sharding import place
 from braintrace._drivers._states import check_batch_size, init_states
+from braintrace._hidden import HiddenState
 
-__all__ = ["checked_traces", "checkpoint_items", "fresh_traces", "load_state", "place_model",
-           "placed_leaves", "reset_state", "restored_state"]
+__all__ = ["Reset", "checked_traces", "checkpoint_items", "fresh_traces", "load_state",
+           "place_model", "placed_leaves", "reset_state", "restored_state"]
 
 
 def placed_leaves(model: nnx.Module | ModelView, entry: Entry, batch_size: int | None) -> Leaves:
@@ -104,7 +105,7 @@ def reset_state(compiled: CompiledModel, model: nnx.Module, batch_size: int | No
         entry = compiled.entry_of(model, target)
         fresh = nnx.clone(model)
         init_states(fresh, target)
-        traces = compiled.zero_traces(entry, model_leaves(fresh).params)
+        traces = compiled.fresh_traces(entry, model_leaves(fresh).params)
     except ValueError as err:
         raise ValueError(
             f"reset(batch_size={target}): {err} The learner is unchanged and still runs "
@@ -112,6 +113,45 @@ def reset_state(compiled: CompiledModel, model: nnx.Module, batch_size: int | No
     init_states(model, target)
     place_model(model, entry)
     return target, traces if entry.layout is None else place(traces, entry.layout.traces)
+
+
+class Reset(NamedTuple):
+    """A reset that worked, to repeat while the model's graph is unchanged (its
+    :class:`ModelView` is the same): each hidden state's initial value, as
+    :func:`reset_state` set it, at ``entry``.
+
+    Repeating it sets those arrays again (never written in place, they can be
+    shared) and makes the traces with :meth:`CompiledModel.fresh_traces`,
+    without the trial on a copy of the model, which cost milliseconds.
+    """
+
+    entry: Entry
+    states: list[tuple[HiddenState, jax.Array]]
+
+    @classmethod
+    def after(cls, view: ModelView, entry: Entry) -> Reset | None:
+        """What :func:`reset_state` just set in ``view``'s model at ``entry``; ``None`` where
+        it cannot be repeated so (a bare array, a hook on a state's value)."""
+        variables = view.variables()
+        if variables is None:
+            return None
+        states = [(v, v.get_raw_value()) for v in variables if isinstance(v, HiddenState)]
+        if any(not isinstance(value, jax.Array) or v.has_metadata("on_set_value")
+               or v.has_metadata("on_get_value") for v, value in states):
+            return None
+        return cls(entry, states)
+
+    def repeat(self, compiled: CompiledModel, view: ModelView) -> Any:
+        """Sets the initial values again; returns fresh traces (on the mesh), or ``None``
+        (nothing set) if a state's dtype changed since (its initial value would too)."""
+        if any(getattr(v.get_raw_value(), "dtype", None) != value.dtype
+               for v, value in self.states):
+            return None
+        for variable, value in self.states:
+            variable.set_raw_value(value)
+        traces = compiled.fresh_traces(self.entry, view.leaves().params)
+        lay = self.entry.layout
+        return traces if lay is None else place(traces, lay.traces)
 
 
 def load_state(model: nnx.Module, entry: Entry, state: dict[str, Any]) -> Any:

@@ -13,22 +13,27 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from braintrace._drivers._checked_calls import CheckedCalls, call_signature
 from braintrace._drivers._checkpoint import Item, leaf_names
 from braintrace._drivers._checkpointable import Checkpointable
+from braintrace._drivers._compiled import Entry
 from braintrace._drivers._fit import Callback, History, Metric, fit
 from braintrace._drivers._functional import window_loop
 from braintrace._drivers._grad_call import device_weights
-from braintrace._drivers._inputs import check_signal_inputs, refuse_traced, step_weights
+from braintrace._drivers._inputs import (
+    check_inputs,
+    check_signal_inputs,
+    refuse_traced,
+    step_weights,
+)
 from braintrace._drivers._learner import OnlineLearner
-from braintrace._drivers._model_state import ModelView
 from braintrace._drivers._not_finite import raise_if_update_not_finite
 from braintrace._drivers._programs import TRAIN_PROGRAM, TrainResult
 from braintrace._drivers._sharding import host_arrays, opt_state_shardings, place
-from braintrace._loops import check_positive
+from braintrace._loops import LoopSpec, check_positive
 
 __all__ = ["OnlineTrainer"]
 
@@ -89,14 +94,16 @@ class OnlineTrainer(Checkpointable):
                 "use blocked=False (or leave it unset).")
         self.blocked = blocked
         self.learner = learner
+        self._checked = CheckedCalls()
         self.tx = optax.with_extra_args_support(tx)
         self.loss_fn = loss_fn
-        self.opt_state = self._placed(self.tx.init(nnx.state(learner.model, nnx.Param)))
+        self.opt_state = self._placed(self.tx.init(nnx.state(learner.model, nnx.Param)),
+                                      learner._entry())
 
-    def _placed(self, opt_state: Any) -> Any:
-        """The optimiser state on the learner's mesh (as it is without one): replicated, or
+    def _placed(self, opt_state: Any, entry: Entry) -> Any:
+        """The optimiser state on ``entry``'s mesh (as it is without one): replicated, or
         split as the Params are under neuron parallel."""
-        lay = self.learner._entry().layout
+        lay = entry.layout
         if lay is None:
             return opt_state
         params = nnx.state(self.learner.model, nnx.Param)
@@ -136,27 +143,31 @@ class OnlineTrainer(Checkpointable):
         """
         refuse_traced("OnlineTrainer.step", xs, ys, mask)
         learner = self.learner
-        view = ModelView.of(learner.model)
-        entry = learner._entry(view=view)
+        view, entry = learner._view_entry()
         xs, ys = learner._place_inputs(entry, xs), learner._place_inputs(entry, ys)
-        length = learner.check_inputs(xs)
-        if length == 0 or length % self.update_every:
-            raise ValueError(
-                f"The sequence length {length} must be a positive multiple of update_every="
-                f"{self.update_every}.")
+        k, blocked = self.update_every, self.blocked
+
+        def checks() -> tuple[int, jax.Array, LoopSpec]:
+            length = check_inputs(xs, entry.example)
+            if length == 0 or length % k:
+                raise ValueError(
+                    f"The sequence length {length} must be a positive multiple of update_every="
+                    f"{k}.")
+            weights = device_weights(step_weights(mask, length, entry.batch_size) / k,
+                                     entry.param_dtype, entry.layout, reuse=mask is None)
+            block_size = None if blocked is None else (None if blocked else 1)
+            return length, weights, window_loop(entry, k, block_size)
+
+        signature = None if mask is not None else call_signature(xs, statics=(k, blocked))
+        length, weights, spec = self._checked.check(entry, signature, checks)
         params, hidden, other = learner._leaves(entry, view)
         inputs = check_signal_inputs(entry.rules, hidden, signal_inputs, length)
-        weights = device_weights(step_weights(mask, length, entry.batch_size) / self.update_every,
-                                 jnp.result_type(*params), entry.layout, reuse=mask is None)
         if entry.layout is not None:
             inputs = None if inputs is None else learner._place_inputs(entry, inputs)
-        block_size = None if self.blocked is None else (None if self.blocked else 1)
-        spec = window_loop(entry, self.update_every, block_size)
         run = functools.partial(
-            TRAIN_PROGRAM, entry, self.tx, self.loss_fn, self.update_every, spec,
-            jax.tree.structure(view.params), params,
-            self._placed(self.opt_state), hidden, other, learner._checked_traces(entry), xs, ys,
-            weights, inputs, masked=mask is not None)
+            TRAIN_PROGRAM, entry, self.tx, self.loss_fn, k, spec, view.params_def, params,
+            self._placed(self.opt_state, entry), hidden, other, learner._checked_traces(entry),
+            xs, ys, weights, inputs, masked=mask is not None)
         # Every update applied, the Params checked after the last: a non-finite update
         # discards the call, and only then is it run again, checked after every update, to
         # name the first one.
