@@ -82,12 +82,15 @@ class AbstractAlgorithm(abc.ABC):
         scope: ``'diagonal'``, ``'coupled'`` or ``'full'``: which hidden Jacobian it uses.
         supports_windowed: Whether ``chunk_size=`` (windowed mode) may be used.
         needs_window: Whether it runs only in windowed mode (BPTT, DNI).
+        supports_trace_dtype: Whether its traces may be stored in another dtype
+            (``braintrace.compile(..., trace_dtype=...)``, ``GraphRules.trace_dtype``).
     """
 
     name: str = ""
     scope: str = "diagonal"
     supports_windowed: bool = True
     needs_window: bool = False
+    supports_trace_dtype: bool = False
 
     @abc.abstractmethod
     def relation_rules(self, graph: ETraceGraph) -> tuple[RelationRule, ...]:

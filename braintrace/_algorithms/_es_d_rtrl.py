@@ -345,6 +345,8 @@ class ESDRTRL(AbstractAlgorithm):
         (3, 4)
     """
 
+    supports_trace_dtype = True
+
     def __init__(self, decay_or_rank: float = 0.9, *,
                  x_decay_or_rank: float | None = None, name: str = "es_d_rtrl",
                  signal: str = "exact"):

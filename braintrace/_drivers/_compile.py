@@ -7,7 +7,7 @@ from typing import Any
 import jax
 from flax import nnx
 
-from braintrace._algorithms import AbstractAlgorithm, get_algorithm
+from braintrace._algorithms import AbstractAlgorithm, check_trace_dtype, get_algorithm
 from braintrace._drivers._inputs import check_example_batch
 from braintrace._drivers._learner import OnlineLearner
 from braintrace._drivers._sharding import check_mesh
@@ -27,6 +27,7 @@ def compile(
     mesh: jax.sharding.Mesh | None = None,
     data_axis: str | None = "data",
     neuron_axis: str | None = None,
+    trace_dtype: Any = None,
 ) -> OnlineLearner:
     """Compiles a stateful model for online learning with ``algorithm``.
 
@@ -61,6 +62,19 @@ def compile(
             by synapse: keep the synapses in post-synaptic order), a hidden state
             along its feature axis, a trace as the Param or unit it belongs to.
             XLA inserts the communication; gradients are the one-device ones.
+        trace_dtype: The dtype the eligibility traces are stored in, e.g.
+            ``jnp.bfloat16`` to halve their memory and the bytes each update moves;
+            ``None`` (the default): the Params' dtype. Each update is computed in
+            float32 (or ``trace_dtype`` if wider) from the stored trace and rounded once
+            when stored; scalars (ES-D-RTRL's bias correction) keep their dtype. For
+            :class:`~braintrace.DRTRL`, :class:`~braintrace.ESDRTRL` (``pp_prop``),
+            :class:`~braintrace.EProp`, the OSTL variants and
+            :class:`~braintrace.ThreeFactor`. bfloat16 traces give gradients within a few
+            percent of float32 traces on short sequences (relative error of each Param's
+            gradient below 5e-2 at T = 16 in the tests; bfloat16 keeps 8 bits of mantissa),
+            which the same-step share, computed in the Params' dtype, does not lose. The
+            state of the pure API (``online.init``) and checkpoints hold the traces in
+            this dtype.
 
     Returns:
         An :class:`OnlineLearner`.
@@ -71,8 +85,11 @@ def compile(
             axis's size, or a Param's neuron axis does not divide by the
             ``neuron_axis`` size (the message names it); a leaf
             of ``example_x`` does not lead with the batch size; a hidden state was
-            declared with a batch axis (see :func:`check_sample_shapes`). Nothing is
-            changed then.
+            declared with a batch axis (see :func:`check_sample_shapes`); ``trace_dtype``
+            is float64 without ``jax_enable_x64``, or given to an algorithm that does not
+            take it (BPTT keeps no traces). Nothing is changed then.
+        TypeError: ``trace_dtype`` is not a floating-point dtype (an
+            ``ArgumentTypeError``, also a ``ValueError``).
 
     Example:
         >>> import jax.numpy as jnp
@@ -91,6 +108,7 @@ def compile(
         ('w_in.bias', 'w_in.kernel')
     """
     algorithm = get_algorithm(algorithm)
+    trace_dtype = _check_trace_dtype(algorithm, trace_dtype)
     if batch_size is not None:
         batch_size = check_batch_size("compile: batch_size", batch_size)
     if mesh is not None:
@@ -102,4 +120,16 @@ def compile(
     if batch_size is not None:
         init_states(model, batch_size)
     return OnlineLearner(model, algorithm, example_x, strict=strict, mesh=mesh,
-                         data_axis=data_axis, neuron_axis=neuron_axis)
+                         data_axis=data_axis, neuron_axis=neuron_axis, trace_dtype=trace_dtype)
+
+
+def _check_trace_dtype(algorithm: AbstractAlgorithm, trace_dtype: Any) -> Any:
+    """``trace_dtype`` checked (``check_trace_dtype``) and taken by ``algorithm``."""
+    dtype = check_trace_dtype(trace_dtype)
+    if dtype is not None and not algorithm.supports_trace_dtype:
+        raise ValueError(
+            f"compile: trace_dtype={dtype} stores eligibility traces in another dtype, for "
+            "DRTRL, ESDRTRL (pp_prop), EProp, OSTLRecurrent, OSTLFeedforward and "
+            f"ThreeFactor; algorithm '{algorithm.name}' ({type(algorithm).__name__}) does "
+            "not take it. Leave trace_dtype=None.")
+    return dtype
