@@ -92,7 +92,7 @@ def test_float8_traces_are_outside_the_tolerance():
 def test_bfloat16_traces_in_a_jit_step_resume_from_a_checkpoint_bit_identically(tmp_path):
     """``online_grad`` in an ``nnx.jit`` step: two chunks straight, or one, a checkpoint of
     the state (bfloat16 traces, restored as bfloat16) into a fresh model, and the second;
-    ``online_update`` runs from the same state."""
+    ``online_update`` runs from the same state; a float32 learner refuses it."""
     model = Net()
     learner = braintrace.compile(model, "es_d_rtrl", jnp.zeros((B, IN)), batch_size=B,
                                  trace_dtype=jnp.bfloat16)
@@ -114,6 +114,12 @@ def test_bfloat16_traces_in_a_jit_step_resume_from_a_checkpoint_bit_identically(
     _, _, state, stats = nnx.jit(train.update)(model, train.init(model)[0], first, *chunk(1))
     assert bool(stats.finite)
     assert {str(t.dtype) for t in jax.tree.leaves(state.traces) if t.ndim} == {"bfloat16"}
+
+    wide = braintrace.online_grad(braintrace.compile(Net(), "es_d_rtrl", jnp.zeros((B, IN)),
+                                                     batch_size=B), mse)
+    with pytest.raises(ValueError, match=r"bfloat16 where this learner's is .* float32.*"
+                                         r"another algorithm, model or trace_dtype"):
+        wide.grad(model, first, *chunk(1))
 
 
 @pytest.mark.parametrize("algorithm, trace_dtype, error, match", [
