@@ -49,8 +49,9 @@ class GraphRules:
             state)``, and in a block its ``block_step`` outputs and ``dy`` are the
             leader's (not stacked twice).
         trace_dtype: The dtype the trace arrays are stored in, or ``None``: the rules'
-            own (the Params'). Every function then reads the stored states widened to
-            float32 and rounds the states it returns once (``_trace_storage.py``).
+            own (the Params'). Every function then reads the stored states widened (to
+            float32, or the trace dtype if wider) and rounds the states it returns once
+            (``_trace_storage.py``).
     """
 
     graph: ETraceGraph
