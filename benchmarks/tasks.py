@@ -18,7 +18,9 @@ cross-entropy at every step weighted ``(t + 1)/T``, the intermediate losses of Y
 2023, instead of the last step's alone), ``d_rtrl@8`` and
 ``d_rtrl@16`` (D-RTRL in windowed mode, ``chunk_size`` 8 or 16: exact reverse mode
 inside each window, traces across windows; a window that does not divide T is
-skipped), and at a small hidden size (``--small-hidden``, where RTRL's ``B·|θ|·N``
+skipped), ``d_rtrl_bf16`` and ``es_d_rtrl_bf16`` (GRU and ALIF: the same rules with their
+traces stored in bfloat16, ``compile(..., trace_dtype=jnp.bfloat16)``, next to the float32
+rows), and at a small hidden size (``--small-hidden``, where RTRL's ``B·|θ|·N``
 influence fits) ``rtrl`` (exact RTRL: BPTT's gradient, on the GRU and the minGRU
 stack), ``snap1`` (``SnAp(1)``), ``uoro`` (``UORO``) with their own ``bptt@small``
 reference.
@@ -71,12 +73,13 @@ TASKS = {
     "spiking_digits": (bt_tasks.SpikingDigits, ("alif",)),
 }
 METHODS = {
-    "gru": ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@8", "d_rtrl@16", "bptt@small", "rtrl",
-            "snap1", "uoro"),
+    "gru": ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl_bf16", "es_d_rtrl_bf16", "d_rtrl@8",
+            "d_rtrl@16", "bptt@small", "rtrl", "snap1", "uoro"),
     "mingru2": ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@8", "d_rtrl@16", "bptt@small", "rtrl"),
     "lru2": ("bptt", "d_rtrl", "es_d_rtrl"),
     "lru_mlp": ("bptt", "d_rtrl"),
-    "alif": ("bptt", "d_rtrl", "es_d_rtrl", "eprop", "d_rtrl@8", "d_rtrl@16", "fptt", "osttp"),
+    "alif": ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl_bf16", "es_d_rtrl_bf16", "eprop",
+             "d_rtrl@8", "d_rtrl@16", "fptt", "osttp"),
 }
 FULL = {"hidden": 64, "small_hidden": 16, "batch": 64, "steps": 500, "seeds": 2,
         "lrs": (3e-3, 1e-2)}
@@ -85,6 +88,7 @@ SMALL = ("rtrl", "bptt@small", "snap1", "uoro")
 ALGORITHMS = {"eprop": lambda: braintrace.EProp(kappa=0.9), "snap1": lambda: braintrace.SnAp(1),
               "uoro": lambda: braintrace.UORO(seed=0)}
 FPTT_ALPHA = 0.1  # fptt_regularizer's α (β = 1/2, the paper's running average); not tuned
+TRACE_DTYPES = {"bf16": jnp.bfloat16}  # a method's suffix: '<algorithm>_bf16'
 EVAL_CHUNK = 500  # validation and test run in chunks of this many sequences: one compilation
 # --quick: one task per model, BPTT or one online rule each (the LRU under an MLP readout
 # both: D-RTRL is exact there)
@@ -195,9 +199,12 @@ def grad_function(model: nnx.Module, method: str, task, batch_size: int):
     name, _, window = method.partition("@")
     if name == "bptt":  # braintrace.BPTT(): the exact gradient of the masked mean loss
         window = ""     # ('bptt@small' is BPTT at the small size, not a window)
+    base, _, suffix = name.rpartition("_")
+    name, trace_dtype = (base, TRACE_DTYPES[suffix]) if suffix in TRACE_DTYPES else (name, None)
     algorithm = ALGORITHMS[name]() if name in ALGORITHMS else name
     example = jnp.zeros((batch_size, task.num_inputs))
-    learner = braintrace.compile(model, algorithm, example, batch_size=batch_size)
+    learner = braintrace.compile(model, algorithm, example, batch_size=batch_size,
+                                 trace_dtype=trace_dtype)
     chunk = int(window) if window else None
 
     def grad(batch):
@@ -388,9 +395,9 @@ def main(argv: list[str] | None = None) -> dict:
         task_name, model_name, method = key
         if "skipped" in row or "error" in row:
             why = row.get("skipped") or "ERROR\n" + row["error"]
-            print(f"{task_name:15s} {model_name:8s} {method:11s} {why}", flush=True)
+            print(f"{task_name:15s} {model_name:8s} {method:14s} {why}", flush=True)
         else:
-            print(f"{task_name:15s} {model_name:8s} {method:11s} test "
+            print(f"{task_name:15s} {model_name:8s} {method:14s} test "
                   f"{row['test_accuracy_mean']:.3f} ± {row['test_accuracy_std']:.3f}  lr "
                   f"{row['lr']:g}  train {row['train_wall_s_mean']:.1f}s/run  ({wall:.0f}s)",
                   flush=True)

@@ -87,15 +87,20 @@ NAME = "throughput"
 MODELS = ("snn", "gru", "alif", "demo")
 METHODS = ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@1", "es_d_rtrl@1")
 """``name`` is the default (time-blocked, ``block_size=32``) form, ``name@K`` blocks of ``K``
-steps (``@1``: the per-step form)."""
+steps (``@1``: the per-step form); ``name_bf16`` (``d_rtrl_bf16``, ``es_d_rtrl_bf16@1``, ...)
+stores the traces in bfloat16 (``braintrace.compile(..., trace_dtype=jnp.bfloat16)``)."""
+TRACE_DTYPES = {"bf16": jnp.bfloat16}
 QUICK_METHODS = ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@1")
 TARGETS = {"es_d_rtrl": 0.6, "d_rtrl": 1.3}
 
 
-def method_parts(method: str) -> tuple[str, int | None]:
-    """``'d_rtrl@1'`` -> ``('d_rtrl', 1)``; ``'d_rtrl'`` -> ``('d_rtrl', None)`` (the default)."""
+def method_parts(method: str) -> tuple[str, int | None, Any]:
+    """``'d_rtrl@1'`` -> ``('d_rtrl', 1, None)``; ``'d_rtrl'`` -> ``('d_rtrl', None, None)`` (the
+    default); ``'d_rtrl_bf16'`` -> ``('d_rtrl', None, bfloat16)`` (the traces' dtype)."""
     name, _, block_size = method.partition("@")
-    return name, (int(block_size) if block_size else None)
+    base, _, suffix = name.rpartition("_")
+    name, trace_dtype = (base, TRACE_DTYPES[suffix]) if suffix in TRACE_DTYPES else (name, None)
+    return name, (int(block_size) if block_size else None), trace_dtype
 
 
 def jit_step(model, learner, block_size: int | None, xs, ys) -> Callable[[], Any]:
@@ -137,8 +142,8 @@ def prepare(model_name: str, method: str, cfg: dict, xs, ys, with_jit_step: bool
 
         extra = {"graph_compile_s": 0.0, "floor": floor(terms)}
     else:
-        name, block_size = method_parts(method)
-        learner = braintrace.compile(model, name, xs[0], batch_size=B)
+        name, block_size, trace_dtype = method_parts(method)
+        learner = braintrace.compile(model, name, xs[0], batch_size=B, trace_dtype=trace_dtype)
         graph_s = time.perf_counter() - start
         lowered = learner.lower_etrace_grad(xs, ys, mse, block_size=block_size)
         lower_s = time.perf_counter() - start - graph_s
@@ -212,8 +217,9 @@ def profile_step(model_name: str, method: str, cfg: dict, xs, ys, repeats: int) 
     from braintrace._loops import LoopContext, init_carry, step_jacobians
 
     H, I, O, B = cfg["hidden"], cfg["inputs"], cfg["outputs"], cfg["batch"]
-    learner = braintrace.compile(build(model_name, I, H, O, B), method_parts(method)[0], xs[0],
-                                 batch_size=B)
+    name, _, trace_dtype = method_parts(method)
+    learner = braintrace.compile(build(model_name, I, H, O, B), name, xs[0], batch_size=B,
+                                 trace_dtype=trace_dtype)
     graph, rules = learner.graph, learner.rules
     params, hidden, other = learner.leaves()
     operands = programs.operands(graph, params)

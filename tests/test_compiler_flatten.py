@@ -422,6 +422,24 @@ def test_while_over_untracked_input_is_kept():
     _assert_same_function(closed, flat, args=[np.ones(3, np.float32), np.int32(5)])
 
 
+# -- scatter -------------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:scatter inputs have incompatible types:FutureWarning")
+def test_a_scatter_over_the_whole_operand_becomes_its_update():
+    """``h.at[...].set(v)`` (how Flax writes ``variable[...] = v`` of another dtype) is ``v``;
+    a scatter into part of the operand is kept."""
+    def step(h, v):
+        return h.at[...].set(v), h.at[1:].set(v[1:])
+
+    closed = jax.make_jaxpr(step)(_spec(2, 3, dtype=jnp.bfloat16), _spec(2, 3))
+    assert _top_names(closed).count("scatter") == 2
+    flat = flatten_jaxpr(closed, [True, False])
+    assert _top_names(flat.closed_jaxpr).count("scatter") == 1
+    assert any("writes its whole operand: replaced by its update" in n for n in flat.notes)
+    _assert_same_function(closed, flat)
+
+
 # -- argument checks -------------------------------------------------------------
 
 

@@ -1,4 +1,5 @@
-"""Data parallel on 4 forced host devices: the same gradients and Params as on one device.
+"""Data parallel on 4 forced host devices: the same gradients and Params as on one device
+(float32 and bfloat16 traces).
 
 The test process keeps its one device; the sharded runs happen in one
 subprocess with ``jax_num_cpu_devices=4``, which reports what it measured as
@@ -59,6 +60,13 @@ SCRIPT = textwrap.dedent("""
         r["params_replicated"] = all(p.sharding.is_fully_replicated
                                      for p in four.leaves().params)
         out[alg] = r
+    narrow = [braintrace.compile(make(), "d_rtrl", jnp.ones((B, 3)), batch_size=B,
+                                 trace_dtype=jnp.bfloat16, **kw) for kw in ({}, {"mesh": mesh})]
+    grads = [[n.etrace_grad(xs, ys, mse, block_size=2) for n in narrow] for _ in range(2)]
+    out["bf16_traces"] = {
+        "grad": max(gap(*g) for g in grads),
+        "dtypes": sorted({str(t.dtype) for t in jax.tree.leaves(narrow[1].traces)}),
+        "specs": sorted({str(t.sharding.spec) for t in jax.tree.leaves(narrow[1].traces)})}
     snap = [braintrace.compile(make(), braintrace.SnAp(1), jnp.ones((B, 3)), batch_size=B,
                                **kw).etrace_grad(xs, ys, mse) for kw in ({}, {"mesh": mesh})]
     out["snap"] = {"grad": gap(*snap), "size": max(float(jnp.max(jnp.abs(g)))
@@ -155,6 +163,13 @@ def test_traces_and_hidden_states_are_sharded_params_replicated(sharded, alg):
     assert r["trace_specs"] == ["P('data',)"]
     assert r["hidden_rows_per_device"] == [2]
     assert r["params_replicated"] and sharded["opt_state_replicated"]
+
+
+def test_bfloat16_traces_on_four_devices_equal_one_device(sharded):
+    """Two calls (the second from the stored bfloat16 traces), in time blocks of 2."""
+    r = sharded["bf16_traces"]
+    assert r["grad"] < 1e-6
+    assert r["dtypes"] == ["bfloat16"] and r["specs"] == ["P('data',)"]
 
 
 def test_online_trainer_step_on_four_devices_gives_the_same_params(sharded):

@@ -40,6 +40,7 @@ from braintrace._algorithms._signals import AbstractLearningSignal as AbstractLe
 from braintrace._algorithms._snap import SnAp as SnAp
 from braintrace._algorithms._three_factor import ThreeFactor as ThreeFactor
 from braintrace._algorithms._trace_algebra import is_batched as is_batched
+from braintrace._algorithms._trace_storage import check_trace_dtype as check_trace_dtype
 from braintrace._algorithms._uoro import UORO as UORO
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     "RelationRule",
     "SnAp",
     "ThreeFactor",
+    "check_trace_dtype",
     "fptt_regularizer",
     "get_algorithm",
     "is_batched",

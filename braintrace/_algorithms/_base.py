@@ -85,6 +85,8 @@ class AbstractAlgorithm(abc.ABC):
         keeps_traces: Whether its gradient reads eligibility traces, and so has the
             graph's approximations (``graph.approximations``) besides its own. BPTT's
             does not: reverse mode through the sequence is exact on every model.
+        supports_trace_dtype: Whether its traces may be stored in another dtype
+            (``braintrace.compile(..., trace_dtype=...)``, ``GraphRules.trace_dtype``).
     """
 
     name: str = ""
@@ -92,6 +94,7 @@ class AbstractAlgorithm(abc.ABC):
     supports_windowed: bool = True
     needs_window: bool = False
     keeps_traces: bool = True
+    supports_trace_dtype: bool = False
 
     @abc.abstractmethod
     def relation_rules(self, graph: ETraceGraph) -> tuple[RelationRule, ...]:

@@ -318,6 +318,8 @@ class DRTRL(AbstractAlgorithm):
         (4, 12)
     """
 
+    supports_trace_dtype = True
+
     def __init__(self, *, coupled: bool = False, signal: str = "exact"):
         self.scope = "coupled" if coupled else "diagonal"
         self.name = "ostl_recurrent" if coupled else "d_rtrl"

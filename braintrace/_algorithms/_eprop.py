@@ -172,6 +172,7 @@ class EProp(AbstractAlgorithm):
     """
 
     name = "eprop"
+    supports_trace_dtype = True
 
     def __init__(self, kappa: float = 0.0, *, feedback: str = "symmetric", seed: int = 0,
                  feedback_scale: float = 1.0):

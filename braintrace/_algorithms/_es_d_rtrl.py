@@ -32,10 +32,10 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from braintrace._algorithms._approximations import algorithm_approximation
 from braintrace._algorithms._base import AbstractAlgorithm, BlockSteps, RelationRule
+from braintrace._algorithms._block_algebra import decayed_end, decayed_sums
 from braintrace._algorithms._d_rtrl import drtrl_rule
 from braintrace._algorithms._fast_signal import (
     check_signal,
@@ -116,21 +116,6 @@ def output_factor(r: InputRelation, s: IOTrace, signal: jax.Array) -> jax.Array:
     return total / correction
 
 
-def decay_weights(decay: float, steps: int, dtype) -> tuple[jax.Array, jax.Array]:
-    """The ``x``-side weights of a block: ``filt[j, k] = α^{k-1-j}`` for ``k > j`` (else 0) and
-    ``powers[k] = α^k``, constants of the block length.
-
-    Example:
-        >>> from braintrace._algorithms._es_d_rtrl import decay_weights
-        >>> filt, powers = decay_weights(0.5, 3, "float32")
-        >>> filt.tolist(), powers.tolist()
-        ([[0.0, 1.0, 0.5], [0.0, 0.0, 1.0], [0.0, 0.0, 0.0]], [1.0, 0.5, 0.25])
-    """
-    lag = np.arange(steps)[None, :] - np.arange(steps)[:, None] - 1  # k - 1 - j
-    filt = np.where(lag >= 0, float(decay) ** np.maximum(lag, 0), 0.0)
-    return jnp.asarray(filt, dtype), jnp.asarray(float(decay) ** np.arange(steps), dtype)
-
-
 def es_block_rules(f_update, x_decay: float, after_update: bool = False):
     """``block_step`` and ``block_finish`` of :func:`es_input_rule`: ``K`` steps of
     ``update``/``contribution`` (``after_update``: of ``update`` then ``contribution``).
@@ -155,32 +140,27 @@ def es_block_rules(f_update, x_decay: float, after_update: bool = False):
         ``steps.stepped`` carries ``ε_f`` after the block and ``steps.outs`` each step's output
         factor ``d_k``. With ``ε_x`` entering at ``ε_x^{-1}``, ``Σ_k xy_to_dw(ε_x^{k-1}, d_k) =
         xy_to_dw(ε_x^{-1}, c) + Σ_j xy_to_dw(x_j, e_j)`` with ``c = Σ_k α_x^k d_k`` and ``e_j =
-        Σ_{k>j} α_x^{k-1-j} d_k`` (:func:`decay_weights`, no loop); the same-step shares
-        ``dy_j`` join ``e_j``. That product counts a bias's input as ``α_x^k + Σ_{j<k}
-        α_x^{k-1-j}``, which falls ``α_x^k (ε_1^{-1} - 1)`` short of ``ε_1^{k-1}``: the bias
-        term adds ``(ε_1^{-1} - 1)·c``. At the end ``ε_x = α_x^K ε_x^{-1} + Σ_j α_x^{K-1-j}
-        x_j``.
+        Σ_{k>j} α_x^{k-1-j} d_k`` (``_block_algebra.decayed_sums``); the same-step shares
+        ``dy_j`` join ``e_j``. That product counts a bias's input as ``α_x^k + Σ_{j<k} α_x^{k-1-j}``, which
+        falls ``α_x^k (ε_1^{-1} - 1)`` short of ``ε_1^{k-1}``: the bias term adds ``(ε_1^{-1} -
+        1)·c``. At the end ``ε_x = α_x^K ε_x^{-1} + Σ_j α_x^{K-1-j} x_j``
+        (``_block_algebra.decayed_end``).
         """
         stepped, ds, x, dy = steps.stepped, steps.outs, steps.x, steps.dy
         if after_update:  # the same-step share d_k, the temporal factor α_x d_k
             dy = ds if dy is None else dy + ds.astype(dy.dtype)
             ds = x_decay * ds
-        length = ds.shape[0]
-        filt, powers = decay_weights(x_decay, length, ds.dtype)
-        e = jnp.tensordot(filt, ds, axes=1)
-        c = jnp.tensordot(powers, ds, axes=1)
-        if dy is not None:
-            e = e + dy.astype(e.dtype)
+        c, e = decayed_sums(ds, x_decay, None if dy is None else dy.astype(ds.dtype))
         xy_to_dw = r.primitive.rule("xy_to_dw")
         grad = jax.tree.map(jnp.add, xy_to_dw(merge_steps(r, x), merge_steps(r, e), theta,
                                               **r.params),
                             xy_to_dw(s.x, c, theta, **r.params))
-        to_end = powers[::-1].astype(s.x.dtype)  # α_x^{K-1-j}
+        length = ds.shape[0]
         through = x_decay ** length  # α_x^K: what of the entering ε_x survives the block
-        end = through * s.x + jnp.tensordot(to_end, x.astype(s.x.dtype), axes=1)
         new = stepped._replace(
-            x=end.astype(s.x.dtype),
-            ones=(through * s.ones + jnp.sum(to_end)).astype(s.ones.dtype))
+            x=decayed_end(s.x, x.astype(s.x.dtype), x_decay).astype(s.x.dtype),
+            ones=(through * s.ones + sum(x_decay ** k for k in range(length))
+                  ).astype(s.ones.dtype))
         return new, IOTerm(grad=grad, bias_signal=(s.ones - 1.0) * c)
 
     return block_step, block_finish
@@ -344,6 +324,8 @@ class ESDRTRL(AbstractAlgorithm):
         >>> grads['layers'][0]['kernel'].shape
         (3, 4)
     """
+
+    supports_trace_dtype = True
 
     def __init__(self, decay_or_rank: float = 0.9, *,
                  x_decay_or_rank: float | None = None, name: str = "es_d_rtrl",

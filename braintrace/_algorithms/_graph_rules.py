@@ -18,6 +18,7 @@ import jax
 
 from braintrace._algorithms._relation_rule import BlockSteps, Jacobians, RelationRule
 from braintrace._algorithms._signals import AbstractLearningSignal
+from braintrace._algorithms._trace_storage import stored, working
 from braintrace._compiler import ETraceGraph, Relation
 from braintrace._primitives import MissingRuleError
 
@@ -47,6 +48,10 @@ class GraphRules:
             state is ``own(state)``; every rule function sees ``tie(own, leader's
             state)``, and in a block its ``block_step`` outputs and ``dy`` are the
             leader's (not stacked twice).
+        trace_dtype: The dtype the trace arrays are stored in, or ``None``: the rules'
+            own (the Params'). Every function then reads the stored states widened (to
+            float32, or the trace dtype if wider) and rounds the states it returns once
+            (``_trace_storage.py``).
     """
 
     graph: ETraceGraph
@@ -60,6 +65,7 @@ class GraphRules:
     supports_windowed: bool = True
     needs_window: bool = False
     leaders: tuple[int | None, ...] = ()
+    trace_dtype: Any = None
 
     def __post_init__(self) -> None:
         """Checks ``leaders``: one entry per relation, each an earlier relation that shares
@@ -133,7 +139,9 @@ class GraphRules:
         return self.leaders[index] if self.leaders else None
 
     def _tied(self, state: Sequence[Any]) -> list[Any]:
-        """Every relation's whole state (a sharing relation's tied to its leader's)."""
+        """Every relation's whole state (a sharing relation's tied to its leader's), as the
+        rules read it (widened from the trace dtype)."""
+        state = working(list(state), self.trace_dtype)
         return [s if self.leader(i) is None
                 else self.relation_rules[i].tie(s, state[self.leader(i)])
                 for i, s in enumerate(state)]
@@ -144,9 +152,10 @@ class GraphRules:
         return [None if self.leader(i) is not None else v for i, v in enumerate(per_relation)]
 
     def _owned(self, state: Sequence[Any]) -> list[Any]:
-        """The states as stored (a sharing relation's without the shared part)."""
-        return [s if self.leader(i) is None else self.relation_rules[i].own(s)
-                for i, s in enumerate(state)]
+        """The states as stored (a sharing relation's without the shared part, rounded to
+        the trace dtype)."""
+        return stored([s if self.leader(i) is None else self.relation_rules[i].own(s)
+                       for i, s in enumerate(state)], self.trace_dtype)
 
     # -- the rules mapped over the relations ----------------------------------------------
 
@@ -199,7 +208,8 @@ class GraphRules:
         own part of the stepped state and no outputs or ``dy``: they are completed from its
         leader's).
         """
-        steps = list(steps)
+        steps = [view._replace(stepped=working(view.stepped, self.trace_dtype))
+                 for view in steps]
         for i, view in enumerate(steps):
             lead = self.leader(i)
             if lead is not None and view.stepped is not None:

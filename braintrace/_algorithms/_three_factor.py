@@ -77,6 +77,7 @@ class ThreeFactor(AbstractAlgorithm):
 
     name = "three_factor"
     supports_windowed = False
+    supports_trace_dtype = True
 
     def __init__(self):
         self._rules = {InputRelation: DRTRL_INPUT._replace(block_finish=None),

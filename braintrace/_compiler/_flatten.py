@@ -28,6 +28,11 @@ rewrite rules are:
 * ``while``: a tainted operand is an error (a weight or hidden state inside a
   loop with a dynamic trip count cannot be compiled into eligibility traces).
   Otherwise kept.
+* ``scatter`` that writes its whole operand (one window at the origin, of the
+  operand's shape): replaced by its update. Flax writes ``variable[...] = value``
+  so when ``value`` differs from the Variable in dtype (a float32 step into a
+  bfloat16 hidden state), shape or sharding; the result is the update, and the
+  compiler follows it into the hidden state like any other value.
 * Everything else is re-bound unchanged.
 
 Control flow that is kept (untainted ``cond``/``scan``/``while``) has its
@@ -202,6 +207,21 @@ def _walk_eqns(jaxpr: jex_core.Jaxpr) -> Iterator[jex_core.JaxprEqn]:
             yield from _walk_eqns(sub)
 
 
+def _writes_whole_operand(eqn: jex_core.JaxprEqn) -> bool:
+    """Whether a ``scatter`` equation overwrites every element of its operand with its update.
+
+    One window (an index vector of length 0 and no batch of indices) at the origin, of
+    the operand's shape, with no inserted or batching dimension: the result is the update
+    (as ``x.at[...].set(v)`` writes it).
+    """
+    operand, indices, update = (v.aval for v in eqn.invars)
+    dims = eqn.params["dimension_numbers"]
+    return (indices.shape == (0,) and tuple(update.shape) == tuple(operand.shape)
+            and tuple(dims.update_window_dims) == tuple(range(len(operand.shape)))
+            and not dims.inserted_window_dims and not dims.scatter_dims_to_operand_dims
+            and not dims.operand_batching_dims)
+
+
 def _contains_inlinable(jaxpr: jex_core.Jaxpr) -> bool:
     return any(eqn.primitive.name in INLINE_PRIMITIVES for eqn in _walk_eqns(jaxpr))
 
@@ -308,6 +328,10 @@ class _Flattener:
                 "eligibility traces (its trip count is dynamic). Use jax.lax.scan with a "
                 "static length, or jax.lax.fori_loop with static Python-int bounds (which "
                 "lowers to scan), or move the loop out of the model step.")
+        elif name == "scatter" and _writes_whole_operand(eqn):
+            self.notes.append(f"scatter at {where} writes its whole operand: replaced by its "
+                              "update")
+            return [_coerce(invals[2], eqn.outvars[0].aval)], [intaints[2]]
         params = eqn.params
         if name in ("cond", "scan", "while"):
             params = self._normalise_bodies(eqn, index, path)

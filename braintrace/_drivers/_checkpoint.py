@@ -414,8 +414,8 @@ def _describe(impl: str, shape: tuple[int, ...], dtype: Any) -> str:
 
 def _mismatch(path: str, name: str, stored: str, expected: str) -> str:
     return (f"The checkpoint {path} does not match at '{name}': it stores {stored}, but "
-            f"{expected} is expected here. Was it saved with another model, batch size or "
-            "algorithm? (learner.reset(batch_size=...) changes the batch size.)")
+            f"{expected} is expected here. Was it saved with another model, batch size, "
+            "algorithm or trace_dtype? (learner.reset(batch_size=...) changes the batch size.)")
 
 
 def _is_key(leaf: Any) -> bool:

@@ -73,6 +73,8 @@ class CompiledModel:
         mesh: Data (and neuron) parallel over this mesh, or ``None``.
         data_axis: The mesh axis the batch is split over.
         neuron_axis: The mesh axis the hidden units are split over, or ``None``.
+        trace_dtype: The dtype the traces are stored in (checked), or ``None``: the
+            algorithm's own.
 
     Raises:
         ValueError: The model cannot be compiled (the message says why), or
@@ -81,9 +83,10 @@ class CompiledModel:
 
     def __init__(self, model: nnx.Module, algorithm: AbstractAlgorithm, example_x: Any, *,
                  strict: bool, mesh: jax.sharding.Mesh | None, data_axis: str | None,
-                 neuron_axis: str | None = None):
+                 neuron_axis: str | None = None, trace_dtype: np.dtype | None = None):
         self.model = model
         self.algorithm = algorithm.bind(model)
+        self.trace_dtype = trace_dtype
         self.strict = strict
         self.mesh = mesh
         self.data_axis = data_axis
@@ -158,11 +161,18 @@ class CompiledModel:
 
     def _compile(self, model: nnx.Module, example_x: Any, batch_size: int | None) -> Entry:
         graph = compile_graph(model, example_x, strict=self.strict, algorithm=self.algorithm)
-        rules = self.algorithm.rules(graph)
+        rules = self._rules(graph)
         example = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)),
                                example_x)
         lay = None if self.mesh is None else self._layout_for(model, rules, example)
         return Entry(graph, rules, example, leaf_avals(model_leaves(model)), batch_size, lay)
+
+    def _rules(self, graph: ETraceGraph) -> GraphRules:
+        """The algorithm bound to ``graph``, its traces stored in :attr:`trace_dtype`."""
+        rules = self.algorithm.rules(graph)
+        if self.trace_dtype is None:
+            return rules
+        return dataclasses.replace(rules, trace_dtype=self.trace_dtype)
 
     def _layout_for(self, model: nnx.Module, rules: GraphRules, example: Any) -> Layout:
         """Where each array lives on the mesh: what grows with the batch size is split over
@@ -177,7 +187,7 @@ class CompiledModel:
             example_2b = jax.tree.map(
                 lambda s: jnp.zeros((2 * batch_size, *s.shape[1:]), s.dtype), example)
             graph_2b = compile_graph(twice, example_2b, scope=self.algorithm.scope)
-            at_2b = _shapes(twice, self.algorithm.rules(graph_2b))
+            at_2b = _shapes(twice, self._rules(graph_2b))
         axis = self._data_axis_at(batch_size)
         samples = (None if self.neuron_axis is None
                    else _neuron_specs(model, rules.graph, at_b, at_2b, self.mesh, self.neuron_axis))

@@ -84,10 +84,12 @@ class OnlineLearner(Checkpointable):
 
     def __init__(self, model: nnx.Module, algorithm: AbstractAlgorithm, example_x: Any, *,
                  strict: bool = False, mesh: jax.sharding.Mesh | None = None,
-                 data_axis: str | None = "data", neuron_axis: str | None = None):
+                 data_axis: str | None = "data", neuron_axis: str | None = None,
+                 trace_dtype: Any = None):
         self.model = model
         self.compiled = CompiledModel(model, algorithm, example_x, strict=strict, mesh=mesh,
-                                      data_axis=data_axis, neuron_axis=neuron_axis)
+                                      data_axis=data_axis, neuron_axis=neuron_axis,
+                                      trace_dtype=trace_dtype)
         self._batch_size = self.compiled.base_batch_size
         self._views = ViewCache()
         self._bound: tuple[ModelView, int | None, Entry] | None = None
@@ -107,6 +109,11 @@ class OnlineLearner(Checkpointable):
     def strict(self) -> bool:
         """Whether approximate traces are refused."""
         return self.compiled.strict
+
+    @property
+    def trace_dtype(self) -> Any:
+        """The dtype the traces are stored in, or ``None`` (the algorithm's own)."""
+        return self.compiled.trace_dtype
 
     @property
     def mesh(self) -> jax.sharding.Mesh | None:

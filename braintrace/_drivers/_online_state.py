@@ -245,6 +245,6 @@ def _check_traces(name: str, compiled: CompiledModel, entry: Entry, traces: Any)
         raise ValueError(
             f"{name}: state.traces were not made by this learner, which runs algorithm "
             f"'{entry.rules.name}' {runs_at(entry.batch_size)} in the model's current mode "
-            f"({detail}). The state was made by another learner (another algorithm or model), "
-            "or before the model's mode changed (model.eval() / model.train()). "
+            f"({detail}). The state was made by another learner (another algorithm, model or "
+            "trace_dtype), or before the model's mode changed (model.eval() / model.train()). "
             f"{_MAKE_ONE}")
