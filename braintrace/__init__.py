@@ -15,7 +15,9 @@ from braintrace._algorithms import BPTT as BPTT
 from braintrace._algorithms import DNI as DNI
 from braintrace._algorithms import DRTRL as DRTRL
 from braintrace._algorithms import ESDRTRL as ESDRTRL
+from braintrace._algorithms import OTTT as OTTT
 from braintrace._algorithms import RTRL as RTRL
+from braintrace._algorithms import SLTT as SLTT
 from braintrace._algorithms import UORO as UORO
 from braintrace._algorithms import AbstractAlgorithm as AbstractAlgorithm
 from braintrace._algorithms import EProp as EProp
@@ -64,7 +66,9 @@ __all__ = [
     "DNI",
     "DRTRL",
     "ESDRTRL",
+    "OTTT",
     "RTRL",
+    "SLTT",
     "UORO",
     "AbstractAlgorithm",
     "Callback",

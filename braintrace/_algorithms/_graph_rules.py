@@ -99,6 +99,11 @@ class GraphRules:
                                    for rule in self.relation_rules)
 
     @property
+    def reads_jacobians(self) -> bool:
+        """Whether some relation's rule reads the hidden Jacobians ``D`` and ``Df``."""
+        return any(rule.jacobians for rule in self.relation_rules)
+
+    @property
     def has_block_steps(self) -> bool:
         """Whether some relation's block runs a part inside the model's loop (``block_step``)."""
         return any(rule.block_step is not None for rule in self.relation_rules)
@@ -173,6 +178,15 @@ class GraphRules:
         return [rule.contribution(r, s, self.signal(delta, r), theta)
                 for r, rule, s, theta in zip(self.relations, self.relation_rules,
                                              self._tied(state), operands)]
+
+    def contribution_from_outputs(self, state: Sequence[Any], dy: Sequence[jax.Array | None],
+                                  operands: Sequence[dict[str, jax.Array]]) -> list[Any]:
+        """Every relation's gradient term from its own output cotangent ``dy`` (``None`` for a
+        relation whose equation an earlier relation counts): the output form of the signal
+        (``OutputSignal``)."""
+        return [rule.contribution(r, s, d, theta)
+                for r, rule, s, d, theta in zip(self.relations, self.relation_rules,
+                                                self._tied(state), dy, operands)]
 
     def finalize(self, summed: Sequence[Any],
                  operands: Sequence[dict[str, jax.Array]]) -> list[dict[str, jax.Array]]:

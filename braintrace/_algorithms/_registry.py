@@ -8,7 +8,9 @@ from braintrace._algorithms._d_rtrl import DRTRL
 from braintrace._algorithms._eprop import EProp
 from braintrace._algorithms._es_d_rtrl import ESDRTRL
 from braintrace._algorithms._ostl import OSTLFeedforward, OSTLRecurrent
+from braintrace._algorithms._ottt import OTTT
 from braintrace._algorithms._rtrl import RTRL
+from braintrace._algorithms._sltt import SLTT
 from braintrace._algorithms._snap import SnAp
 from braintrace._algorithms._three_factor import ThreeFactor
 from braintrace._algorithms._uoro import UORO
@@ -23,6 +25,8 @@ ALGORITHMS = {
     "eprop": EProp,
     "ostl_recurrent": OSTLRecurrent,
     "ostl_feedforward": OSTLFeedforward,
+    "ottt": OTTT,
+    "sltt": SLTT,
     "rtrl": RTRL,
     "uoro": UORO,
     "snap": SnAp,

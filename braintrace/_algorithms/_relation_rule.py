@@ -57,7 +57,9 @@ class BlockSteps(NamedTuple):
 
 class RelationRule(NamedTuple):
     """The pure functions of one algorithm for one kind of relation (the contract:
-    :mod:`braintrace._algorithms._base`)."""
+    :mod:`braintrace._algorithms._base`); ``jacobians=False``: ``update`` reads no ``D``
+    and ``Df`` (when no rule of a graph does, the loops do not compute them and pass
+    ``None``)."""
 
     init: Callable[[ETraceGraph, Relation, dict[str, jax.Array]], Any]
     update: Callable[..., Any]
@@ -68,3 +70,4 @@ class RelationRule(NamedTuple):
     block_finish: Callable[..., tuple[Any, Any]] | None = None
     own: Callable[[Any], Any] | None = None
     tie: Callable[[Any, Any], Any] | None = None
+    jacobians: bool = True

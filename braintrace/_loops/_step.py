@@ -16,7 +16,8 @@ Per step ``t``, with Params ``θ`` and the hidden state ``h^{t-1}`` it starts fr
 :func:`loss_terms` is 1 and 2. :func:`probed_loss_terms` is the same pass with
 each relation's output cotangent ``∂(w_t L_t)/∂y^t`` returned instead of the
 relations' own share of the same-step gradient (the time-blocked rules add that
-share in their block product). :func:`step_jacobians` is 3.
+share in their block product; :func:`output_loss_terms` hands those cotangents to
+the per-step loop as the signal of ``OutputSignal``). :func:`step_jacobians` is 3.
 
 With ``new_state=True`` (the fast learning signal, ``NewStateSignal``), 2 is
 instead the VJP with respect to probes on the new state ``h^t``
@@ -41,8 +42,8 @@ from braintrace._compiler import StepLeaves, programs
 from braintrace._loops._context import LoopContext
 from braintrace._loops._masks import weigh
 
-__all__ = ["LossTerms", "ProbedLossTerms", "add_same_step", "loss_terms", "probed_loss_terms",
-           "step_jacobians", "step_leaves"]
+__all__ = ["LossTerms", "ProbedLossTerms", "add_same_step", "loss_terms", "output_loss_terms",
+           "probed_loss_terms", "step_jacobians", "step_leaves"]
 
 
 class LossTerms(NamedTuple):
@@ -183,12 +184,25 @@ def probed_loss_terms(ctx: LoopContext, leaves: StepLeaves, y_t: Any, weight_t: 
     return ProbedLossTerms(outs.hidden, outs.other, rest, dy, signal, rel_x, loss)
 
 
+def output_loss_terms(ctx: LoopContext, leaves: StepLeaves, y_t: Any,
+                      weight_t: jax.Array) -> LossTerms:
+    """:func:`probed_loss_terms` as :class:`LossTerms` for the output form of the signal
+    (``OutputSignal``): the same-step gradient without the traced relations' share, and as
+    the signal each relation's output cotangent ``∂(w_t L_t)/∂y^t``."""
+    probed = probed_loss_terms(ctx, leaves, y_t, weight_t)
+    return LossTerms(probed.hidden, probed.other, probed.same_step_rest, probed.dy,
+                     probed.rel_x, probed.loss)
+
+
 def step_jacobians(rules: GraphRules, leaves: StepLeaves) -> Jacobians:
     """``D`` (diagonal, coupled or full, as the algorithm reads) and ``Df`` of one step.
 
-    In the full scope every group reads the one per-sample Jacobian ``J``.
+    In the full scope every group reads the one per-sample Jacobian ``J``. Rules that read
+    neither (``GraphRules.reads_jacobians``) get ``None`` for each, computed from nothing.
     """
     graph = rules.graph
+    if not rules.reads_jacobians:
+        return Jacobians(d=[None] * len(graph.groups), df=[None] * len(graph.relations))
     if rules.scope == "full":
         jac, df = programs.full_jacobians(graph, leaves, is_batched(graph))
         return Jacobians(d=[jac] * len(graph.groups), df=df)
