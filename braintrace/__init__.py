@@ -15,6 +15,7 @@ from braintrace._algorithms import BPTT as BPTT
 from braintrace._algorithms import DNI as DNI
 from braintrace._algorithms import DRTRL as DRTRL
 from braintrace._algorithms import ESDRTRL as ESDRTRL
+from braintrace._algorithms import OTPE as OTPE
 from braintrace._algorithms import OTTT as OTTT
 from braintrace._algorithms import RTRL as RTRL
 from braintrace._algorithms import SLTT as SLTT
@@ -66,6 +67,7 @@ __all__ = [
     "DNI",
     "DRTRL",
     "ESDRTRL",
+    "OTPE",
     "OTTT",
     "RTRL",
     "SLTT",

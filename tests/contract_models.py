@@ -396,6 +396,7 @@ ALGORITHMS: dict[str, Callable[[], braintrace.AbstractAlgorithm]] = {
     "eprop": lambda: braintrace.EProp(0.5),
     "ostl_recurrent": braintrace.OSTLRecurrent,
     "ostl_feedforward": braintrace.OSTLFeedforward,
+    "otpe": lambda: braintrace.OTPE(0.6),
     "ottt": lambda: braintrace.OTTT(0.6),
     "rtrl": braintrace.RTRL,
     "sltt": braintrace.SLTT,

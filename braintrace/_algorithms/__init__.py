@@ -26,6 +26,7 @@ from braintrace._algorithms._es_d_rtrl import pp_prop as pp_prop
 from braintrace._algorithms._graph_rules import GraphRules as GraphRules
 from braintrace._algorithms._ostl import OSTLFeedforward as OSTLFeedforward
 from braintrace._algorithms._ostl import OSTLRecurrent as OSTLRecurrent
+from braintrace._algorithms._otpe import OTPE as OTPE
 from braintrace._algorithms._ottt import OTTT as OTTT
 from braintrace._algorithms._registry import ALGORITHMS as ALGORITHMS
 from braintrace._algorithms._registry import get_algorithm as get_algorithm
@@ -48,6 +49,7 @@ __all__ = [
     "D_RTRL",
     "ESDRTRL",
     "ES_D_RTRL",
+    "OTPE",
     "OTTT",
     "RTRL",
     "SLTT",

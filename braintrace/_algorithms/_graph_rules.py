@@ -47,6 +47,14 @@ class GraphRules:
             state is ``own(state)``; every rule function sees ``tie(own, leader's
             state)``, and in a block its ``block_step`` outputs and ``dy`` are the
             leader's (not stacked twice).
+        readers: Per hidden group, the relations that read its new state unit by unit
+            (``braintrace._compiler.readers``), for rules that follow a weight's effect
+            into them (OTPE); empty: none. Then the loops also compute, per step, each
+            reader's ``∂x'/∂h^t`` (``Jacobians.reads``), handed to ``update`` with ``D`` as
+            the pair ``(D_g, reads_g)``, and its input cotangent ``∂L_t/∂x'``, appended to
+            the learning signal after the hidden leaves' (in ``reader_list`` order), then
+            every relation's output cotangent ``∂L_t/∂y^t`` (as ``output_probes``). One
+            entry per group (groups nobody reads: empty) makes every ``update`` get pairs.
     """
 
     graph: ETraceGraph
@@ -60,6 +68,7 @@ class GraphRules:
     supports_windowed: bool = True
     needs_window: bool = False
     leaders: tuple[int | None, ...] = ()
+    readers: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         """Checks ``leaders``: one entry per relation, each an earlier relation that shares
@@ -168,7 +177,9 @@ class GraphRules:
     def update(self, state: Sequence[Any], jac: Jacobians, rel_x: Sequence[jax.Array | None],
                operands: Sequence[dict[str, jax.Array]]) -> list[Any]:
         """``ε^{t-1} → ε^t`` for every relation."""
-        return self._owned([rule.update(r, s, jac.d[r.group], jac.df[r.index], x, theta)
+        d = ([(d_g, reads) for d_g, reads in zip(jac.d, jac.reads)] if self.readers
+             else jac.d)
+        return self._owned([rule.update(r, s, d[r.group], jac.df[r.index], x, theta)
                             for r, rule, s, x, theta in zip(self.relations, self.relation_rules,
                                                             self._tied(state), rel_x, operands)])
 

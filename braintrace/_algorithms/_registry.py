@@ -8,6 +8,7 @@ from braintrace._algorithms._d_rtrl import DRTRL
 from braintrace._algorithms._eprop import EProp
 from braintrace._algorithms._es_d_rtrl import ESDRTRL
 from braintrace._algorithms._ostl import OSTLFeedforward, OSTLRecurrent
+from braintrace._algorithms._otpe import OTPE
 from braintrace._algorithms._ottt import OTTT
 from braintrace._algorithms._rtrl import RTRL
 from braintrace._algorithms._sltt import SLTT
@@ -26,6 +27,7 @@ ALGORITHMS = {
     "ostl_recurrent": OSTLRecurrent,
     "ostl_feedforward": OSTLFeedforward,
     "ottt": OTTT,
+    "otpe": OTPE,
     "sltt": SLTT,
     "rtrl": RTRL,
     "uoro": UORO,

@@ -24,10 +24,13 @@ __all__ = ["BlockSteps", "Jacobians", "RelationRule"]
 
 @dataclasses.dataclass(frozen=True)
 class Jacobians:
-    """One step's hidden Jacobians ``d[g]`` ``(*V, S, S)`` and ``df[r]``."""
+    """One step's hidden Jacobians ``d[g]`` ``(*V, S, S)`` and ``df[r]``, and ``reads[g]``:
+    for each relation reading group ``g`` (``GraphRules.readers``), ``∂x'/∂h_g^t`` on ``g``'s
+    units ``(*V, S)`` (empty unless the rules read them)."""
 
     d: Sequence[jax.Array]
     df: Sequence[jax.Array]
+    reads: Sequence[tuple[jax.Array, ...]] = ()
 
 
 class BlockSteps(NamedTuple):

@@ -27,6 +27,9 @@ class AlgorithmLike(Protocol):
     def approximations(self, graph: ETraceGraph) -> Sequence[Approximation]:
         """What the algorithm approximates by construction on ``graph``."""
 
+    def graph_approximations(self, graph: ETraceGraph) -> Sequence[Approximation]:
+        """Which of ``graph.approximations`` hold for the algorithm."""
+
 
 def compile_graph(
     model: nnx.Module | Callable[..., Any],
@@ -151,8 +154,8 @@ def refuse_approximations(name: str, graph: ETraceGraph,
     The message names the algorithm, gives one plain sentence per
     approximation (what is approximate, what to do) and the details after.
     """
-    found = (*graph.approximations,
-             *(algorithm.approximations(graph) if algorithm is not None else ()))
+    found = ((*algorithm.graph_approximations(graph), *algorithm.approximations(graph))
+             if algorithm is not None else graph.approximations)
     if not found:
         return
     who = ("the eligibility traces of this model are" if algorithm is None

@@ -92,9 +92,10 @@ def _groups_and_relations(graph: ETraceGraph) -> list[str]:
 
 def graph_report(graph: ETraceGraph, algorithm: Any = None) -> str:
     """Describes an ETraceGraph (module docstring); with ``algorithm`` (any object with
-    ``name`` and ``approximations(graph)``), also what that algorithm approximates."""
-    found = (*graph.approximations,
-             *(algorithm.approximations(graph) if algorithm is not None else ()))
+    ``name``, ``approximations(graph)`` and ``graph_approximations(graph)``), what that
+    algorithm approximates: the graph's approximations that hold for it and its own."""
+    found = ((*algorithm.graph_approximations(graph), *algorithm.approximations(graph))
+             if algorithm is not None else graph.approximations)
     lines = ([] if algorithm is None
              else [f"algorithm: {algorithm.name} ({type(algorithm).__name__})"])
     lines.append(f"ETraceGraph ({graph.scope} scope)")

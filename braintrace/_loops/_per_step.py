@@ -44,12 +44,13 @@ import jax
 import jax.numpy as jnp
 
 from braintrace._algorithms import GraphRules, Jacobians
-from braintrace._compiler import StepLeaves, programs
+from braintrace._compiler import StepLeaves, programs, reader_list
 from braintrace._loops._context import LoopContext
 from braintrace._loops._step import (
     add_same_step,
     loss_terms,
     output_loss_terms,
+    reader_probes,
     step_jacobians,
     step_leaves,
 )
@@ -106,6 +107,9 @@ def init_carry(ctx: LoopContext, hidden: Sequence[jax.Array], other: Sequence[ja
                                 ctx.operands)
     else:
         delta = [jnp.zeros_like(h) for h in hidden]
+        if rules.readers:  # the readers' input and the relations' output cotangents too
+            delta += [*reader_probes(ctx.graph, reader_list(rules.readers)),
+                      *programs.output_probes(ctx.graph)]
         shapes = jax.eval_shape(lambda t, o: rules.contribution(t, delta, o), traces,
                                 ctx.operands)
     zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)

@@ -26,7 +26,10 @@ the signal ``δ^t = ∂(w_t L_t)/∂h^t`` (every read of ``h^t`` in the step, th
 readout and later states, but no path into ``h^t``: no backward product
 through the recurrent kernels) and the same-step gradient by every path but
 the traced relations' (the readout's Params, untraced paths). The relations'
-own share is then in the updated traces ``ε^t``, so ``dy`` is ``None``.
+own share is then in the updated traces ``ε^t``, so ``dy`` is ``None``. Rules
+that read the groups' readers (OTPE, ``GraphRules.readers``) get, after the
+hidden leaves' signals, each reader's input cotangent ``∂(w_t L_t)/∂x'`` and
+each relation's output cotangent ``∂(w_t L_t)/∂y^t``.
 """
 
 from __future__ import annotations
@@ -38,12 +41,12 @@ import jax
 import jax.numpy as jnp
 
 from braintrace._algorithms import GraphRules, Jacobians, is_batched
-from braintrace._compiler import StepLeaves, programs
+from braintrace._compiler import ETraceGraph, StepLeaves, programs, reader_list
 from braintrace._loops._context import LoopContext
 from braintrace._loops._masks import weigh
 
 __all__ = ["LossTerms", "ProbedLossTerms", "add_same_step", "loss_terms", "output_loss_terms",
-           "probed_loss_terms", "step_jacobians", "step_leaves"]
+           "probed_loss_terms", "reader_probes", "step_jacobians", "step_leaves"]
 
 
 class LossTerms(NamedTuple):
@@ -102,8 +105,12 @@ def _reverse_pass(ctx: LoopContext, leaves: StepLeaves, y_t: Any, weight_t: jax.
 
     def weighted_loss(params, start, probes):
         if new_state:
-            outs, rel_x = programs.forward(graph, leaves._replace(params=params),
-                                           ctx.rules.feedback, state_probes=start)
+            hidden = graph.num_hidden
+            readers = reader_list(ctx.rules.readers)
+            outs, rel_x = programs.forward(
+                graph, leaves._replace(params=params), ctx.rules.feedback, probes,
+                state_probes=start[:hidden],
+                input_probes={r: p for (_, r), p in zip(readers, start[hidden:])})
         else:
             outs, rel_x = programs.forward(graph, leaves._replace(params=params, hidden=start),
                                            ctx.rules.feedback, probes,
@@ -117,10 +124,22 @@ def _reverse_pass(ctx: LoopContext, leaves: StepLeaves, y_t: Any, weight_t: jax.
         return weigh(loss, weight_t), (loss, outs, rel_x)
 
     start = programs.state_probes(graph) if new_state else leaves.hidden
+    reads = new_state and bool(ctx.rules.readers)
+    if reads:  # also ∂L_t/∂x' at the groups' readers and ∂L_t/∂y at the relations' outputs
+        start = [*start, *reader_probes(graph, reader_list(ctx.rules.readers))]
+        probes = programs.output_probes(graph)
     weighted, pullback, (loss, outs, rel_x) = jax.vjp(
         weighted_loss, leaves.params, start, probes, has_aux=True)
     same_step, signal, dy = pullback(jnp.ones_like(weighted))  # w_t may be wider than L_t
+    if reads:
+        signal = [*signal, *dy]
     return outs, list(rel_x), loss, same_step, signal, dy
+
+
+def reader_probes(graph: ETraceGraph, readers: Sequence[tuple[int, int]]) -> list[jax.Array]:
+    """Zeros shaped like each reader's input ``x'`` (``reader_list`` order)."""
+    return [jnp.zeros(v.aval.shape, v.aval.dtype)
+            for v in (graph.relation_input_var(graph.relations[r]) for _, r in readers)]
 
 
 def _check_scalar(loss: jax.Array) -> None:
@@ -209,7 +228,9 @@ def step_jacobians(rules: GraphRules, leaves: StepLeaves) -> Jacobians:
     d, df = programs.jacobians(graph, leaves)
     if rules.scope == "coupled":
         d = programs.coupled_jacobians(graph, leaves)
-    return Jacobians(d=d, df=df)
+    reads = (programs.reader_jacobians(graph, leaves, rules.readers) if rules.readers
+             else ())  # each reader's ∂x'/∂h^t (GraphRules.readers)
+    return Jacobians(d=d, df=df, reads=reads)
 
 
 def add_same_step(total: Sequence[jax.Array], same_step: Sequence[jax.Array],
