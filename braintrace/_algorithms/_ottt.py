@@ -22,8 +22,9 @@ compute exactly (``OutputSignal``), so
         \\frac{\\partial L_t}{\\partial y^t}\\Big):
 
 ES-D-RTRL's input-side trace with its decay fixed to ``λ`` and no output-side
-trace at all: no hidden Jacobian is computed. Every ETP primitive (dense,
-conv, sparse, LoRA, einsum, grouped, embedding) runs it, per step and
+trace at all: no hidden Jacobian is computed. Every ETP primitive whose input
+side sums (dense, conv, sparse, LoRA, einsum, grouped; not the embedding, whose
+integer indices do not: it is refused, as by ES-D-RTRL) runs it, per step and
 time-blocked. A bias counts as a weight row fed by a constant 1, whose trace is
 ``ε_1 = Σ_k λ^k``; so does an elementwise operation ``y = fn(w)`` (a learnable
 time constant, gain or threshold): ``xy_to_dw(ε_1^t ∂L_t/∂y^t)``. OTTT_O
@@ -118,7 +119,9 @@ def _geometric(decay: float, steps: int, dtype) -> tuple[jax.Array, jax.Array]:
 def presynaptic_rules(decay: float) -> dict[type, RelationRule]:
     """OTTT's rule per relation kind: the presynaptic trace decayed by ``decay``, contracted
     with the relation's output cotangent ``∂L_t/∂y^t`` after the update (module docstring).
-    Neither reads ``D`` or ``Df``."""
+    Neither reads ``D`` or ``Df``. An operation with an input needs the IO-dimension family's
+    rules (``init_pp``, as ES-D-RTRL): a primitive whose input is not summable, the
+    embedding's integer indices, has none and is refused."""
 
     def init(graph: ETraceGraph, r: Relation, theta) -> PresynapticTrace:
         dtype = jnp.result_type(*param_dtypes(graph, r).values())
@@ -169,7 +172,8 @@ def presynaptic_rules(decay: float) -> dict[type, RelationRule]:
     return {
         InputRelation: RelationRule(contribution=input_contribution,
                                     finalize=input_side_finalize,
-                                    rules=lambda r: ("xy_to_dw",), block_finish=input_block,
+                                    rules=lambda r: ("init_pp", "xy_to_dw"),
+                                    block_finish=input_block,
                                     **common),
         ElementwiseRelation: RelationRule(contribution=elementwise_contribution,
                                           finalize=elementwise_finalize,
