@@ -7,10 +7,12 @@ digits, 64 channels, T = 32). Models: ``gru`` (one GRU cell, linear readout),
 ``layers.LRU``, GELU between, linear readout) and ``lru_mlp`` (one ``layers.LRU``
 and a GELU MLP readout: the architecture on which D-RTRL is exact) on the first
 two; ``alif`` (a recurrent layer of adaptive LIF neurons, leaky readout) on the
-spiking one.
+spiking one and on MNIST-1D (its real-valued samples as input currents).
 
 Methods: ``bptt`` (``braintrace.BPTT()``: ``jax.grad`` through the scan), ``d_rtrl``,
-``es_d_rtrl``, ``eprop`` (``EProp(kappa=0.9)``, SNN only), ``d_rtrl@8`` and
+``es_d_rtrl``, ``eprop`` (``EProp(kappa=0.9)``, SNN only), the spiking rules (SNN only)
+``ottt`` (``OTTT`` with the ALIF membrane's leak ``exp(-1/20)``), ``sltt`` and ``otpe``
+(``OTPE`` with the readout's leak ``exp(-1/10)``), ``d_rtrl@8`` and
 ``d_rtrl@16`` (D-RTRL in windowed mode, ``chunk_size`` 8 or 16: exact reverse mode
 inside each window, traces across windows; a window that does not divide T is
 skipped), and at a small hidden size (``--small-hidden``, where RTRL's ``B·|θ|·N``
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import multiprocessing
 import os
 import sys
@@ -60,7 +63,7 @@ from braintrace import tasks as bt_tasks
 
 NAME = "tasks"
 TASKS = {
-    "mnist1d": (bt_tasks.MNIST1D, ("gru", "mingru2", "lru2", "lru_mlp")),
+    "mnist1d": (bt_tasks.MNIST1D, ("gru", "mingru2", "lru2", "lru_mlp", "alif")),
     "digits": (bt_tasks.SequentialDigits, ("gru", "mingru2", "lru2", "lru_mlp")),
     "spiking_digits": (bt_tasks.SpikingDigits, ("alif",)),
 }
@@ -70,14 +73,18 @@ METHODS = {
     "mingru2": ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@8", "d_rtrl@16", "bptt@small", "rtrl"),
     "lru2": ("bptt", "d_rtrl", "es_d_rtrl"),
     "lru_mlp": ("bptt", "d_rtrl"),
-    "alif": ("bptt", "d_rtrl", "es_d_rtrl", "eprop", "d_rtrl@8", "d_rtrl@16"),
+    "alif": ("bptt", "d_rtrl", "es_d_rtrl", "eprop", "d_rtrl@8", "d_rtrl@16", "ottt", "sltt",
+             "otpe"),
 }
 FULL = {"hidden": 64, "small_hidden": 16, "batch": 64, "steps": 500, "seeds": 2,
         "lrs": (3e-3, 1e-2)}
 QUICK = {"hidden": 4, "small_hidden": 4, "batch": 4, "steps": 2, "seeds": 1, "lrs": (1e-2,)}
 SMALL = ("rtrl", "bptt@small", "snap1", "uoro")
+ALIF_TAU, READOUT_TAU = 20.0, 10.0  # the ALIF network's membrane and readout time constants
 ALGORITHMS = {"eprop": lambda: braintrace.EProp(kappa=0.9), "snap1": lambda: braintrace.SnAp(1),
-              "uoro": lambda: braintrace.UORO(seed=0)}
+              "uoro": lambda: braintrace.UORO(seed=0),
+              "ottt": lambda: braintrace.OTTT(decay=math.exp(-1 / ALIF_TAU)),
+              "otpe": lambda: braintrace.OTPE(decay=math.exp(-1 / READOUT_TAU))}
 EVAL_CHUNK = 500  # validation and test run in chunks of this many sequences: one compilation
 # --quick: one task per model, BPTT or one online rule each (the LRU under an MLP readout
 # both: D-RTRL is exact there)
@@ -115,8 +122,8 @@ class ALIFNet(nnx.Module):
 
     def __init__(self, inputs: int, hidden: int, outputs: int, rngs: nnx.Rngs):
         self.recurrent = layers.RecurrentSpiking(
-            inputs, layers.ALIF(hidden, tau=20.0, tau_a=100.0), rngs=rngs)
-        self.readout = layers.LeakyReadout(hidden, outputs, tau=10.0, rngs=rngs)
+            inputs, layers.ALIF(hidden, tau=ALIF_TAU, tau_a=100.0), rngs=rngs)
+        self.readout = layers.LeakyReadout(hidden, outputs, tau=READOUT_TAU, rngs=rngs)
 
     def __call__(self, x):
         return self.readout(self.recurrent(x))

@@ -68,9 +68,10 @@ import braintrace
 
 NAME = "throughput"
 MODELS = ("snn", "gru", "alif", "demo")
-METHODS = ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@1", "es_d_rtrl@1")
-"""``name`` is the default (time-blocked, ``block_size=32``) form, ``name@K`` blocks of ``K``
-steps (``@1``: the per-step form)."""
+METHODS = ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@1", "es_d_rtrl@1", "ottt", "sltt", "otpe")
+"""``name`` is the default (time-blocked, ``block_size=32``, where the rule has a blocked form)
+form, ``name@K`` blocks of ``K`` steps (``@1``: the per-step form); ``ottt``, ``sltt`` and
+``otpe`` are the spiking rules by name (``SLTT`` and ``OTPE`` run per step)."""
 QUICK_METHODS = ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@1")
 TARGETS = {"es_d_rtrl": 0.6, "d_rtrl": 1.3}
 

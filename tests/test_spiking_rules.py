@@ -185,7 +185,7 @@ def _spiking(readout, neuron="lif", detach_reset=False, hidden=H, layers_=1, see
     init = nnx.initializers.normal(1.0)
     stack, width = [], IN
     for _ in range(layers_):
-        neuron_kw = dict(tau=TAU, v_th=0.5, detach_reset=detach_reset, param_dtype=F64)
+        neuron_kw = {"tau": TAU, "v_th": 0.5, "detach_reset": detach_reset, "param_dtype": F64}
         cell = (layers.LIF(hidden, **neuron_kw) if neuron == "lif" else
                 layers.ALIF(hidden, tau_a=6.0, beta=0.5, learn_tau=True, **neuron_kw))
         stack += [layers.ETPLinear(width, hidden, kernel_init=init, rngs=rngs, **KW), cell]

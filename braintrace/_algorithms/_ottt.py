@@ -168,7 +168,7 @@ def presynaptic_rules(decay: float) -> dict[type, RelationRule]:
                 else jnp.tensordot(weights.astype(steps.dy.dtype), steps.dy, axes=1))
         return s._replace(ones=weights[-1].astype(s.ones.dtype)), term
 
-    common = dict(init=init, update=update, jacobians=False)
+    common = {"init": init, "update": update, "jacobians": False}
     return {
         InputRelation: RelationRule(contribution=input_contribution,
                                     finalize=input_side_finalize,

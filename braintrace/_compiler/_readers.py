@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from braintrace._compiler._positions import propagate, source_map
-from braintrace._compiler._records import InputRelation
+from braintrace._compiler._records import HiddenGroup, InputRelation
 from braintrace._compiler._walk import is_var, reached
 
 if TYPE_CHECKING:
     from braintrace._compiler._graph import ETraceGraph
 
-__all__ = ["readers", "reader_list"]
+__all__ = ["reader_list", "readers"]
 
 
 def _position_by_position(m: np.ndarray, shape: tuple[int, ...]) -> bool:
@@ -53,24 +53,25 @@ def readers(graph: ETraceGraph) -> tuple[tuple[int, ...], ...]:
         >>> [g.paths for g in graph.groups], readers(graph)  # the readout reads the spikes
         ([('layers.1.v',), ('layers.2.y',)], ((1,), ()))
     """
+    outvars = graph.layout.hidden_outvars(graph.jaxpr)
+    return tuple(_read_by(graph, [outvars[k] for k in g.leaves if is_var(outvars[k])], g)
+                 for g in graph.groups)
+
+
+def _read_by(graph: ETraceGraph, starts: list, group: HiddenGroup) -> tuple[int, ...]:
+    """The relations reading ``group``, whose new state's variables are ``starts``."""
     jaxpr = graph.jaxpr
-    outvars = graph.layout.hidden_outvars(jaxpr)
-    found = []
-    for g in graph.groups:
-        starts = [outvars[k] for k in g.leaves if is_var(outvars[k])]
-        mixing: list[int] = []
-        env = propagate(jaxpr, {v: source_map(v.aval.shape) for v in starts},
-                        on_mixing=lambda i, _: mixing.append(i))
-        mixed, _ = reached(jaxpr, [v for i in mixing for v in jaxpr.eqns[i].outvars
-                                   if is_var(v)])
-        reach, _ = reached(jaxpr, starts)
-        found.append(tuple(
-            r.index for r in graph.relations
-            if isinstance(r, InputRelation) and r.group != g.index
-            and (x := graph.relation_input_var(r)) in reach and x not in mixed and x in env
-            and tuple(x.aval.shape) == tuple(g.shape)
-            and _position_by_position(env[x], tuple(g.shape))))
-    return tuple(found)
+    mixing: list[int] = []
+    env = propagate(jaxpr, {v: source_map(v.aval.shape) for v in starts},
+                    on_mixing=lambda i, _: mixing.append(i))
+    mixed, _ = reached(jaxpr, [v for i in mixing for v in jaxpr.eqns[i].outvars if is_var(v)])
+    reach, _ = reached(jaxpr, starts)
+    shape = tuple(group.shape)
+    return tuple(
+        r.index for r in graph.relations
+        if isinstance(r, InputRelation) and r.group != group.index
+        and (x := graph.relation_input_var(r)) in reach and x not in mixed and x in env
+        and tuple(x.aval.shape) == shape and _position_by_position(env[x], shape))
 
 
 def reader_list(found: tuple[tuple[int, ...], ...]) -> list[tuple[int, int]]:
