@@ -69,6 +69,9 @@ class AbstractLIF(nnx.Module):
     the previous spikes ``z_{t-1}`` (:meth:`_adapt`); :class:`LIF` has none.
     The constructor's arguments are :class:`LIF`'s.
 
+    Attributes:
+        detach_reset: Whether the reset passes no derivative (``False`` unless set).
+
     Example:
         >>> from braintrace import layers
         >>> from braintrace.layers._spiking import AbstractLIF
@@ -98,7 +101,8 @@ class AbstractLIF(nnx.Module):
         self.v_th = v_th
         self.v_reset = v_reset
         self.reset = reset
-        self.detach_reset = detach_reset
+        if detach_reset:  # else the class's False: a default neuron's attributes are unchanged
+            self.detach_reset = True
         self.refractory_steps = refractory_steps
         self.surrogate = surrogate
         self.surrogate_alpha = surrogate_alpha
@@ -109,6 +113,8 @@ class AbstractLIF(nnx.Module):
             self.ref_steps = HiddenState(jnp.zeros((num_neurons,), param_dtype))
         else:
             self.ref_steps = nnx.data(None)
+
+    detach_reset: bool = False
 
     @abc.abstractmethod
     def _threshold(self) -> jax.Array | float:
