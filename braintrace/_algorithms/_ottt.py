@@ -2,7 +2,7 @@
 
 For a LIF layer ``u^t = λ(u^{t-1} - V_th s^{t-1}) + W s_in^t`` whose reset
 passes no derivative, OTTT tracks the presynaptic activity and takes the
-instantaneous gradient of each step (the paper's Sec. 4.1):
+instantaneous gradient of each step (the paper's derivation of OTTT from BPTT):
 
 .. math::
 

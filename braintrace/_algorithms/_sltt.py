@@ -1,8 +1,8 @@
 """SLTT: spatial learning through time (Meng et al., ICCV 2023).
 
 SLTT drops the temporal path of BPTT's gradient: each step's loss reaches a
-weight only through the same step (the paper's Sec. 4, the spatial components
-of the surrogate gradient),
+weight only through the same step (the paper keeps the spatial components of
+the surrogate gradient and drops the temporal ones),
 
 .. math::
 
