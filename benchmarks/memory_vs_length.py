@@ -10,7 +10,8 @@ For every (model, method, T) a fresh Python process:
    fixed at 1 MiB (``MALLOC_MMAP_THRESHOLD_``) so that freed buffers leave the RSS.
 
 BPTT is ``jax.grad`` through ``jax.lax.scan`` of the pure step; the online
-methods are ``learner.etrace_grad`` (one fused scan, hidden state and traces in
+methods (``d_rtrl``, ``es_d_rtrl`` and the spiking rules ``ottt``, ``sltt``,
+``otpe``) are ``learner.etrace_grad`` (one fused scan, hidden state and traces in
 the carry) over the whole sequence at once. The ``*_streamed`` methods are how
 an online learner meets a long sequence: ``etrace_grad`` is called on
 consecutive chunks of ``--stream-chunk`` steps (hidden state and traces carry
@@ -39,7 +40,8 @@ from concurrent.futures import ThreadPoolExecutor
 HERE = os.path.dirname(os.path.abspath(__file__))
 NAME = "memory_vs_length"
 STREAMED = ("d_rtrl_streamed", "es_d_rtrl_streamed")
-METHODS = ("bptt", "d_rtrl", "es_d_rtrl", "fptt", "osttp", *STREAMED)
+SPIKING_RULES = ("ottt", "sltt", "otpe")
+METHODS = ("bptt", "d_rtrl", "es_d_rtrl", "fptt", "osttp", *STREAMED, *SPIKING_RULES)
 STREAM_CHUNK = 100
 FULL_LENGTHS = (100, 1000, 4000, 10000)
 QUICK_LENGTHS = (8, 64)
@@ -251,7 +253,8 @@ def plot(records: list[dict], path: str) -> None:
     fig, axes = plt.subplots(2, len(models), figsize=(5.5 * len(models), 8), squeeze=False)
     colours = {"bptt": "tab:red", "d_rtrl": "tab:blue", "es_d_rtrl": "tab:green",
                "fptt": "tab:brown", "osttp": "tab:pink",
-               "d_rtrl_streamed": "tab:cyan", "es_d_rtrl_streamed": "tab:olive"}
+               "d_rtrl_streamed": "tab:cyan", "es_d_rtrl_streamed": "tab:olive",
+               "ottt": "tab:purple", "sltt": "tab:gray", "otpe": "tab:orange"}
     for j, model in enumerate(models):
         for i, (key, title) in enumerate((("xla", "XLA compiled peak (arg+out+temp)"),
                                           ("rss", "process peak RSS"))):

@@ -7,10 +7,12 @@ digits, 64 channels, T = 32). Models: ``gru`` (one GRU cell, linear readout),
 ``layers.LRU``, GELU between, linear readout) and ``lru_mlp`` (one ``layers.LRU``
 and a GELU MLP readout: the architecture on which D-RTRL is exact) on the first
 two; ``alif`` (a recurrent layer of adaptive LIF neurons, leaky readout) on the
-spiking one and on MNIST-1D (its one channel as input current).
+spiking one and on MNIST-1D (its real-valued samples as input currents).
 
 Methods: ``bptt`` (``braintrace.BPTT()``: ``jax.grad`` through the scan), ``d_rtrl``,
-``es_d_rtrl``, ``eprop`` (``EProp(kappa=0.9)``, SNN only), ``osttp`` (``OSTTP()``: the label's
+``es_d_rtrl``, ``eprop`` (``EProp(kappa=0.9)``, SNN only), the spiking rules (SNN only)
+``ottt`` (``OTTT`` with the ALIF membrane's leak ``exp(-1/20)``), ``sltt`` and ``otpe``
+(``OTPE`` with the readout's leak ``exp(-1/10)``), ``osttp`` (``OSTTP()``: the label's
 one-hot projected onto the ALIF layer, SNN only), ``fptt`` (SNN only: ``FPTT()`` with
 ``fptt_regularizer(0.1)`` before Adam, an update every step from that step's own gradient,
 ``OnlineTrainer(update_every=1)``; FPTT has no credit over time, so its loss is the label's
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import multiprocessing
 import os
 import sys
@@ -79,14 +82,17 @@ METHODS = {
     "lru2": ("bptt", "d_rtrl", "es_d_rtrl"),
     "lru_mlp": ("bptt", "d_rtrl"),
     "alif": ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl_bf16", "es_d_rtrl_bf16", "eprop",
-             "d_rtrl@8", "d_rtrl@16", "fptt", "osttp"),
+             "d_rtrl@8", "d_rtrl@16", "ottt", "sltt", "otpe", "fptt", "osttp"),
 }
 FULL = {"hidden": 64, "small_hidden": 16, "batch": 64, "steps": 500, "seeds": 2,
         "lrs": (3e-3, 1e-2)}
 QUICK = {"hidden": 4, "small_hidden": 4, "batch": 4, "steps": 2, "seeds": 1, "lrs": (1e-2,)}
 SMALL = ("rtrl", "bptt@small", "snap1", "uoro")
+ALIF_TAU, READOUT_TAU = 20.0, 10.0  # the ALIF network's membrane and readout time constants
 ALGORITHMS = {"eprop": lambda: braintrace.EProp(kappa=0.9), "snap1": lambda: braintrace.SnAp(1),
-              "uoro": lambda: braintrace.UORO(seed=0)}
+              "uoro": lambda: braintrace.UORO(seed=0),
+              "ottt": lambda: braintrace.OTTT(decay=math.exp(-1 / ALIF_TAU)),
+              "otpe": lambda: braintrace.OTPE(decay=math.exp(-1 / READOUT_TAU))}
 FPTT_ALPHA = 0.1  # fptt_regularizer's α (β = 1/2, the paper's running average); not tuned
 TRACE_DTYPES = {"bf16": jnp.bfloat16}  # a method's suffix: '<algorithm>_bf16'
 EVAL_CHUNK = 500  # validation and test run in chunks of this many sequences: one compilation
@@ -126,8 +132,8 @@ class ALIFNet(nnx.Module):
 
     def __init__(self, inputs: int, hidden: int, outputs: int, rngs: nnx.Rngs):
         self.recurrent = layers.RecurrentSpiking(
-            inputs, layers.ALIF(hidden, tau=20.0, tau_a=100.0), rngs=rngs)
-        self.readout = layers.LeakyReadout(hidden, outputs, tau=10.0, rngs=rngs)
+            inputs, layers.ALIF(hidden, tau=ALIF_TAU, tau_a=100.0), rngs=rngs)
+        self.readout = layers.LeakyReadout(hidden, outputs, tau=READOUT_TAU, rngs=rngs)
 
     def __call__(self, x):
         return self.readout(self.recurrent(x))

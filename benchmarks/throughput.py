@@ -85,10 +85,12 @@ from braintrace._loops import Blocked, choose_loop
 
 NAME = "throughput"
 MODELS = ("snn", "gru", "alif", "demo")
-METHODS = ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@1", "es_d_rtrl@1")
-"""``name`` is the default (time-blocked, ``block_size=32``) form, ``name@K`` blocks of ``K``
-steps (``@1``: the per-step form); ``name_bf16`` (``d_rtrl_bf16``, ``es_d_rtrl_bf16@1``, ...)
-stores the traces in bfloat16 (``braintrace.compile(..., trace_dtype=jnp.bfloat16)``)."""
+METHODS = ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@1", "es_d_rtrl@1", "ottt", "sltt", "otpe")
+"""``name`` is the default (time-blocked, ``block_size=32``, where the rule has a blocked form)
+form, ``name@K`` blocks of ``K`` steps (``@1``: the per-step form); ``ottt``, ``sltt`` and
+``otpe`` are the spiking rules by name (``SLTT`` and ``OTPE`` run per step); ``name_bf16``
+(``d_rtrl_bf16``, ``es_d_rtrl_bf16@1``, ...) stores the traces in bfloat16
+(``braintrace.compile(..., trace_dtype=jnp.bfloat16)``)."""
 TRACE_DTYPES = {"bf16": jnp.bfloat16}
 QUICK_METHODS = ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@1")
 TARGETS = {"es_d_rtrl": 0.6, "d_rtrl": 1.3}

@@ -17,7 +17,10 @@ from braintrace._algorithms import DRTRL as DRTRL
 from braintrace._algorithms import ESDRTRL as ESDRTRL
 from braintrace._algorithms import FPTT as FPTT
 from braintrace._algorithms import OSTTP as OSTTP
+from braintrace._algorithms import OTPE as OTPE
+from braintrace._algorithms import OTTT as OTTT
 from braintrace._algorithms import RTRL as RTRL
+from braintrace._algorithms import SLTT as SLTT
 from braintrace._algorithms import UORO as UORO
 from braintrace._algorithms import AbstractAlgorithm as AbstractAlgorithm
 from braintrace._algorithms import EProp as EProp
@@ -69,7 +72,10 @@ __all__ = [
     "ESDRTRL",
     "FPTT",
     "OSTTP",
+    "OTPE",
+    "OTTT",
     "RTRL",
+    "SLTT",
     "UORO",
     "AbstractAlgorithm",
     "Callback",

@@ -76,6 +76,7 @@ class ConvLIF(nnx.Module):
         learn_tau: Whether ``τ`` is a learnable per-channel Param.
         surrogate: Surrogate derivative of the spike (see :func:`spike`).
         surrogate_alpha: Its sharpness.
+        detach_reset: Whether the reset passes no derivative (see :class:`LIF`).
         rngs: Random number generators.
 
     Example:
@@ -118,6 +119,7 @@ class ConvLIF(nnx.Module):
         learn_tau: bool = False,
         surrogate: str = "fast_sigmoid",
         surrogate_alpha: float | None = None,
+        detach_reset: bool = False,
         rngs: nnx.Rngs,
     ):
         self.conv = ETPConv(in_features, out_features, kernel_size, strides, padding=padding,
@@ -134,7 +136,8 @@ class ConvLIF(nnx.Module):
         out = jax.eval_shape(self.conv, frame).shape
         lif = LIF(out_features, tau=tau, dt=dt, v_th=v_th, v_reset=v_reset, reset=reset,
                   refractory_steps=refractory_steps, learn_tau=learn_tau, surrogate=surrogate,
-                  surrogate_alpha=surrogate_alpha, param_dtype=param_dtype)
+                  surrogate_alpha=surrogate_alpha, detach_reset=detach_reset,
+                  param_dtype=param_dtype)
         self.neuron = _per_position_lif(out, lif)
 
     @property

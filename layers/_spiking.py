@@ -14,6 +14,10 @@ recurrent input (:meth:`LIF.spikes`). For one step with input current ``x_t``:
     v_t = \alpha \tilde v + x_t, \qquad z_t = H(v_t - A_t),
 
 with ``α = exp(-dt/τ)`` (the leak is towards 0) and ``A_t = v_th`` for LIF.
+With ``detach_reset=True`` the reset's ``z_{t-1}`` passes through
+``lax.stop_gradient`` (OTTT's and SLTT's neurons): the values are the same, and
+no derivative flows through the reset, so a neuron's Jacobian
+``∂v_t/∂v_{t-1}`` is the leak ``α`` alone.
 With ``refractory_steps = R > 0`` a neuron that spiked holds ``ṽ`` and cannot
 spike for the next ``R`` steps (a counter state ``ref_steps`` tracks this).
 ``H`` is :func:`spike`: a Heaviside step with a surrogate derivative.
@@ -65,6 +69,9 @@ class AbstractLIF(nnx.Module):
     the previous spikes ``z_{t-1}`` (:meth:`_adapt`); :class:`LIF` has none.
     The constructor's arguments are :class:`LIF`'s.
 
+    Attributes:
+        detach_reset: Whether the reset passes no derivative (``False`` unless set).
+
     Example:
         >>> from braintrace import layers
         >>> from braintrace.layers._spiking import AbstractLIF
@@ -85,6 +92,7 @@ class AbstractLIF(nnx.Module):
         learn_tau: bool = False,
         surrogate: str = "fast_sigmoid",
         surrogate_alpha: float | None = None,
+        detach_reset: bool = False,
         param_dtype: Dtype = jnp.float32,
     ):
         _check_neuron_args(reset, refractory_steps, surrogate)
@@ -93,6 +101,8 @@ class AbstractLIF(nnx.Module):
         self.v_th = v_th
         self.v_reset = v_reset
         self.reset = reset
+        if detach_reset:  # else the class's False: a default neuron's attributes are unchanged
+            self.detach_reset = True
         self.refractory_steps = refractory_steps
         self.surrogate = surrogate
         self.surrogate_alpha = surrogate_alpha
@@ -103,6 +113,8 @@ class AbstractLIF(nnx.Module):
             self.ref_steps = HiddenState(jnp.zeros((num_neurons,), param_dtype))
         else:
             self.ref_steps = nnx.data(None)
+
+    detach_reset: bool = False
 
     @abc.abstractmethod
     def _threshold(self) -> jax.Array | float:
@@ -127,10 +139,11 @@ class AbstractLIF(nnx.Module):
     def _integrate(self, x: jax.Array, z: jax.Array) -> None:
         """Resets with ``z = z_{t-1}``, leaks, integrates ``x`` and writes ``v_t``."""
         v = self.v[...]
+        reset = jax.lax.stop_gradient(z) if self.detach_reset else z
         if self.reset == "soft":
-            v = v - z * (self.v_th - self.v_reset)
+            v = v - reset * (self.v_th - self.v_reset)
         else:
-            v = v + z * (self.v_reset - v)
+            v = v + reset * (self.v_reset - v)
         new_v = decay(self.tau, self.dt) * v + x
         if self.ref_steps is not None:
             ref_steps = jnp.where(z > 0, float(self.refractory_steps),
@@ -174,6 +187,7 @@ class LIF(AbstractLIF):
         learn_tau: Whether ``τ`` is a learnable per-neuron :class:`ETPElemwise`.
         surrogate: Surrogate derivative of the spike function (see :func:`spike`).
         surrogate_alpha: Its sharpness (``None``: the surrogate's default).
+        detach_reset: Whether the reset passes no derivative (module docstring).
         param_dtype: Dtype of the states and parameters.
 
     Example:

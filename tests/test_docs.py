@@ -37,6 +37,7 @@ def _load(path: pathlib.Path):
 
 
 execute_notebooks = _load(DOCS / "execute_notebooks.py")
+online_rules_table = _load(DOCS / "online_rules_table.py")
 api_pages = _load(DOCS / "_ext" / "api_pages.py")
 module_docstrings = _load(DOCS / "_ext" / "module_docstrings.py")
 
@@ -421,3 +422,23 @@ def test_every_page_with_python_code_is_run_by_a_test():
 def test_page_code_runs_and_does_what_the_page_says(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     PAGE_CHECKS[page](_run_page(DOCS / page))
+
+def test_the_online_rules_table_is_generated_from_the_committed_results():
+    page = (DOCS / "online_rules.md").read_text()
+    assert online_rules_table.page_table(page) == online_rules_table.table(), (
+        "docs/online_rules.md's table is not the committed results'; run `python "
+        "docs/online_rules_table.py --write` and commit the page")
+    for row in online_rules_table.ROWS:  # each row a rule compile accepts by that name
+        assert braintrace._algorithms.get_algorithm(row.method).name == row.method
+    cpu = online_rules_table._load(online_rules_table.THROUGHPUT["CPU"])
+    assert all(online_rules_table.time_cell(cpu, row.method) != online_rules_table.MISSING
+               for row in online_rules_table.ROWS), "the CPU run times every row's rule"
+    # the cells read the JSON: a changed ratio or accuracy changes the table
+    assert online_rules_table.time_cell(
+        {"results": {"snn": {"methods": {"ottt": {"ratio_to_bptt": 1.234}}}}}, "ottt") == "×1.23"
+    assert online_rules_table.accuracy_cell(
+        {"results": {"mnist1d": {"alif": {"otpe": {"test_accuracy_mean": 0.5,
+                                                   "test_accuracy_std": 0.01}}}}},
+        "mnist1d", "otpe") == "0.500 ± 0.010"
+    assert online_rules_table.accuracy_cell(None, "mnist1d", "otpe") == "—"
+

@@ -67,6 +67,16 @@ SCRIPT = textwrap.dedent("""
         "grad": max(gap(*g) for g in grads),
         "dtypes": sorted({str(t.dtype) for t in jax.tree.leaves(narrow[1].traces)}),
         "specs": sorted({str(t.sharding.spec) for t in jax.tree.leaves(narrow[1].traces)})}
+    def spiking():  # a LIF layer read by a leaky readout: OTPE's readers, OTTT's outputs
+        return nnx.Sequential(layers.ETPLinear(3, 8, rngs=nnx.Rngs(0)), layers.LIF(8, tau=4.0),
+                              layers.LeakyReadout(8, 2, rngs=nnx.Rngs(1)))
+
+    for alg in ["ottt", "sltt", "otpe"]:
+        grads = [braintrace.compile(spiking(), alg, jnp.ones((B, 3)), batch_size=B,
+                                    **kw).etrace_grad(2.0 * xs, ys, mse)
+                 for kw in ({}, {"mesh": mesh})]
+        out[alg] = {"grad": gap(*grads), "size": max(float(jnp.max(jnp.abs(g)))
+                                                     for g in jax.tree.leaves(grads[0]))}
     snap = [braintrace.compile(make(), braintrace.SnAp(1), jnp.ones((B, 3)), batch_size=B,
                                **kw).etrace_grad(xs, ys, mse) for kw in ({}, {"mesh": mesh})]
     out["snap"] = {"grad": gap(*snap), "size": max(float(jnp.max(jnp.abs(g)))
@@ -144,6 +154,11 @@ def test_gradients_on_four_devices_equal_one_device(sharded, alg):
     assert sharded[alg]["grad"] < 1e-6
     if alg == "d_rtrl":
         assert sharded[alg]["windowed"] < 1e-6 and sharded[alg]["evolve"] < 1e-6
+
+
+@pytest.mark.parametrize("alg", ["ottt", "sltt", "otpe"])
+def test_spiking_rules_on_four_devices_equal_one_device(sharded, alg):
+    assert sharded[alg]["size"] > 1e-4 and sharded[alg]["grad"] < 1e-6
 
 
 def test_snap_on_four_devices_equals_one_device(sharded):

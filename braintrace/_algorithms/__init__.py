@@ -30,6 +30,8 @@ from braintrace._algorithms._graph_rules import GraphRules as GraphRules
 from braintrace._algorithms._ostl import OSTLFeedforward as OSTLFeedforward
 from braintrace._algorithms._ostl import OSTLRecurrent as OSTLRecurrent
 from braintrace._algorithms._osttp import OSTTP as OSTTP
+from braintrace._algorithms._otpe import OTPE as OTPE
+from braintrace._algorithms._ottt import OTTT as OTTT
 from braintrace._algorithms._registry import ALGORITHMS as ALGORITHMS
 from braintrace._algorithms._registry import get_algorithm as get_algorithm
 from braintrace._algorithms._relation_rule import BlockSteps as BlockSteps
@@ -37,6 +39,7 @@ from braintrace._algorithms._relation_rule import Jacobians as Jacobians
 from braintrace._algorithms._relation_rule import RelationRule as RelationRule
 from braintrace._algorithms._rtrl import RTRL as RTRL
 from braintrace._algorithms._signals import AbstractLearningSignal as AbstractLearningSignal
+from braintrace._algorithms._sltt import SLTT as SLTT
 from braintrace._algorithms._snap import SnAp as SnAp
 from braintrace._algorithms._three_factor import ThreeFactor as ThreeFactor
 from braintrace._algorithms._trace_algebra import is_batched as is_batched
@@ -53,7 +56,10 @@ __all__ = [
     "ES_D_RTRL",
     "FPTT",
     "OSTTP",
+    "OTPE",
+    "OTTT",
     "RTRL",
+    "SLTT",
     "UORO",
     "AbstractAlgorithm",
     "AbstractLearningSignal",

@@ -73,7 +73,9 @@ class AbstractAlgorithm(abc.ABC):
       gradients); ``None``: nothing.
     * :meth:`feedback_operands`: fixed random feedback (e-prop); ``None``: exact.
     * :meth:`approximations`: where the algorithm approximates BPTT by
-      construction on a graph (reported; refused by ``strict=True``).
+      construction on a graph (reported; refused by ``strict=True``);
+      :meth:`graph_approximations`: which of the graph's own approximations hold
+      for it (all of them by default).
 
     :meth:`rules` combines them into the :class:`GraphRules` the loops run.
 
@@ -128,6 +130,13 @@ class AbstractAlgorithm(abc.ABC):
         """
         del graph
         return None
+
+    def graph_approximations(self, graph: ETraceGraph) -> tuple[Approximation, ...]:
+        """The approximations of ``graph``'s traces that hold for this algorithm: all of
+        ``graph.approximations`` (D-RTRL's view), unless the algorithm follows some of those
+        paths itself (OTPE, the feed-forward coupling into a reading layer).
+        ``report()`` and ``strict=True`` read these with :meth:`approximations`."""
+        return graph.approximations
 
     def approximations(self, graph: ETraceGraph) -> tuple[Approximation, ...]:
         """What this algorithm approximates by construction on ``graph``.

@@ -60,7 +60,7 @@ from braintrace._compiler import (
     Relation,
 )
 
-__all__ = ["DRTRL", "DRTRL_ELEMENTWISE", "DRTRL_INPUT", "D_RTRL", "drtrl_rule"]
+__all__ = ["DRTRL", "DRTRL_ELEMENTWISE", "DRTRL_INPUT", "D_RTRL", "contract_y", "drtrl_rule"]
 
 
 def _cast_to_params(graph: ETraceGraph, r: Relation, trace: Any) -> Any:
@@ -121,10 +121,10 @@ def _input_contribution(r: InputRelation, eps: tuple, signal: jax.Array,
     """``Σ_b Σ_s contract(δ̄_s, ε_s)`` (the closed-form ``contract`` rule, or ``dt_to_t``,
     which it equals on one sample), summed over the batch by :func:`sum_over_samples`."""
     del theta
-    return _contract_y(r, eps, r.gather_hidden(signal, feeds_large=True))
+    return contract_y(r, eps, r.gather_hidden(signal, feeds_large=True))
 
 
-def _contract_y(r: InputRelation, eps: tuple, signal: jax.Array) -> Any:
+def contract_y(r: InputRelation, eps: tuple, signal: jax.Array) -> Any:
     """``Σ_b Σ_s contract(signal_s, ε_s)`` for a signal already at ``y``'s units ``(*y, S)``."""
     prim = r.primitive
     contract = prim.rules.resolved("contract")  # one sample: dt_to_t by default
@@ -136,7 +136,7 @@ def _contract_y(r: InputRelation, eps: tuple, signal: jax.Array) -> Any:
 
 
 def _contract_entering(r: InputRelation, eps: tuple, signal: jax.Array) -> Any:
-    """:func:`_contract_y` once per block.
+    """:func:`contract_y` once per block.
 
     On XLA:CPU, per sample summed by unrolled adds (:func:`sum_over_samples`):
     the ``contract`` rule's sum over the batch axis there is a ``dot_general``
@@ -147,7 +147,7 @@ def _contract_entering(r: InputRelation, eps: tuple, signal: jax.Array) -> Any:
     """
     prim = r.primitive
     if not prim.has_rule("contract") or jax.default_backend() == "cpu":
-        return _contract_y(r, eps, signal)
+        return contract_y(r, eps, signal)
     contract = prim.rule("contract")
     return tree_sum([contract(signal[..., s], e, **r.params) for s, e in enumerate(eps)])
 

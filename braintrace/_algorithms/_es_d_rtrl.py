@@ -54,7 +54,8 @@ from braintrace._compiler import (
     summed_outputs,
 )
 
-__all__ = ["ESDRTRL", "ES_D_RTRL", "IOTerm", "IOTrace", "decay_from", "es_input_rule", "pp_prop",
+__all__ = ["ESDRTRL", "ES_D_RTRL", "IOTerm", "IOTrace", "decay_from", "es_input_rule",
+           "input_side_block", "input_side_finalize", "pp_prop", "shared_output_sides",
            "x_free_part"]
 
 
@@ -116,6 +117,45 @@ def output_factor(r: InputRelation, s: IOTrace, signal: jax.Array) -> jax.Array:
     return total / correction
 
 
+def input_side_block(r: InputRelation, x_trace: jax.Array, ones: jax.Array, x: jax.Array,
+                     ds: jax.Array, dy: jax.Array | None, decay: float, theta
+                     ) -> tuple[jax.Array, jax.Array, IOTerm]:
+    """A block of ``K`` steps of an input-side trace ``ε_x^k = α ε_x^{k-1} + x_k`` (and a
+    bias's ``ε_1``): ``Σ_k xy_to_dw(ε_x^{k-1}, d_k) + Σ_k xy_to_dw(x_k, dy_k)`` and the traces
+    after the block (module docstring of ``_block_algebra.py`` for the idea).
+
+    With ``ε_x`` entering at ``ε_x^{-1}``, ``Σ_k xy_to_dw(ε_x^{k-1}, d_k) = xy_to_dw(ε_x^{-1},
+    c) + Σ_j xy_to_dw(x_j, e_j)`` with ``c = Σ_k α^k d_k`` and ``e_j = Σ_{k>j} α^{k-1-j} d_k``
+    (``_block_algebra.decayed_sums``); the same-step shares ``dy_j`` join ``e_j``. That product
+    counts a bias's input as ``α^k + Σ_{j<k} α^{k-1-j}``, which falls ``α^k (ε_1^{-1} - 1)``
+    short of ``ε_1^{k-1}``: the bias term adds ``(ε_1^{-1} - 1)·c``. At the end ``ε_x =
+    α^K ε_x^{-1} + Σ_j α^{K-1-j} x_j`` (``_block_algebra.decayed_end``).
+
+    Returns:
+        ``(ε_x, ε_1, term)`` after the block.
+    """
+    c, e = decayed_sums(ds, decay, None if dy is None else dy.astype(ds.dtype))
+    xy_to_dw = r.primitive.rule("xy_to_dw")
+    grad = jax.tree.map(jnp.add, xy_to_dw(merge_steps(r, x), merge_steps(r, e), theta,
+                                          **r.params),
+                        xy_to_dw(x_trace, c, theta, **r.params))
+    length = ds.shape[0]
+    through = decay ** length  # α^K: what of the entering ε_x survives the block
+    end = decayed_end(x_trace, x.astype(x_trace.dtype), decay)
+    return (end.astype(x_trace.dtype),
+            (through * ones + sum(decay ** k for k in range(length))).astype(ones.dtype),
+            IOTerm(grad=grad, bias_signal=(ones - 1.0) * c))
+
+
+def input_side_finalize(r: InputRelation, total: IOTerm, theta) -> dict:
+    """``{key: dθ}`` from the summed terms: ``xy_to_dw``'s sums plus the bias correction
+    ``Σ_t (ε_1 - 1)·d`` mapped once through the x-free part of ``xy_to_dw``."""
+    bias = x_free_part(r.primitive.rule("xy_to_dw"), r.x_shape, total.bias_signal, theta,
+                       r.params)
+    return {key: value + bias[key] if key in bias else value
+            for key, value in total.grad.items()}
+
+
 def es_block_rules(f_update, x_decay: float, after_update: bool = False):
     """``block_step`` and ``block_finish`` of :func:`es_input_rule`: ``K`` steps of
     ``update``/``contribution`` (``after_update``: of ``update`` then ``contribution``).
@@ -135,33 +175,14 @@ def es_block_rules(f_update, x_decay: float, after_update: bool = False):
 
     def block_finish(r: InputRelation, s: IOTrace, steps: BlockSteps, theta
                      ) -> tuple[IOTrace, IOTerm]:
-        """The block's products (module docstring of ``_block_algebra.py`` for the idea).
-
-        ``steps.stepped`` carries ``ε_f`` after the block and ``steps.outs`` each step's output
-        factor ``d_k``. With ``ε_x`` entering at ``ε_x^{-1}``, ``Σ_k xy_to_dw(ε_x^{k-1}, d_k) =
-        xy_to_dw(ε_x^{-1}, c) + Σ_j xy_to_dw(x_j, e_j)`` with ``c = Σ_k α_x^k d_k`` and ``e_j =
-        Σ_{k>j} α_x^{k-1-j} d_k`` (``_block_algebra.decayed_sums``); the same-step shares
-        ``dy_j`` join ``e_j``. That product counts a bias's input as ``α_x^k + Σ_{j<k} α_x^{k-1-j}``, which
-        falls ``α_x^k (ε_1^{-1} - 1)`` short of ``ε_1^{k-1}``: the bias term adds ``(ε_1^{-1} -
-        1)·c``. At the end ``ε_x = α_x^K ε_x^{-1} + Σ_j α_x^{K-1-j} x_j``
-        (``_block_algebra.decayed_end``).
-        """
-        stepped, ds, x, dy = steps.stepped, steps.outs, steps.x, steps.dy
+        """The block's products (:func:`input_side_block`). ``steps.stepped`` carries ``ε_f``
+        after the block and ``steps.outs`` each step's output factor ``d_k``."""
+        stepped, ds, dy = steps.stepped, steps.outs, steps.dy
         if after_update:  # the same-step share d_k, the temporal factor α_x d_k
             dy = ds if dy is None else dy + ds.astype(dy.dtype)
             ds = x_decay * ds
-        c, e = decayed_sums(ds, x_decay, None if dy is None else dy.astype(ds.dtype))
-        xy_to_dw = r.primitive.rule("xy_to_dw")
-        grad = jax.tree.map(jnp.add, xy_to_dw(merge_steps(r, x), merge_steps(r, e), theta,
-                                              **r.params),
-                            xy_to_dw(s.x, c, theta, **r.params))
-        length = ds.shape[0]
-        through = x_decay ** length  # α_x^K: what of the entering ε_x survives the block
-        new = stepped._replace(
-            x=decayed_end(s.x, x.astype(s.x.dtype), x_decay).astype(s.x.dtype),
-            ones=(through * s.ones + sum(x_decay ** k for k in range(length))
-                  ).astype(s.ones.dtype))
-        return new, IOTerm(grad=grad, bias_signal=(s.ones - 1.0) * c)
+        x, ones, term = input_side_block(r, s.x, s.ones, steps.x, ds, dy, x_decay, theta)
+        return stepped._replace(x=x, ones=ones), term
 
     return block_step, block_finish
 
@@ -231,12 +252,6 @@ def es_input_rule(x_decay: float, f_decay: float, after_update: bool = False) ->
         return IOTerm(grad=r.primitive.rule("xy_to_dw")(s.x, d, theta, **r.params),
                       bias_signal=(s.ones - 1.0) * d)
 
-    def finalize(r: InputRelation, total: IOTerm, theta) -> dict:
-        bias = x_free_part(r.primitive.rule("xy_to_dw"), r.x_shape, total.bias_signal, theta,
-                           r.params)
-        return {key: value + bias[key] if key in bias else value
-                for key, value in total.grad.items()}
-
     def own(s: IOTrace) -> IOTrace:
         """The state without its output side (``ε_f``, ``α_f^t``: functions of ``D``, ``Df``)."""
         return s._replace(f=None, f_power=None)
@@ -246,12 +261,13 @@ def es_input_rule(x_decay: float, f_decay: float, after_update: bool = False) ->
         return s._replace(f=leader.f, f_power=leader.f_power)
 
     block_step, block_finish = es_block_rules(f_update, x_decay, after_update)
-    return RelationRule(init=init, update=update, contribution=contribution, finalize=finalize,
+    return RelationRule(init=init, update=update, contribution=contribution,
+                        finalize=input_side_finalize,
                         rules=lambda r: ("init_pp", "xy_to_dw"), block_step=block_step,
                         block_finish=block_finish, own=own, tie=tie)
 
 
-def _shared_output_sides(graph: ETraceGraph) -> tuple[int | None, ...]:
+def shared_output_sides(graph: ETraceGraph) -> tuple[int | None, ...]:
     """Per relation, the relation whose ``ε_f`` it shares: the same ``Df``
     (``summed_outputs``) and the same trace dtype; empty when none does.
 
@@ -351,7 +367,7 @@ class ESDRTRL(AbstractAlgorithm):
     def rules(self, graph: ETraceGraph) -> GraphRules:
         """The bound rules; operations whose outputs are added before anything reads them
         (``summed_outputs``: the same ``Df``) keep one ``ε_f`` for both."""
-        rules = dataclasses.replace(super().rules(graph), leaders=_shared_output_sides(graph))
+        rules = dataclasses.replace(super().rules(graph), leaders=shared_output_sides(graph))
         if self._uses_fast(graph):
             return dataclasses.replace(rules, learning_signal=NEW_STATE_SIGNAL)
         return rules

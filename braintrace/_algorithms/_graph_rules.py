@@ -52,6 +52,14 @@ class GraphRules:
             own (the Params'). Every function then reads the stored states widened (to
             float32, or the trace dtype if wider) and rounds the states it returns once
             (``_trace_storage.py``).
+        readers: Per hidden group, the relations that read its new state unit by unit
+            (``braintrace._compiler.readers``), for rules that follow a weight's effect
+            into them (OTPE); empty: none. Then the loops also compute, per step, each
+            reader's ``∂x'/∂h^t`` (``Jacobians.reads``), handed to ``update`` with ``D`` as
+            the pair ``(D_g, reads_g)``, and its input cotangent ``∂L_t/∂x'``, appended to
+            the learning signal after the hidden leaves' (in ``reader_list`` order), then
+            every relation's output cotangent ``∂L_t/∂y^t`` (as ``output_probes``). One
+            entry per group (groups nobody reads: empty) makes every ``update`` get pairs.
     """
 
     graph: ETraceGraph
@@ -66,6 +74,7 @@ class GraphRules:
     needs_window: bool = False
     leaders: tuple[int | None, ...] = ()
     trace_dtype: Any = None
+    readers: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         """Checks ``leaders``: one entry per relation, each an earlier relation that shares
@@ -103,6 +112,11 @@ class GraphRules:
         """Whether every relation's rule has a time-blocked form (``block_finish``)."""
         return self.traced and all(rule.block_finish is not None
                                    for rule in self.relation_rules)
+
+    @property
+    def reads_jacobians(self) -> bool:
+        """Whether some relation's rule reads the hidden Jacobians ``D`` and ``Df``."""
+        return any(rule.jacobians for rule in self.relation_rules)
 
     @property
     def has_block_steps(self) -> bool:
@@ -172,7 +186,9 @@ class GraphRules:
     def update(self, state: Sequence[Any], jac: Jacobians, rel_x: Sequence[jax.Array | None],
                operands: Sequence[dict[str, jax.Array]]) -> list[Any]:
         """``ε^{t-1} → ε^t`` for every relation."""
-        return self._owned([rule.update(r, s, jac.d[r.group], jac.df[r.index], x, theta)
+        d = ([(d_g, reads) for d_g, reads in zip(jac.d, jac.reads)] if self.readers
+             else jac.d)
+        return self._owned([rule.update(r, s, d[r.group], jac.df[r.index], x, theta)
                             for r, rule, s, x, theta in zip(self.relations, self.relation_rules,
                                                             self._tied(state), rel_x, operands)])
 
@@ -182,6 +198,15 @@ class GraphRules:
         return [rule.contribution(r, s, self.signal(delta, r), theta)
                 for r, rule, s, theta in zip(self.relations, self.relation_rules,
                                              self._tied(state), operands)]
+
+    def contribution_from_outputs(self, state: Sequence[Any], dy: Sequence[jax.Array | None],
+                                  operands: Sequence[dict[str, jax.Array]]) -> list[Any]:
+        """Every relation's gradient term from its own output cotangent ``dy`` (``None`` for a
+        relation whose equation an earlier relation counts): the output form of the signal
+        (``OutputSignal``)."""
+        return [rule.contribution(r, s, d, theta)
+                for r, rule, s, d, theta in zip(self.relations, self.relation_rules,
+                                                self._tied(state), dy, operands)]
 
     def finalize(self, summed: Sequence[Any],
                  operands: Sequence[dict[str, jax.Array]]) -> list[dict[str, jax.Array]]:

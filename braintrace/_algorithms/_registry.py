@@ -10,7 +10,10 @@ from braintrace._algorithms._es_d_rtrl import ESDRTRL
 from braintrace._algorithms._fptt import FPTT
 from braintrace._algorithms._ostl import OSTLFeedforward, OSTLRecurrent
 from braintrace._algorithms._osttp import OSTTP
+from braintrace._algorithms._otpe import OTPE
+from braintrace._algorithms._ottt import OTTT
 from braintrace._algorithms._rtrl import RTRL
+from braintrace._algorithms._sltt import SLTT
 from braintrace._algorithms._snap import SnAp
 from braintrace._algorithms._three_factor import ThreeFactor
 from braintrace._algorithms._uoro import UORO
@@ -27,6 +30,9 @@ ALGORITHMS = {
     "ostl_recurrent": OSTLRecurrent,
     "ostl_feedforward": OSTLFeedforward,
     "osttp": OSTTP,
+    "ottt": OTTT,
+    "otpe": OTPE,
+    "sltt": SLTT,
     "rtrl": RTRL,
     "uoro": UORO,
     "snap": SnAp,

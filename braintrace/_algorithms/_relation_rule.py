@@ -24,10 +24,13 @@ __all__ = ["BlockSteps", "Jacobians", "RelationRule"]
 
 @dataclasses.dataclass(frozen=True)
 class Jacobians:
-    """One step's hidden Jacobians ``d[g]`` ``(*V, S, S)`` and ``df[r]``."""
+    """One step's hidden Jacobians ``d[g]`` ``(*V, S, S)`` and ``df[r]``, and ``reads[g]``:
+    for each relation reading group ``g`` (``GraphRules.readers``), ``∂x'/∂h_g^t`` on ``g``'s
+    units ``(*V, S)`` (empty unless the rules read them)."""
 
     d: Sequence[jax.Array]
     df: Sequence[jax.Array]
+    reads: Sequence[tuple[jax.Array, ...]] = ()
 
 
 class BlockSteps(NamedTuple):
@@ -57,7 +60,9 @@ class BlockSteps(NamedTuple):
 
 class RelationRule(NamedTuple):
     """The pure functions of one algorithm for one kind of relation (the contract:
-    :mod:`braintrace._algorithms._base`)."""
+    :mod:`braintrace._algorithms._base`); ``jacobians=False``: ``update`` reads no ``D``
+    and ``Df`` (when no rule of a graph does, the loops do not compute them and pass
+    ``None``)."""
 
     init: Callable[[ETraceGraph, Relation, dict[str, jax.Array]], Any]
     update: Callable[..., Any]
@@ -68,3 +73,4 @@ class RelationRule(NamedTuple):
     block_finish: Callable[..., tuple[Any, Any]] | None = None
     own: Callable[[Any], Any] | None = None
     tie: Callable[[Any, Any], Any] | None = None
+    jacobians: bool = True

@@ -7,7 +7,12 @@ the step's update, and every Param keeps its exact same-step gradient
 ES-D-RTRL's ``signal='fast'``) takes ``δ^t = ∂(w_t L_t)/∂h^t`` with ``h^t`` an
 input of the rest of the step, contracted with the traces *after* the update,
 and the same-step gradient by every path but the traced operations' (no
-backward product through the recurrent kernels). A rule whose signal comes from elsewhere (a reward, a
+backward product through the recurrent kernels). The output form
+(:class:`OutputSignal`, OTTT's) takes each traced operation's own output
+cotangent ``∂(w_t L_t)/∂y^t`` (``h^{t-1}`` held fixed: the exact spatial
+derivative of the step), contracted with the traces after the update, and the
+same-step gradient by every path but the traced operations' (their share is in
+the contraction). A rule whose signal comes from elsewhere (a reward, a
 neuromodulator) subclasses :class:`AbstractLearningSignal`: it names the per-step input
 it reads (``etrace_grad(..., <input_name>=...)``), checks it, says whether it
 is contracted with the traces after the step's update, and which Params keep
@@ -27,8 +32,8 @@ import jax.numpy as jnp
 
 from braintrace._compiler import ETraceGraph
 
-__all__ = ["LOSS_SIGNAL", "NEW_STATE_SIGNAL", "AbstractLearningSignal", "LossSignal",
-           "NewStateSignal"]
+__all__ = ["LOSS_SIGNAL", "NEW_STATE_SIGNAL", "OUTPUT_SIGNAL", "AbstractLearningSignal",
+           "LossSignal", "NewStateSignal", "OutputSignal"]
 
 
 class AbstractLearningSignal(abc.ABC):
@@ -46,12 +51,17 @@ class AbstractLearningSignal(abc.ABC):
         cut_inputs: ETP equations (indices in the step's jaxpr) through whose input ``x``
             the loss sends no derivative back; the step's reverse pass adds
             :meth:`input_objective` of their inputs to the weighted loss instead.
+        reads_outputs: The relations' rules read each relation's output
+            cotangent ``∂(w_t L_t)/∂y^t`` (``None`` for a relation whose
+            equation an earlier one counts) instead of :meth:`signal`'s, and
+            the traced operations are cut from the same-step gradient.
     """
 
     input_name: str | None = None
     after_update: bool = False
     reads_new_state: bool = False
     cut_inputs: tuple[int, ...] = ()
+    reads_outputs: bool = False
 
     def check_inputs(self, graph: ETraceGraph, hidden: Sequence[jax.Array], inputs: Any,
                      length: int) -> Any:
@@ -122,3 +132,31 @@ class NewStateSignal(AbstractLearningSignal):
 
 NEW_STATE_SIGNAL = NewStateSignal()
 """The fast learning signal (``signal='fast'``)."""
+
+
+class OutputSignal(AbstractLearningSignal):
+    """Each traced operation's output cotangent ``∂(w_t L_t)/∂y^t``, contracted with ``ε^t``.
+
+    .. math::
+
+        \\nabla_\\theta L_t = \\frac{\\partial L_t}{\\partial \\theta}\\Big|_{h^{t-1},\\,
+            \\text{traced ops cut}} + \\mathrm{contract}\\Big(\\epsilon^t,\\,
+            \\frac{\\partial L_t}{\\partial y^t}\\Big)
+
+    with ``h^{t-1}`` held fixed: the exact spatial derivative of step ``t``
+    at the operation's output, whatever lies between it and the loss. The
+    loops hand the rules the cotangents themselves (:meth:`signal` is not
+    called).
+    """
+
+    after_update = True
+    reads_outputs = True
+
+    def signal(self, loss_signal: Sequence[jax.Array], inputs_t: Any,
+               weight_t: jax.Array) -> Sequence[jax.Array]:
+        del inputs_t, weight_t
+        return loss_signal
+
+
+OUTPUT_SIGNAL = OutputSignal()
+"""The output form of the learning signal (OTTT's)."""

@@ -2,7 +2,8 @@
 
 The face other packages use: the graph and its records, :func:`compile_graph`,
 the run-time programs over a graph (``programs``: the step's forward pass, its
-Jacobians, the operands of the traced operations), the structural unit
+Jacobians, the operands of the traced operations), which operations read a
+group's new state unit by unit (``readers``), the structural unit
 patterns (``reach``, ``unit_patterns``), the jaxpr walks and phrases an
 algorithm uses to describe what it approximates (``feeding``, ``reached``,
 ``eqn_names``, ``operations``, ``params_phrase``), what keeps the fast learning
@@ -23,6 +24,8 @@ from braintrace._compiler._patterns import unit_patterns as unit_patterns
 from braintrace._compiler._phrases import eqn_names as eqn_names
 from braintrace._compiler._phrases import operations as operations
 from braintrace._compiler._phrases import params_phrase as params_phrase
+from braintrace._compiler._readers import reader_list as reader_list
+from braintrace._compiler._readers import readers as readers
 from braintrace._compiler._records import Approximation as Approximation
 from braintrace._compiler._records import ElementwiseRelation as ElementwiseRelation
 from braintrace._compiler._records import Exclusion as Exclusion
@@ -44,5 +47,5 @@ _REPORTER.append(_graph_report)
 __all__ = ["Approximation", "ETraceGraph", "ElementwiseRelation", "Exclusion", "HiddenGroup",
            "InputRelation", "Relation", "SignalObstacle", "StepLeaves", "batch_shards",
            "compile_graph",
-           "eqn_names", "fast_signal_obstacles", "feeding", "is_var", "leaf_paths", "operations", "params_phrase", "programs", "reach", "reached",
+           "eqn_names", "fast_signal_obstacles", "feeding", "is_var", "leaf_paths", "operations", "params_phrase", "programs", "reach", "reached", "reader_list", "readers",
            "split_model", "splitting_batch", "summed_outputs", "unit_patterns"]

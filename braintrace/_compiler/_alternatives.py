@@ -21,13 +21,14 @@ __all__ = ["approximations_of", "exact_algorithms", "exact_alternatives", "resco
 
 
 def approximations_of(graph: ETraceGraph, algorithm: Any = None) -> tuple[Approximation, ...]:
-    """Where a gradient on ``graph`` is not BPTT's: the graph's traces' approximations (when
-    ``algorithm`` keeps traces; without one, the traces are asked about), then what
-    ``algorithm`` approximates by construction. BPTT keeps none, and approximates nothing.
+    """Where a gradient on ``graph`` is not BPTT's: the graph's traces' approximations that
+    hold for ``algorithm`` (its ``graph_approximations``, when it keeps traces; without an
+    algorithm, the traces are asked about), then what ``algorithm`` approximates by
+    construction. BPTT keeps none, and approximates nothing.
     """
     if algorithm is None:
         return graph.approximations
-    return (*(graph.approximations if algorithm.keeps_traces else ()),
+    return (*(algorithm.graph_approximations(graph) if algorithm.keeps_traces else ()),
             *algorithm.approximations(graph))
 
 

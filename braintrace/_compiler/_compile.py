@@ -28,6 +28,9 @@ class AlgorithmLike(Protocol):
     def approximations(self, graph: ETraceGraph) -> Sequence[Approximation]:
         """What the algorithm approximates by construction on ``graph``."""
 
+    def graph_approximations(self, graph: ETraceGraph) -> Sequence[Approximation]:
+        """Which of ``graph.approximations`` hold for the algorithm."""
+
 
 def compile_graph(
     model: nnx.Module | Callable[..., Any],

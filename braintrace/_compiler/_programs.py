@@ -6,9 +6,11 @@ Each is a function of an :class:`~braintrace.ETraceGraph` and one
 
 * :func:`forward`: the model step, also recording each relation's input
   ``x``; optionally with feedback-alignment operands, probes on the
-  relations' outputs (:func:`output_probes`) or on the new hidden states
-  (:func:`state_probes`), and recurrent kernels transposed once for the
-  learning signal's pullback (:func:`x_pullbacks`);
+  relations' outputs (:func:`output_probes`), on the new hidden states
+  (:func:`state_probes`) or on relations' inputs, and recurrent kernels
+  transposed once for the learning signal's pullback (:func:`x_pullbacks`);
+* :func:`reader_jacobians`: ``∂x'/∂h^t`` of the relations that read a group's
+  new state unit by unit (``_readers.py``);
 * :func:`operands` / :func:`operand_pullback`: each relation's trainable
   operands ``θ`` from the Params (masks and transforms included), and the map
   of operand gradients back to Param gradients;
@@ -17,7 +19,7 @@ Each is a function of an :class:`~braintrace.ETraceGraph` and one
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -55,6 +57,7 @@ __all__ = [
     "operands",
     "output_probes",
     "pulls_jacobians",
+    "reader_jacobians",
     "state_probes",
     "x_pullbacks",
 ]
@@ -65,6 +68,7 @@ def forward(graph: ETraceGraph, leaves: StepLeaves,
             output_probes: Sequence[jax.Array | None] | None = None,
             state_probes: Sequence[jax.Array] | None = None,
             x_pullbacks: dict[int, tuple[Any, jax.Array]] | None = None,
+            input_probes: Mapping[int, jax.Array] | None = None,
             ) -> tuple[StepOutputs, list[jax.Array | None]]:
     """One step of the model, and each relation's input ``x`` (``None`` without input).
 
@@ -98,9 +102,12 @@ def forward(graph: ETraceGraph, leaves: StepLeaves,
         x_pullbacks: From :func:`x_pullbacks`: those ETP equations pull their
             input's derivative back through a kernel transposed in advance
             (the same derivatives; reverse mode only).
+        input_probes: ``{relation index: zeros shaped like its input x}``, added
+            where ``x`` is defined: differentiating with respect to a probe gives
+            ``∂L_t/∂x`` (every read of ``x``), OTPE's signal at a group's readers.
     """
     outs, rel_x, _ = forward_cutting_inputs(graph, leaves, (), feedback, output_probes,
-                                            state_probes, x_pullbacks)
+                                            state_probes, x_pullbacks, input_probes)
     return outs, rel_x
 
 
@@ -109,6 +116,7 @@ def forward_cutting_inputs(graph: ETraceGraph, leaves: StepLeaves, cut_inputs: S
                            output_probes: Sequence[jax.Array | None] | None = None,
                            state_probes: Sequence[jax.Array] | None = None,
                            x_pullbacks: dict[int, tuple[Any, jax.Array]] | None = None,
+                           input_probes: Mapping[int, jax.Array] | None = None,
                            ) -> tuple[StepOutputs, list[jax.Array | None], list[jax.Array]]:
     """:func:`forward`, with the input ``x`` of each ETP equation of ``cut_inputs`` passing
     no derivative back through the equation (its other reads keep theirs), and returned.
@@ -133,6 +141,9 @@ def forward_cutting_inputs(graph: ETraceGraph, leaves: StepLeaves, cut_inputs: S
     for var, probe in zip(graph.layout.hidden_outvars(graph.jaxpr), state_probes or ()):
         if not isinstance(var, jex_core.Literal) and var not in probed:
             probed[var] = probe
+    for index, probe in (input_probes or {}).items():
+        var = graph.relation_input_var(graph.relations[index])
+        probed[var] = probed[var] + probe if var in probed else probe
     outs, recorded = evaluate(graph.jaxpr, graph.consts, leaves.args(), feedback=feedback,
                               stop_operands=stops, injections=injections,
                               var_injections=probed, record=inputs, x_pullbacks=x_pullbacks)
@@ -140,6 +151,46 @@ def forward_cutting_inputs(graph: ETraceGraph, leaves: StepLeaves, cut_inputs: S
     by_relation = dict(zip((r.index for r in graph.input_relations), recorded[:count]))
     return (graph.layout.split_outputs(outs),
             [by_relation.get(r.index) for r in graph.relations], list(recorded[count:]))
+
+
+def reader_jacobians(graph: ETraceGraph, leaves: StepLeaves,
+                     found: Sequence[Sequence[int]]) -> list[tuple[jax.Array, ...]]:
+    """Per hidden group ``g``, for each relation ``r'`` reading it (``found``, from
+    ``_readers.readers``), ``ψ = ∂x'/∂h_g^t`` on ``g``'s units: ``(*V, S)``, entry ``[v, s]``
+    is ``∂x'[v]/∂h_g^t[v, s]``.
+
+    One JVP per state of a group with readers, a tangent of ones on that state at every
+    position: exact because a reader's ``x'[v]`` depends on position ``v`` alone. Forward
+    mode through ``custom_vjp`` functions as :func:`evaluate` makes it.
+    """
+    jaxpr = graph.jaxpr
+    outvars = graph.layout.hidden_outvars(jaxpr)
+    probes = state_probes(graph)
+    first = {}
+    for k, var in enumerate(outvars):
+        if not isinstance(var, jex_core.Literal):
+            first.setdefault(var, k)
+
+    def inputs(values, readers):
+        injected = {var: values[k] for var, k in first.items()}
+        _, recorded = evaluate(jaxpr, graph.consts, leaves.args(), var_injections=injected,
+                               record=[graph.relation_input_var(graph.relations[i])
+                                       for i in readers], forward_mode=True)
+        return recorded
+
+    found_psi = []
+    for g, readers in zip(graph.groups, found):
+        if not readers:
+            found_psi.append(())
+            continue
+        columns = []
+        for leaf in g.leaves:
+            tangent = [jnp.ones_like(p) if k == leaf else jnp.zeros_like(p)
+                       for k, p in enumerate(probes)]
+            columns.append(jax.jvp(lambda v, rs=readers: inputs(v, rs), (probes,), (tangent,))[1])
+        found_psi.append(tuple(jnp.stack([c[j] for c in columns], axis=-1)
+                               for j in range(len(readers))))
+    return found_psi
 
 
 def x_pullbacks(graph: ETraceGraph, operands_: Sequence[dict[str, jax.Array]],

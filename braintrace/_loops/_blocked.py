@@ -64,12 +64,13 @@ def stacked_bytes_per_step(rules: GraphRules) -> int:
         y = size(r.y_shape)
         shared = rules.leader(i) is not None  # its d and dy are its leader's
         if rule.block_step is None:
-            extra = y * g.num_states  # Df
+            extra = y * g.num_states if rules.reads_jacobians else 0  # Df
         else:  # d
             extra = 0 if shared else y
         total += (x + (y if stacks_dy and not shared else 0) + extra) * itemsize(g)
-    if rules.reads_stacked_steps:  # the signal and D
-        total += sum(g.size * (g.num_states + g.num_states ** 2) * itemsize(g) for g in groups)
+    if rules.reads_stacked_steps:  # the signal and D (D: when a rule reads it)
+        states = lambda g: g.num_states + (g.num_states ** 2 if rules.reads_jacobians else 0)
+        total += sum(g.size * states(g) * itemsize(g) for g in groups)
     return total
 
 
@@ -97,7 +98,7 @@ def _run_block(ctx: LoopContext, carry: ScanCarry, inputs: Any) -> tuple[ScanCar
     rules, graph = ctx.rules, ctx.graph
     hooked = [rule.block_step is not None for rule in rules.relation_rules]
     stack_steps = rules.reads_stacked_steps
-    deferred = (not any(hooked) and rules.scope == "diagonal"
+    deferred = (not any(hooked) and rules.reads_jacobians and rules.scope == "diagonal"
                 and programs.arranges_colours(graph))
     new_state = rules.learning_signal.reads_new_state  # the rules' blocks take δ^t then
 

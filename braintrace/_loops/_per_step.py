@@ -23,7 +23,10 @@ with :func:`finish_carry`, which applies the last pending update.
 A learning signal that is contracted after the update (``after_update``,
 ThreeFactor's modulators, the fast signal ``∂L_t/∂h^t`` of ``signal='fast'``)
 advances the traces first and contracts ``ε^t`` with the signal the
-algorithm's hook returns; then nothing is pending.
+algorithm's hook returns; then nothing is pending. The output form
+(``OutputSignal``, OTTT's) contracts ``ε^t`` with each relation's output
+cotangent ``∂L_t/∂y^t`` and adds the same-step gradient without the relations'
+share.
 
 When the traces are exact (D-RTRL on a position-diagonal model) this is
 exactly BPTT; at ``T = 1`` it is BPTT for every algorithm and every model.
@@ -41,9 +44,16 @@ import jax
 import jax.numpy as jnp
 
 from braintrace._algorithms import GraphRules, Jacobians
-from braintrace._compiler import StepLeaves, programs
+from braintrace._compiler import StepLeaves, programs, reader_list
 from braintrace._loops._context import LoopContext
-from braintrace._loops._step import add_same_step, loss_terms, step_jacobians, step_leaves
+from braintrace._loops._step import (
+    add_same_step,
+    loss_terms,
+    output_loss_terms,
+    reader_probes,
+    step_jacobians,
+    step_leaves,
+)
 
 __all__ = ["Pending", "ScanCarry", "evolve", "finish_carry", "init_carry", "param_gradients",
            "restart_sums", "run_per_step"]
@@ -91,8 +101,17 @@ def init_carry(ctx: LoopContext, hidden: Sequence[jax.Array], other: Sequence[ja
             other loops defer nothing.
     """
     rules = ctx.rules
-    delta = [jnp.zeros_like(h) for h in hidden]
-    shapes = jax.eval_shape(lambda t, o: rules.contribution(t, delta, o), traces, ctx.operands)
+    if rules.learning_signal.reads_outputs:
+        dy = programs.output_probes(ctx.graph)
+        shapes = jax.eval_shape(lambda t, o: rules.contribution_from_outputs(t, dy, o), traces,
+                                ctx.operands)
+    else:
+        delta = [jnp.zeros_like(h) for h in hidden]
+        if rules.readers:  # the readers' input and the relations' output cotangents too
+            delta += [*reader_probes(ctx.graph, reader_list(rules.readers)),
+                      *programs.output_probes(ctx.graph)]
+        shapes = jax.eval_shape(lambda t, o: rules.contribution(t, delta, o), traces,
+                                ctx.operands)
     zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     same = [jnp.zeros_like(p) for p in ctx.params]
     room = _zero_pending(ctx, hidden, other) if pending else _NOTHING_PENDING
@@ -159,7 +178,8 @@ def _step(ctx: LoopContext, keep: Sequence[bool], carry: ScanCarry,
     x_t, y_t, w_t, inputs_t = inputs
     rules, signal = ctx.rules, ctx.rules.learning_signal
     leaves = step_leaves(ctx, carry.hidden, carry.other, x_t)
-    terms = loss_terms(ctx, leaves, y_t, w_t, new_state=signal.reads_new_state)
+    terms = (output_loss_terms(ctx, leaves, y_t, w_t) if signal.reads_outputs
+             else loss_terms(ctx, leaves, y_t, w_t, new_state=signal.reads_new_state))
     same = add_same_step(carry.same_step, terms.same_step, keep)
     if not rules.traced:  # no traces (as _zero_pending): no Jacobians, nothing ever pending
         traces, pending, fresh = carry.traces, carry.pending, carry.fresh
@@ -171,7 +191,11 @@ def _step(ctx: LoopContext, keep: Sequence[bool], carry: ScanCarry,
         traces = apply_pending(ctx, carry)
         jac = step_jacobians(rules, leaves)
         pending, fresh = Pending(list(jac.d), list(jac.df), terms.rel_x), jnp.zeros((), bool)
-    term = rules.contribution(traces, signal.signal(terms.signal, inputs_t, w_t), ctx.operands)
+    if signal.reads_outputs:  # the relations' output cotangents ∂L_t/∂y^t
+        term = rules.contribution_from_outputs(traces, terms.signal, ctx.operands)
+    else:
+        term = rules.contribution(traces, signal.signal(terms.signal, inputs_t, w_t),
+                                  ctx.operands)
     summed = jax.tree.map(jnp.add, carry.summed, term)
     return ScanCarry(terms.hidden, terms.other, traces, summed, same, pending, fresh), terms.loss
 

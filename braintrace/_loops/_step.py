@@ -17,7 +17,8 @@ Per step ``t``, with Params ``θ`` and the hidden state ``h^{t-1}`` it starts fr
 :func:`loss_terms` is 1 and 2. :func:`probed_loss_terms` is the same pass with
 each relation's output cotangent ``∂(w_t L_t)/∂y^t`` returned instead of the
 relations' own share of the same-step gradient (the time-blocked rules add that
-share in their block product). :func:`step_jacobians` is 3.
+share in their block product; :func:`output_loss_terms` hands those cotangents to
+the per-step loop as the signal of ``OutputSignal``). :func:`step_jacobians` is 3.
 
 With ``new_state=True`` (the fast learning signal, ``NewStateSignal``), 2 is
 instead the VJP with respect to probes on the new state ``h^t``
@@ -26,7 +27,10 @@ the signal ``δ^t = ∂(w_t L_t)/∂h^t`` (every read of ``h^t`` in the step, th
 readout and later states, but no path into ``h^t``: no backward product
 through the recurrent kernels) and the same-step gradient by every path but
 the traced relations' (the readout's Params, untraced paths). The relations'
-own share is then in the updated traces ``ε^t``, so ``dy`` is ``None``.
+own share is then in the updated traces ``ε^t``, so ``dy`` is ``None``. Rules
+that read the groups' readers (OTPE, ``GraphRules.readers``) get, after the
+hidden leaves' signals, each reader's input cotangent ``∂(w_t L_t)/∂x'`` and
+each relation's output cotangent ``∂(w_t L_t)/∂y^t``.
 
 A learning signal with ``cut_inputs`` (OSTTP's target projection) cuts the derivative the
 loss sends back through the input ``x`` of those ETP equations and adds its
@@ -43,12 +47,13 @@ import jax
 import jax.numpy as jnp
 
 from braintrace._algorithms import GraphRules, Jacobians, is_batched
-from braintrace._compiler import StepLeaves, programs
+from braintrace._compiler import ETraceGraph, StepLeaves, programs, reader_list
 from braintrace._loops._context import LoopContext
 from braintrace._loops._masks import stop_unscored, weigh
 
-__all__ = ["LossTerms", "ProbedLossTerms", "add_same_step", "loss_terms",
-           "probed_loss_terms", "step_jacobians", "step_leaves", "step_loss"]
+__all__ = ["LossTerms", "ProbedLossTerms", "add_same_step", "loss_terms", "output_loss_terms",
+           "probed_loss_terms", "reader_probes", "step_jacobians", "step_leaves",
+           "step_loss"]
 
 
 class LossTerms(NamedTuple):
@@ -108,9 +113,12 @@ def _reverse_pass(ctx: LoopContext, leaves: StepLeaves, y_t: Any, weight_t: jax.
 
     def weighted_loss(params, start, probes):
         if new_state:
+            hidden = graph.num_hidden
+            readers = reader_list(ctx.rules.readers)
             outs, rel_x, cut_x = programs.forward_cutting_inputs(
-                graph, leaves._replace(params=params), cut, ctx.rules.feedback,
-                state_probes=start)
+                graph, leaves._replace(params=params), cut, ctx.rules.feedback, probes,
+                state_probes=start[:hidden],
+                input_probes={r: p for (_, r), p in zip(readers, start[hidden:])})
         else:
             outs, rel_x, cut_x = programs.forward_cutting_inputs(
                 graph, leaves._replace(params=params, hidden=start), cut, ctx.rules.feedback,
@@ -123,9 +131,15 @@ def _reverse_pass(ctx: LoopContext, leaves: StepLeaves, y_t: Any, weight_t: jax.
         return weighted, (reported, outs, rel_x)
 
     start = programs.state_probes(graph) if new_state else leaves.hidden
+    reads = new_state and bool(ctx.rules.readers)
+    if reads:  # also ∂L_t/∂x' at the groups' readers and ∂L_t/∂y at the relations' outputs
+        start = [*start, *reader_probes(graph, reader_list(ctx.rules.readers))]
+        probes = programs.output_probes(graph)
     weighted, pullback, (loss, outs, rel_x) = jax.vjp(
         weighted_loss, leaves.params, start, probes, has_aux=True)
     same_step, signal, dy = pullback(jnp.ones_like(weighted))  # w_t may be wider than L_t
+    if reads:
+        signal = [*signal, *dy]
     return outs, list(rel_x), loss, same_step, signal, dy
 
 
@@ -152,6 +166,12 @@ def step_loss(loss_fn: Callable[[Any, Any], jax.Array], y: Any, y_t: Any,
     loss = loss_fn(y, y_t)
     _check_scalar(loss)
     return weigh(loss, weight_t), jnp.where(weight_t != 0, loss, 0)
+
+
+def reader_probes(graph: ETraceGraph, readers: Sequence[tuple[int, int]]) -> list[jax.Array]:
+    """Zeros shaped like each reader's input ``x'`` (``reader_list`` order)."""
+    return [jnp.zeros(v.aval.shape, v.aval.dtype)
+            for v in (graph.relation_input_var(graph.relations[r]) for _, r in readers)]
 
 
 def _check_scalar(loss: jax.Array) -> None:
@@ -215,19 +235,34 @@ def probed_loss_terms(ctx: LoopContext, leaves: StepLeaves, y_t: Any, weight_t: 
     return ProbedLossTerms(outs.hidden, outs.other, rest, dy, signal, rel_x, loss)
 
 
+def output_loss_terms(ctx: LoopContext, leaves: StepLeaves, y_t: Any,
+                      weight_t: jax.Array) -> LossTerms:
+    """:func:`probed_loss_terms` as :class:`LossTerms` for the output form of the signal
+    (``OutputSignal``): the same-step gradient without the traced relations' share, and as
+    the signal each relation's output cotangent ``∂(w_t L_t)/∂y^t``."""
+    probed = probed_loss_terms(ctx, leaves, y_t, weight_t)
+    return LossTerms(probed.hidden, probed.other, probed.same_step_rest, probed.dy,
+                     probed.rel_x, probed.loss)
+
+
 def step_jacobians(rules: GraphRules, leaves: StepLeaves) -> Jacobians:
     """``D`` (diagonal, coupled or full, as the algorithm reads) and ``Df`` of one step.
 
-    In the full scope every group reads the one per-sample Jacobian ``J``.
+    In the full scope every group reads the one per-sample Jacobian ``J``. Rules that read
+    neither (``GraphRules.reads_jacobians``) get ``None`` for each, computed from nothing.
     """
     graph = rules.graph
+    if not rules.reads_jacobians:
+        return Jacobians(d=[None] * len(graph.groups), df=[None] * len(graph.relations))
     if rules.scope == "full":
         jac, df = programs.full_jacobians(graph, leaves, is_batched(graph))
         return Jacobians(d=[jac] * len(graph.groups), df=df)
     d, df = programs.jacobians(graph, leaves)
     if rules.scope == "coupled":
         d = programs.coupled_jacobians(graph, leaves)
-    return Jacobians(d=d, df=df)
+    reads = (programs.reader_jacobians(graph, leaves, rules.readers) if rules.readers
+             else ())  # each reader's ∂x'/∂h^t (GraphRules.readers)
+    return Jacobians(d=d, df=df, reads=reads)
 
 
 def add_same_step(total: Sequence[jax.Array], same_step: Sequence[jax.Array],
