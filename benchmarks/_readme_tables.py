@@ -2,15 +2,25 @@
 
 The main job's blocks quote ``results/main_job.json`` (written by ``readme_main_job.py``).
 The algorithms table has one row per entry of :data:`ALGORITHMS`: what it is and when it is
-exact are written here; its time and accuracy ratios come from ``throughput.json``,
-``throughput_tpu.json`` and ``tasks.json``. A new algorithm is one line of
-:data:`ALGORITHMS`, then ``python benchmarks/render_tables.py``.
+exact are written here; its time and accuracy ratios come from the runs of ``_rule_runs.py``
+(``throughput.json``, ``throughput_tpu.json``, ``tasks.json`` and the spiking rules' runs). A
+new algorithm is one line of :data:`ALGORITHMS`, then ``python benchmarks/render_tables.py``.
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from _rule_runs import (
+    TASK_MODEL,
+    TIME_MODEL,
+    TIME_RUNS,
+    accuracy,
+    task_runs,
+    time_ratio,
+    timed_by,
+    timings,
+)
 from _table_format import MISSING, Results, captioned, machine, ratio, seconds, table, wrap
 
 
@@ -107,58 +117,53 @@ ALGORITHMS = (
               "a modulated rule; D-RTRL when the modulator is `∂L_t/∂h^t`", "as D-RTRL"),
     Algorithm("dni", "`DNI(synthesizer)`", "with a perfect synthesiser",
               "the base's + the synthesiser"),
+    Algorithm("ottt", "`OTTT(decay)`, `'ottt'`",
+              "the neurons leak by `decay` and reset without derivative, one layer under a "
+              "readout without memory", "`O(B·I)`"),
+    Algorithm("sltt", "`SLTT()`, `'sltt'`", "no state carries credit from step to step",
+              "none"),
+    Algorithm("otpe", "`OTPE(decay)`, `'otpe'`",
+              "one LIF/ALIF layer under a `LeakyReadout` of leak `decay`",
+              "D-RTRL's + `O(B·\\|θ\\|)` per reader"),
+    Algorithm("osttp", "`OSTTP()`, `'osttp'`",
+              "no ETP operation reads a layer's new state (it is then OSTL)",
+              "as D-RTRL + the projections"),
+    Algorithm("fptt", "`FPTT()`, `'fptt'`",
+              "as SLTT: its gradient is each step's own (`fptt_regularizer` in the optimiser)",
+              "none"),
     Algorithm("bptt", "`BPTT()`, `'bptt'`", "always (the reference)", "`O(T·B·N)`: grows with T"),
 )
-TIME_MODEL = "snn"
-"""The throughput benchmark's model whose times the README's table shows."""
-LEARNING = ("spiking_digits", "alif")
-"""The task and model of ``tasks.json`` whose accuracies the README's table shows."""
-
-
-def _timing(results: Results, name: str) -> tuple[str, str]:
-    """The key of the online methods' time over BPTT's in ``name``, and what it times:
-    ``online_grad`` in a jitted step where the run measured it, else ``etrace_grad``."""
-    methods = results(name)["results"][TIME_MODEL]["methods"]
-    if any("jit_ratio_to_bptt" in e for e in methods.values()):
-        return "jit_ratio_to_bptt", "`online_grad` in a jitted step"
-    return "ratio_to_bptt", "`etrace_grad`"
+LEARNING = "spiking_digits"
+"""The task of ``tasks.json`` whose accuracies (of ``_rule_runs.TASK_MODEL``) the table shows."""
 
 
 def algorithms(results: Results) -> str:
-    times = []
-    for name in ("throughput.json", "throughput_tpu.json"):
-        key, how = _timing(results, name)
-        run = results(name)
-        times.append((run["results"][TIME_MODEL]["methods"], key,
-                      f"T = {run['config']['T']} on {machine(run['environment'])} ({how})"))
-    task, model = LEARNING
-    rows_of_task = results("tasks.json")["results"][task][model]
-    reference = rows_of_task["bptt"]["test_accuracy_mean"]
+    times = {backend: timings(results, backend) for backend in TIME_RUNS}
+    runs = task_runs(results, LEARNING)
 
-    def time_cell(methods: dict[str, Any], key: str, method: str | None) -> str:
-        if method == "bptt":
-            return ratio(1.0)
-        entry = methods.get(method) if method else None
-        return ratio(entry[key]) if entry else MISSING
+    def learn(method: str | None) -> str:
+        found = accuracy(runs, method) if method else None
+        if found is None or found[1] is None:
+            return MISSING
+        row, bptt = found
+        return ratio(row["test_accuracy_mean"] / bptt["test_accuracy_mean"])
 
     rows = []
     for a in ALGORITHMS:
         time_key, task_key = a.keys()
-        row = rows_of_task.get(task_key, {}) if task_key else {}
-        learn = (ratio(row["test_accuracy_mean"] / reference) if "test_accuracy_mean" in row
-                 else MISSING)
         rows.append((a.label, a.exact, a.memory,
-                     *(time_cell(methods, key, time_key) for methods, key, _ in times), learn))
-    config = results("throughput.json")["config"]
+                     *(ratio(time_ratio(times[b], time_key)) for b in TIME_RUNS),
+                     learn(task_key)))
+    config = times["CPU"][0].config
+    references = ", ".join(f"{run.rows['bptt']['test_accuracy_mean']:.3f} in `{run.name}`"
+                           for run in runs if "bptt" in run.rows)
     caption = (
-        f"Time and accuracy as ratios to BPTT's ({MISSING}: not measured). Time: the "
-        f"`{TIME_MODEL}` model of the benchmarks (hidden {config['hidden']}, batch "
-        f"{config['batch']}), {' and '.join(what for _, _, what in times)}. Accuracy: "
-        f"{task.replace('_', ' ')}, the `{model}` network (hidden "
-        f"{rows_of_task['bptt']['hidden']}), test accuracy over BPTT's {reference:.3f}. `B` "
+        f"Time and accuracy as ratios to BPTT's in the same run ({MISSING}: not measured). "
+        f"Time: the `{TIME_MODEL}` model of the benchmarks (hidden {config['hidden']}, batch "
+        f"{config['batch']}), {' and '.join(timed_by(times[b]) for b in TIME_RUNS)}. "
+        f"Accuracy: {LEARNING.replace('_', ' ')}, the `{TASK_MODEL}` network (hidden "
+        f"{runs[0].rows['bptt']['hidden']}), test accuracy over BPTT's ({references}). `B` "
         "batch, `|θ|` weights, `S` states per neuron, `I`/`O` a layer's inputs/outputs, `N` "
         "hidden units.")
     return captioned(caption, *table(("algorithm", "exact (= BPTT) when", "trace memory",
-                                      "time, CPU", "time, TPU", "accuracy"), rows))
-
-
+                                      *(f"time, {b}" for b in TIME_RUNS), "accuracy"), rows))

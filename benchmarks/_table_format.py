@@ -37,6 +37,10 @@ class Results:
         self.read.add(name)
         return self._cache[name]
 
+    def present(self, names: Sequence[str]) -> list[str]:
+        """Those of ``names`` that the folder holds, in order (a run not made yet is not)."""
+        return [name for name in names if (self.folder / name).exists()]
+
 
 def ratio(r: float | None) -> str:
     """``1.39×``: two decimals below 10, one below 100, none above."""

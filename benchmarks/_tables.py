@@ -5,7 +5,8 @@ the Markdown of one generated block: a line that names its source (file, machine
 configuration) and a table. ``render_tables.py`` writes them into the pages; nothing here
 holds a measured number. A method, model or size that a new run adds to a JSON becomes a
 row or a column on the next render; a new algorithm of the README's table is one line of
-``_readme_tables.ALGORITHMS``.
+``_readme_tables.ALGORITHMS``, a new rule of the online-rules page one line of
+``_online_rules_table.RULES``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import _readme_tables as readme
+from _online_rules_table import online_rules
 from _table_format import (
     MISSING,
     Results,
@@ -305,6 +307,7 @@ BLOCKS: dict[str, Callable[[Results], str]] = {
     "main_job_full": lambda r: readme.main_job_run(r, "full", "python -m braintrace"),
     "main_job_quick": lambda r: readme.main_job_run(r, "quick", "python -m braintrace --quick"),
     "algorithms": readme.algorithms,
+    "online_rules": online_rules,
     "memory": memory,
     "throughput_cpu": throughput_cpu,
     "throughput_tpu": throughput_tpu,

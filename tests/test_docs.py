@@ -37,7 +37,6 @@ def _load(path: pathlib.Path):
 
 
 execute_notebooks = _load(DOCS / "execute_notebooks.py")
-online_rules_table = _load(DOCS / "online_rules_table.py")
 api_pages = _load(DOCS / "_ext" / "api_pages.py")
 module_docstrings = _load(DOCS / "_ext" / "module_docstrings.py")
 
@@ -369,10 +368,15 @@ def _check_dropout(example):
 
 
 def _run_page(page: pathlib.Path) -> dict:
-    """Runs the page's ``python`` blocks in order, in one namespace, as a reader would."""
+    """Runs the page's ``python`` blocks in order, in one namespace, as a reader would;
+    ``__blocks__`` holds a copy of the namespace after each block (a later block may reuse
+    a name)."""
     namespace: dict = {"__name__": "__main__"}
+    after = []
     for block in re.findall(r"^```python\n(.*?)^```$", page.read_text(), re.DOTALL | re.MULTILINE):
         exec(compile(block, str(page.relative_to(ROOT)), "exec"), namespace)  # noqa: S102
+        after.append(dict(namespace))
+    namespace["__blocks__"] = after
     return namespace
 
 
@@ -408,8 +412,33 @@ def _check_nir(ns):
         "ETPLinear", "LIF", "LeakyReadout"]
 
 
+def _check_online_rules(ns):
+    switching, osttp, fptt = ns["__blocks__"]
+    # one string switches a user's own nnx.jit step to OTTT: its traces are input-sized
+    assert isinstance(switching["learner"].algorithm, braintrace.OTTT)
+    losses = np.asarray(switching["step_losses"])
+    assert losses.shape == (switching["T"],) and np.all(np.isfinite(losses))
+    B = switching["B"]
+    shapes = {leaf.shape for leaf in jax.tree.leaves(switching["state"].traces)}
+    assert shapes - {()} == {(B, 3), (B, 16)}  # `B·I`: each operation's input, no weight-sized trace
+    fresh = nnx.Sequential(braintrace.layers.ETPLinear(3, 16, rngs=nnx.Rngs(0)))
+    assert _differs(_params(fresh)["layers"][0], _params(switching["snn"])["layers"][0])
+    # OSTTP: the hidden layer learns from the projected target; strict=True refuses it
+    assert osttp["kinds"] == ["target-projection", "fast-signal"]
+    assert np.all(np.isfinite(np.asarray(osttp["losses"])))
+    with pytest.raises(ValueError, match="target-projection"):
+        braintrace.compile(osttp["model"], "osttp", jnp.zeros((8, 3)), batch_size=8,
+                           strict=True)
+    # FPTT: an update every step under the regulariser, by the trainer and in an nnx.jit step
+    assert np.asarray(fptt["losses"]).shape == (20,)
+    regulariser = fptt["opt_state"][0]  # fptt_regularizer's FPTTState, first in the chain
+    assert bool(regulariser.started)
+    assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(_params(fptt["model"])))
+
+
 PAGE_CHECKS = {"tasks.md": _check_tasks, "devices.md": _check_devices,
-               "checkpoints.md": _check_checkpoints, "nir.md": _check_nir}
+               "checkpoints.md": _check_checkpoints, "nir.md": _check_nir,
+               "online_rules.md": _check_online_rules}
 """Each page whose code the reader runs, and what the page says that code does."""
 
 
@@ -422,23 +451,3 @@ def test_every_page_with_python_code_is_run_by_a_test():
 def test_page_code_runs_and_does_what_the_page_says(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     PAGE_CHECKS[page](_run_page(DOCS / page))
-
-def test_the_online_rules_table_is_generated_from_the_committed_results():
-    page = (DOCS / "online_rules.md").read_text()
-    assert online_rules_table.page_table(page) == online_rules_table.table(), (
-        "docs/online_rules.md's table is not the committed results'; run `python "
-        "docs/online_rules_table.py --write` and commit the page")
-    for row in online_rules_table.ROWS:  # each row a rule compile accepts by that name
-        assert braintrace._algorithms.get_algorithm(row.method).name == row.method
-    cpu = online_rules_table._load(online_rules_table.THROUGHPUT["CPU"])
-    assert all(online_rules_table.time_cell(cpu, row.method) != online_rules_table.MISSING
-               for row in online_rules_table.ROWS), "the CPU run times every row's rule"
-    # the cells read the JSON: a changed ratio or accuracy changes the table
-    assert online_rules_table.time_cell(
-        {"results": {"snn": {"methods": {"ottt": {"ratio_to_bptt": 1.234}}}}}, "ottt") == "×1.23"
-    assert online_rules_table.accuracy_cell(
-        {"results": {"mnist1d": {"alif": {"otpe": {"test_accuracy_mean": 0.5,
-                                                   "test_accuracy_std": 0.01}}}}},
-        "mnist1d", "otpe") == "0.500 ± 0.010"
-    assert online_rules_table.accuracy_cell(None, "mnist1d", "otpe") == "—"
-

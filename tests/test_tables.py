@@ -19,8 +19,12 @@ _spec = importlib.util.spec_from_file_location("render_tables",
                                                ROOT / "benchmarks" / "render_tables.py")
 render_tables = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(render_tables)
-from _table_format import RESULTS, Results  # benchmarks/, put on the path by render_tables
+import _readme_tables as readme  # benchmarks/, put on the path by render_tables
+from _online_rules_table import RULES, online_rules
+from _table_format import MISSING, RESULTS, Results, ratio
 from _tables import BLOCKS
+
+import braintrace
 
 RERUN = "run `python benchmarks/render_tables.py` and commit the pages"
 MEASURED = re.compile(r"\d[\d.,]*\s?(?:×|ms\b|µs\b|s\b|KiB|MiB|GiB|MB\b|GB\b|%)")
@@ -47,7 +51,56 @@ def test_a_changed_number_in_a_json_makes_exactly_its_tables_stale(tmp_path):
     run["results"]["snn"]["methods"]["d_rtrl"]["ratio_to_bptt"] *= 2
     path.write_text(json.dumps(run))
     assert render_tables.stale(ROOT, Results(results)) == [
-        "README.md: algorithms", "benchmarks/README.md: throughput_cpu"]
+        "README.md: algorithms", "benchmarks/README.md: throughput_cpu",
+        "docs/online_rules.md: online_rules"]
+
+
+def _row(block: str, first_cell: str) -> list[str]:
+    """The cells of the table row of ``block`` that starts with ``first_cell``."""
+    line = next(line for line in block.splitlines() if line.startswith(f"| {first_cell} |"))
+    return [cell.strip() for cell in line.strip("|").split(" | ")]
+
+
+def test_runs_under_the_listed_names_fill_the_cells_not_measured_yet(tmp_path):
+    """A TPU run of the spiking rules and a tasks run of the ALIF network, written under the
+    names of ``_rule_runs``, fill the online-rules table's and the README's empty cells: the
+    runs made later need no code change."""
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS, results)
+    assert not Results(results).present(["throughput_spiking_rules_tpu.json",
+                                         "tasks_spiking_rules.json"])
+    before = online_rules(Results(results))
+    assert _row(before, "OTTT (`'ottt'`)")[4:7] == [MISSING] * 3
+    run = json.loads((results / "throughput_spiking_rules.json").read_text())
+    run["environment"] |= {"backend": "tpu", "device_kind": "TPU v5 lite"}
+    for entry in run["results"]["snn"]["methods"].values():
+        entry["jit_ratio_to_bptt"] = entry["ratio_to_bptt"] / 2
+    (results / "throughput_spiking_rules_tpu.json").write_text(json.dumps(run))
+    tasks = json.loads((results / "tasks.json").read_text())
+    scored = lambda mean: {"test_accuracy_mean": mean, "test_accuracy_std": 0.01, "hidden": 64}
+    tasks["config"]["seeds"] = 3
+    tasks["results"] = {task: {"alif": {"bptt": scored(0.9), "ottt": scored(0.45)}}
+                        for task in ("spiking_digits", "mnist1d")}
+    (results / "tasks_spiking_rules.json").write_text(json.dumps(tasks))
+    filled = Results(results)
+    assert render_tables.stale(ROOT, filled) == ["README.md: algorithms",
+                                                 "docs/online_rules.md: online_rules"]
+    after = online_rules(filled)
+    ottt = run["results"]["snn"]["methods"]["ottt"]["jit_ratio_to_bptt"]
+    assert _row(after, "OTTT (`'ottt'`)")[4:7] == [ratio(ottt), "0.450 ± 0.010",
+                                                     "0.450 ± 0.010"]
+    # a method the first run measured keeps that run's number; one no run measured stays empty
+    assert _row(after, "D-RTRL (`'d_rtrl'`)")[4:7] == _row(before, "D-RTRL (`'d_rtrl'`)")[4:7]
+    assert _row(after, "OSTTP (`'osttp'`)")[5] == MISSING
+    assert "3 seeds in `tasks_spiking_rules.json`" in " ".join(after.split())
+    assert _row(readme.algorithms(filled), "`OTTT(decay)`, `'ottt'`")[-1] == ratio(0.5)
+
+
+def test_every_rule_of_the_online_rules_table_is_compiled_by_its_name():
+    names = [rule.method for rule in RULES]
+    assert [braintrace._algorithms.get_algorithm(name).name for name in names] == names
+    assert {"ottt", "sltt", "otpe", "osttp", "fptt"} <= set(names)
+    assert {"ottt", "sltt", "otpe", "osttp", "fptt"} <= {a.key for a in readme.ALGORITHMS}
 
 
 def test_every_table_is_on_a_page_and_every_result_file_is_shown():
