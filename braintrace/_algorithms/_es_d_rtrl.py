@@ -156,7 +156,8 @@ def es_block_rules(f_update, x_decay: float, after_update: bool = False):
         factor ``d_k``. With ``ε_x`` entering at ``ε_x^{-1}``, ``Σ_k xy_to_dw(ε_x^{k-1}, d_k) =
         xy_to_dw(ε_x^{-1}, c) + Σ_j xy_to_dw(x_j, e_j)`` with ``c = Σ_k α_x^k d_k`` and ``e_j =
         Σ_{k>j} α_x^{k-1-j} d_k`` (:func:`decay_weights`, no loop); the same-step shares
-        ``dy_j`` join ``e_j``. That product counts a bias's input as ``α_x^k + Σ_{j<k}
+        ``dy_j`` join ``e_j``; ``(ε_x^{-1}, c)`` are one more row of the one product. That
+        product counts a bias's input as ``α_x^k + Σ_{j<k}
         α_x^{k-1-j}``, which falls ``α_x^k (ε_1^{-1} - 1)`` short of ``ε_1^{k-1}``: the bias
         term adds ``(ε_1^{-1} - 1)·c``. At the end ``ε_x = α_x^K ε_x^{-1} + Σ_j α_x^{K-1-j}
         x_j``.
@@ -171,10 +172,10 @@ def es_block_rules(f_update, x_decay: float, after_update: bool = False):
         c = jnp.tensordot(powers, ds, axes=1)
         if dy is not None:
             e = e + dy.astype(e.dtype)
-        xy_to_dw = r.primitive.rule("xy_to_dw")
-        grad = jax.tree.map(jnp.add, xy_to_dw(merge_steps(r, x), merge_steps(r, e), theta,
-                                              **r.params),
-                            xy_to_dw(s.x, c, theta, **r.params))
+        # one product over the block's steps and the entering trace, as one more step:
+        # a gather-bound product (the sparse one on accelerators) reads its indices once
+        rows = lambda steps, entering: merge_steps(r, jnp.concatenate([steps, entering[None]]))
+        grad = r.primitive.rule("xy_to_dw")(rows(x, s.x), rows(e, c), theta, **r.params)
         to_end = powers[::-1].astype(s.x.dtype)  # α_x^{K-1-j}
         through = x_decay ** length  # α_x^K: what of the entering ε_x survives the block
         end = through * s.x + jnp.tensordot(to_end, x.astype(s.x.dtype), axes=1)

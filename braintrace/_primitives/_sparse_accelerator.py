@@ -46,7 +46,7 @@ from braintrace._primitives._sparse_slices import Slices
 
 __all__ = ["GATHER_BUDGET", "product", "transposed_product", "weight_pullback"]
 
-GATHER_BUDGET = 256 * 2**20
+GATHER_BUDGET = 32 * 2**20
 """The most bytes of gathered values one sum makes at once (larger sums loop over groups)."""
 
 
