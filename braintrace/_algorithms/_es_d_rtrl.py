@@ -53,6 +53,7 @@ from braintrace._compiler import (
     reached,
     summed_outputs,
 )
+from braintrace._platform import by_platform
 
 __all__ = ["ESDRTRL", "ES_D_RTRL", "IOTerm", "IOTrace", "decay_from", "es_input_rule", "pp_prop",
            "x_free_part"]
@@ -156,8 +157,8 @@ def es_block_rules(f_update, x_decay: float, after_update: bool = False):
         factor ``d_k``. With ``ε_x`` entering at ``ε_x^{-1}``, ``Σ_k xy_to_dw(ε_x^{k-1}, d_k) =
         xy_to_dw(ε_x^{-1}, c) + Σ_j xy_to_dw(x_j, e_j)`` with ``c = Σ_k α_x^k d_k`` and ``e_j =
         Σ_{k>j} α_x^{k-1-j} d_k`` (:func:`decay_weights`, no loop); the same-step shares
-        ``dy_j`` join ``e_j``; ``(ε_x^{-1}, c)`` are one more row of the one product. That
-        product counts a bias's input as ``α_x^k + Σ_{j<k}
+        ``dy_j`` join ``e_j`` (on accelerators ``(ε_x^{-1}, c)`` join the product as one more
+        step, :func:`_block_products`). That product counts a bias's input as ``α_x^k + Σ_{j<k}
         α_x^{k-1-j}``, which falls ``α_x^k (ε_1^{-1} - 1)`` short of ``ε_1^{k-1}``: the bias
         term adds ``(ε_1^{-1} - 1)·c``. At the end ``ε_x = α_x^K ε_x^{-1} + Σ_j α_x^{K-1-j}
         x_j``.
@@ -172,10 +173,8 @@ def es_block_rules(f_update, x_decay: float, after_update: bool = False):
         c = jnp.tensordot(powers, ds, axes=1)
         if dy is not None:
             e = e + dy.astype(e.dtype)
-        # one product over the block's steps and the entering trace, as one more step:
-        # a gather-bound product (the sparse one on accelerators) reads its indices once
-        rows = lambda steps, entering: merge_steps(r, jnp.concatenate([steps, entering[None]]))
-        grad = r.primitive.rule("xy_to_dw")(rows(x, s.x), rows(e, c), theta, **r.params)
+        grad = by_platform(cpu=_block_products(r, theta, merged=False),
+                           accelerator=_block_products(r, theta, merged=True))(x, e, s.x, c)
         to_end = powers[::-1].astype(s.x.dtype)  # α_x^{K-1-j}
         through = x_decay ** length  # α_x^K: what of the entering ε_x survives the block
         end = through * s.x + jnp.tensordot(to_end, x.astype(s.x.dtype), axes=1)
@@ -185,6 +184,20 @@ def es_block_rules(f_update, x_decay: float, after_update: bool = False):
         return new, IOTerm(grad=grad, bias_signal=(s.ones - 1.0) * c)
 
     return block_step, block_finish
+
+
+def _block_products(r: InputRelation, theta: dict, merged: bool):
+    """``(x, e, ε_x, c) -> xy_to_dw(x_j, e_j) summed over the block's steps j + xy_to_dw(ε_x,
+    c)``; ``merged``: one product with ``(ε_x, c)`` as one more step, so that a gather-bound
+    product (the sparse one on accelerators) reads its indices once per block, at the cost
+    of copying the stacks (kept as two products on the CPU, where the sums cost the same)."""
+    xy_to_dw = r.primitive.rule("xy_to_dw")
+    if merged:
+        rows = lambda steps, entering: merge_steps(r, jnp.concatenate([steps, entering[None]]))
+        return lambda x, e, x_trace, c: xy_to_dw(rows(x, x_trace), rows(e, c), theta, **r.params)
+    return lambda x, e, x_trace, c: jax.tree.map(
+        jnp.add, xy_to_dw(merge_steps(r, x), merge_steps(r, e), theta, **r.params),
+        xy_to_dw(x_trace, c, theta, **r.params))
 
 
 def x_free_part(xy_to_dw: Any, x_shape: tuple[int, ...], signal: jax.Array,
