@@ -14,7 +14,9 @@
    step: ``floor.measured_over_floor``.
 
 A program that does not compile (a TPU refuses one above its memory) is recorded with
-the error and, when the message says it, the memory it asked for (``xla_needed_bytes``).
+the error and, when the message says it, the memory it asked for (``xla_needed_bytes``);
+with ``cfg['host_fallback']`` it is also compiled for the host's CPU and XLA:CPU's memory
+analysis recorded (``on_host``).
 ``cfg['formulation']`` ('cpu' or 'accelerator') makes every ``by_platform`` computation
 take that formulation (``braintrace._platform.formulation``): the accelerators' programs
 compiled and measured on the CPU.
@@ -29,6 +31,7 @@ import re
 import resource
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from _models import block, count_params, timed
@@ -168,12 +171,24 @@ def add_floor(record: dict, cfg: dict) -> None:
     record["floor"] = floor
 
 
+def on_host(cfg: dict) -> dict:
+    """XLA's memory analysis of the update compiled for the host's CPU (a program the
+    accelerator refused: what it needs there, XLA:CPU's buffer assignment)."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        _, _, info = compile_update(cfg)
+    return {key: info[key] for key in ("xla", "compile_s", "compile_error") if key in info}
+
+
 def measure(cfg: dict) -> None:
     n, T, method = cfg["neurons"], cfg["T"], cfg["method"]
     record = {"neurons": n, "T": T, "method": method, "rss_after_import_bytes": _rss_bytes()}
     compiled, args, info, tried = fitting_update(cfg)
     record.update(info, tried=tried)
     emit(record)
+    if compiled is None and cfg.get("host_fallback") and jax.default_backend() != "cpu":
+        args = None
+        record["on_host"] = on_host({**cfg, "batch": info["batch"]})
+        emit(record)
     limit = cfg["memory_limit_gib"] * 2**30
     if compiled is None:
         record["skipped_reason"] = "did not compile (compile_error)"

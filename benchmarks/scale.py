@@ -287,11 +287,13 @@ def summarise(records: list[dict]) -> dict:
         entry = {}
         for method, r in rows.items():
             floor = r.get("floor", {})
+            on_host = r.get("on_host", {}).get("xla", {}).get("peak_bytes")
             e = {"batch": r.get("batch"), "s_per_update": r.get("s_per_update"),
                  "s_per_step": r.get("s_per_step"), "peak_rss_gib": _gib(r, "rss"),
                  "xla_peak_gib": _gib(r, "xla"),
                  "xla_needed_gib": (r["xla_needed_bytes"] / 2**30
                                     if r.get("xla_needed_bytes") else None),
+                 "xla_peak_on_host_gib": on_host / 2**30 if on_host else None,
                  "floor_s_per_step": floor.get("s_per_step"),
                  "measured_over_floor": floor.get("measured_over_floor"),
                  "measured_over_bytes_floor": floor.get("measured_over_bytes_floor")}
@@ -363,6 +365,8 @@ def main(argv: list[str] | None = None) -> dict:
                    help="configurations whose XLA peak exceeds this are compiled, not run")
     p.add_argument("--compile-only", action="store_true",
                    help="compile and analyse each configuration, run none")
+    p.add_argument("--host-fallback", action="store_true",
+                   help="a program the accelerator does not compile: its memory on the host CPU")
     p.add_argument("--formulation", choices=("cpu", "accelerator"), default=None,
                    help="force the sums' formulation (the accelerators' on the CPU)")
     p.add_argument("--timeout", type=float, default=4 * 3600.0, help="seconds per configuration")
@@ -402,6 +406,7 @@ def main(argv: list[str] | None = None) -> dict:
                                           "memory_report": args.memory_report,
                                           "batch_auto": auto, "max_batch": args.max_batch,
                                           "compile_only": args.compile_only,
+                                          "host_fallback": args.host_fallback,
                                           "formulation": args.formulation}
     if args.batch is not None and not auto:
         cfg["batch"] = args.batch
@@ -459,7 +464,8 @@ NOTES = [
      "probes run in the same process after the timings (_scale_floor.py); "
      "measured_over_floor = s_per_step / floor s_per_step."),
     ("xla_needed_bytes: the memory a program that did not compile asked for (XLA:TPU's "
-     "message); compile_error: its last lines."),
+     "message); compile_error: its last lines; on_host (--host-fallback): the same program "
+     "compiled for the host's CPU, XLA:CPU's memory analysis."),
 ]
 
 
