@@ -376,7 +376,9 @@ def main(argv: list[str] | None = None) -> dict:
                    help="comma-separated N:T:method configurations not to run (recorded as such)")
     p.add_argument("--no-ops", dest="ops", action="store_false",
                    help="skip the sparse-operation timings")
-    p.add_argument("--replot", default=None, help="redraw the PNG of an existing results JSON")
+    p.add_argument("--replot", default=None,
+                   help="redraw the PNG of a results JSON; of several (comma-separated) in one "
+                        "figure, written to --out/--name.png")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -385,11 +387,16 @@ def main(argv: list[str] | None = None) -> dict:
 
         child(json.loads(args.child))
         return {}
-    if args.replot:
-        with open(args.replot) as f:
-            payload = json.load(f)
-        plot(payload["results"], os.path.splitext(args.replot)[0] + ".png")
-        return payload
+    if args.replot:  # one or more JSONs: their records in one figure
+        paths = args.replot.split(",")
+        records = []
+        for path in paths:
+            with open(path) as f:
+                records += json.load(f)["results"]
+        target = (os.path.splitext(paths[0])[0] if len(paths) == 1
+                  else os.path.join(args.out, args.name))
+        plot(records, target + ".png")
+        return {"results": records}
     sys.path.insert(0, HERE)
     from _models import environment, write_json
     from _scale_ops import measure_ops
