@@ -1,38 +1,39 @@
-"""Scale: a sparse recurrent spiking network of up to 131,072 neurons, BPTT vs online learning.
+"""Scale: a sparse recurrent spiking network of up to 1,048,576 neurons, BPTT vs online learning.
 
 The model is the published pp_prop benchmark's shape (``PPPROP`` below):
 ``ETPLinear(64 -> N)`` plus ``ETPSparseLinear(N -> N)`` with ``degree`` random
 recurrent synapses into each neuron, driving ``ALIF(N)`` neurons read out by
 ``LeakyReadout(N -> 10)``; Poisson input spikes, batch 32, cross-entropy on
 the last 5 of ``T`` steps. For every (N, T, method) a fresh Python process
-(one at a time, so memory is measured alone):
+(one at a time, so memory is measured alone; ``_scale_child.py``):
 
 1. compiles one update (``jax.grad`` through ``lax.scan`` for ``bptt``;
    ``learner.lower_etrace_grad`` for the online methods; ``name@K`` is
    ``block_size=K``, ``@1`` the per-step form, ``name:fast`` the fast learning
    signal ``signal='fast'``; without ``@K`` the default block size, chosen by
-   its memory budget) and reads XLA's memory analysis;
-   a program whose XLA peak exceeds ``--memory-limit-gib`` is not executed;
+   its memory budget) and reads XLA's memory analysis; ``--batch auto`` takes
+   the largest batch (from 8 to ``--max-batch``) whose XLA peak fits
+   ``--memory-limit-gib``; a program above the limit is not executed, nor is any
+   with ``--compile-only``;
 2. runs it once (warm-up), then ``--repeats`` times: seconds per update
    (median), and the process peak RSS (``ru_maxrss``, glibc's mmap threshold
    fixed at 1 MiB as in ``memory_vs_length.py``);
-3. compiles the same method for ``T = 1`` and reads XLA's ``cost_analysis()``:
-   FLOPs and bytes accessed of one step's update (XLA counts a loop's body
-   once whatever its trip count, so the T-step program's totals are not per
-   step; a one-step loop is inlined, so the one-step program counts each op
-   once, its per-update set-up and finish included);
-4. measures the streaming bandwidth (a jitted ``a·x + y`` over 128 MiB
-   arrays, bytes from the same cost analysis) after its timings, and reports
-   ``bandwidth_bound_ratio = (s/step) / (bytes per step / bandwidth)``.
+3. sets the step against its **analytic floor** (``_scale_floor.py``): the bytes
+   it must move (state, traces, weights, gathered rows; the formula in the JSON)
+   over a streaming-bandwidth probe, and the rows the sparse sums gather over a
+   gather probe, both run in the same process: ``floor.measured_over_floor``.
 
 ``--ops`` (on by default) also times the sparse operation itself at ``B = 32``
 against plain formulations of the same sums (``segment_sum`` unsorted and
 sorted, gathers reduced over rows, autodiff's scatter): ``ops`` in the JSON.
+``--formulation accelerator`` compiles the accelerators' formulation on the CPU
+(with ``--compile-only``: their memory, measured here).
 
 Usage::
 
     python benchmarks/scale.py                       # N 4k, 16k, 131k; T 30, 300 (hours)
     python benchmarks/scale.py --sizes 16384 --lengths 30 --methods bptt,es_d_rtrl@1
+    python benchmarks/scale.py --sizes 1048576 --lengths 300 --methods es_d_rtrl --batch auto
     python benchmarks/scale.py --quick               # seconds
 """
 
@@ -211,114 +212,6 @@ def program(model, method: str, xs, ys, mask):
     return _donating_program(learner, xs.shape[0], block_size)(*args), fresh
 
 
-# -- child: one configuration in a fresh process ---------------------------------------------
-
-
-def _rss_bytes() -> int:
-    import resource
-
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
-
-
-def _current_rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _emit(record: dict) -> None:
-    print("RESULT " + json.dumps(record), flush=True)
-
-
-def _xla_memory(compiled) -> dict:
-    ma = compiled.memory_analysis()
-    out = {"argument_bytes": int(ma.argument_size_in_bytes),
-           "output_bytes": int(ma.output_size_in_bytes),
-           "temp_bytes": int(ma.temp_size_in_bytes), "alias_bytes": int(ma.alias_size_in_bytes)}
-    out["peak_bytes"] = (out["argument_bytes"] + out["output_bytes"] + out["temp_bytes"]
-                         - out["alias_bytes"])
-    return out
-
-
-def _cost(compiled) -> dict:
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
-    return {"flops": float(cost.get("flops", 0.0)),
-            "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
-
-
-def bandwidth_probe(elements: int, repeats: int = 5) -> dict:
-    """Streaming bandwidth: ``a·x + y`` over ``elements`` float32, bytes from XLA's cost."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from _models import timed
-
-    x = jnp.ones((elements,), jnp.float32)
-    y = jnp.full((elements,), 2.0, jnp.float32)
-    compiled = jax.jit(lambda x, y: 0.5 * x + y).lower(x, y).compile()
-    nbytes = _cost(compiled)["bytes_accessed"]
-    times = [timed(lambda: compiled(x, y)) for _ in range(repeats + 1)][1:]
-    return {"bytes": nbytes, "s_median": float(np.median(times)),
-            "gb_per_s": nbytes / float(np.median(times)) / 1e9}
-
-
-def _time_updates(compiled, args, count: int) -> list[float]:
-    """Wall seconds of ``count`` runs of ``compiled(*args)``, outputs blocked on; ``args`` may
-    be a function making fresh arguments (donated ones), called outside the timing."""
-    from _models import block, timed
-
-    times = []
-    for _ in range(count):
-        run_args = args() if callable(args) else args
-        block(run_args)
-        times.append(timed(lambda a=run_args: compiled(*a)))
-    return times
-
-
-def child(cfg: dict) -> None:
-    sys.path.insert(0, HERE)
-    import jax.numpy as jnp
-    import numpy as np
-    from _models import block, count_params
-
-    n, T, method = cfg["neurons"], cfg["T"], cfg["method"]
-    record = {"neurons": n, "T": T, "method": method, "rss_after_import_bytes": _rss_bytes()}
-    xs_np, ys_np, mask = data(T, cfg)
-    xs, ys = jnp.asarray(xs_np), jnp.asarray(ys_np)
-    model = build(n, cfg)
-    record["params"] = count_params(model)
-    start = time.perf_counter()
-    lowered, args = program(model, method, xs, ys, mask)
-    compiled = lowered.compile()
-    record.update(compile_s=time.perf_counter() - start, xla=_xla_memory(compiled),
-                  cost_program_loops_once=_cost(compiled), loop=LOOPS.get(method))
-    _emit(record)
-    limit = cfg["memory_limit_gib"] * 2**30
-    executed = record["xla"]["peak_bytes"] <= limit
-    if executed:
-        current_before = _current_rss_bytes()
-        first, *times = _time_updates(compiled, args, 1 + cfg["repeats"])
-        record.update(warmup_s=first, update_s=times, s_per_update=float(np.median(times)),
-                      s_per_step=float(np.median(times)) / T,
-                      rss={"peak_bytes": _rss_bytes(), "current_before_exec_bytes": current_before})
-    else:
-        record["skipped_reason"] = (
-            f"XLA peak {record['xla']['peak_bytes'] / 2**30:.1f} GiB exceeds "
-            f"--memory-limit-gib={cfg['memory_limit_gib']}: compiled and analysed, not executed")
-    record["executed"] = executed
-    _emit(record)
-    compiled = args = lowered = None  # free the T-step program before the one-step one
-    one_step, _ = program(build(n, cfg), method, xs[:1], ys[:1], np.ones(1, np.float32))
-    record["cost_per_step"] = _cost(one_step.compile())
-    record["bandwidth"] = bandwidth_probe(cfg["probe_elements"])
-    if executed:
-        bound = record["cost_per_step"]["bytes_accessed"] / (record["bandwidth"]["gb_per_s"] * 1e9)
-        record["bandwidth_bound_s_per_step"] = bound
-        record["bandwidth_bound_ratio"] = record["s_per_step"] / bound
-    block(xs)
-    _emit(record)
-
-
 # -- parent ----------------------------------------------------------------------------------
 
 
@@ -379,24 +272,35 @@ def run_config(cfg: dict, timeout: float) -> dict:
     return record
 
 
+def _gib(r: dict, key: str) -> float | None:
+    if key == "rss":
+        return r["rss"]["peak_bytes"] / 2**30 if "rss" in r else None
+    return r["xla"]["peak_bytes"] / 2**30 if "xla" in r else None
+
+
 def summarise(records: list[dict]) -> dict:
-    """Per (N, T): each method's time and memory over BPTT's, and its bandwidth-bound ratio."""
+    """Per (N, T): each method's time, batch and memory, over BPTT's, and over its floor."""
     out = {}
     for key in sorted({(r["neurons"], r["T"]) for r in records}):
         rows = {r["method"]: r for r in records if (r["neurons"], r["T"]) == key}
         base = rows.get("bptt", {})
         entry = {}
         for method, r in rows.items():
-            e = {"s_per_update": r.get("s_per_update"),
-                 "peak_rss_gib": r["rss"]["peak_bytes"] / 2**30 if "rss" in r else None,
-                 "xla_peak_gib": r["xla"]["peak_bytes"] / 2**30 if "xla" in r else None,
-                 "bytes_per_step": r.get("cost_per_step", {}).get("bytes_accessed"),
-                 "flops_per_step": r.get("cost_per_step", {}).get("flops"),
-                 "bandwidth_bound_ratio": r.get("bandwidth_bound_ratio")}
+            floor = r.get("floor", {})
+            on_host = r.get("on_host", {}).get("xla", {}).get("peak_bytes")
+            e = {"batch": r.get("batch"), "s_per_update": r.get("s_per_update"),
+                 "s_per_step": r.get("s_per_step"), "peak_rss_gib": _gib(r, "rss"),
+                 "xla_peak_gib": _gib(r, "xla"),
+                 "xla_needed_gib": (r["xla_needed_bytes"] / 2**30
+                                    if r.get("xla_needed_bytes") else None),
+                 "xla_peak_on_host_gib": on_host / 2**30 if on_host else None,
+                 "floor_s_per_step": floor.get("s_per_step"),
+                 "measured_over_floor": floor.get("measured_over_floor"),
+                 "measured_over_bytes_floor": floor.get("measured_over_bytes_floor")}
             if e["s_per_update"] and base.get("s_per_update"):
                 e["time_ratio_to_bptt"] = e["s_per_update"] / base["s_per_update"]
             if e["peak_rss_gib"] and "rss" in base:
-                e["rss_ratio_to_bptt"] = e["peak_rss_gib"] / (base["rss"]["peak_bytes"] / 2**30)
+                e["rss_ratio_to_bptt"] = e["peak_rss_gib"] / _gib(base, "rss")
             entry[method] = e
         out[f"N={key[0]},T={key[1]}"] = entry
     return out
@@ -408,11 +312,11 @@ def plot(records: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = (("s_per_update", "seconds per update"), ("peak_rss_gib", "peak RSS (GiB)"),
-              ("bandwidth_bound_ratio", "time / bandwidth bound"))
-    value = {"s_per_update": lambda r: r.get("s_per_update"),
-             "peak_rss_gib": lambda r: r["rss"]["peak_bytes"] / 2**30 if "rss" in r else None,
-             "bandwidth_bound_ratio": lambda r: r.get("bandwidth_bound_ratio")}
+    panels = (("s_per_step", "seconds per step"), ("xla_peak_gib", "XLA peak (GiB)"),
+              ("over_floor", "time / analytic floor"))
+    value = {"s_per_step": lambda r: r.get("s_per_step"),
+             "xla_peak_gib": lambda r: _gib(r, "xla"),
+             "over_floor": lambda r: r.get("floor", {}).get("measured_over_floor")}
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     methods = list(dict.fromkeys(r["method"] for r in records))
     colours = {m: plt.get_cmap("tab10")(k % 10) for k, m in enumerate(methods)}
@@ -426,20 +330,23 @@ def plot(records: list[dict], path: str) -> None:
                 if pts:
                     ax.plot(*zip(*pts), styles.get(T, "o-"), color=colours[method],
                             label=f"{method} T={T}")
-        if key == "peak_rss_gib":
-            ax.axhline(PUBLISHED["peak_rss_gib"], color="grey", lw=0.8, ls=":",
-                       label="published pp_prop, 131k")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("neurons N")
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
-    handles, labels = axes[1].get_legend_handles_labels()
+    handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center right", fontsize=7)
     fig.subplots_adjust(right=0.83)
-    fig.suptitle("sparse ALIF network (8 synapses/neuron, B 32): BPTT vs online")
+    batches = sorted({r["batch"] for r in records if r.get("batch")})
+    fig.suptitle("sparse ALIF network (8 synapses/neuron, batch "
+                 f"{', '.join(map(str, batches))}): BPTT vs online")
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _batch(value: str) -> int | str:
+    return value if value == "auto" else int(value)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -451,8 +358,17 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--lengths", default=None, help="comma-separated T values")
     p.add_argument("--methods", default=None, help="comma-separated: " + ",".join(METHODS))
     p.add_argument("--repeats", type=int, default=None, help="timed updates per configuration")
+    p.add_argument("--batch", type=_batch, default=None,
+                   help="samples per update (default 32), or 'auto': the largest that fits")
+    p.add_argument("--max-batch", type=int, default=64, help="the largest batch 'auto' tries")
     p.add_argument("--memory-limit-gib", type=float, default=14.0,
                    help="configurations whose XLA peak exceeds this are compiled, not run")
+    p.add_argument("--compile-only", action="store_true",
+                   help="compile and analyse each configuration, run none")
+    p.add_argument("--host-fallback", action="store_true",
+                   help="a program the accelerator does not compile: its memory on the host CPU")
+    p.add_argument("--formulation", choices=("cpu", "accelerator"), default=None,
+                   help="force the sums' formulation (the accelerators' on the CPU)")
     p.add_argument("--timeout", type=float, default=4 * 3600.0, help="seconds per configuration")
     p.add_argument("--memory-report", action="store_true",
                    help="dump XLA's buffer assignment; record each program's largest buffers")
@@ -460,17 +376,27 @@ def main(argv: list[str] | None = None) -> dict:
                    help="comma-separated N:T:method configurations not to run (recorded as such)")
     p.add_argument("--no-ops", dest="ops", action="store_false",
                    help="skip the sparse-operation timings")
-    p.add_argument("--replot", default=None, help="redraw the PNG of an existing results JSON")
+    p.add_argument("--replot", default=None,
+                   help="redraw the PNG of a results JSON; of several (comma-separated) in one "
+                        "figure, written to --out/--name.png")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
+        sys.path.insert(0, HERE)
+        from _scale_child import child
+
         child(json.loads(args.child))
         return {}
-    if args.replot:
-        with open(args.replot) as f:
-            payload = json.load(f)
-        plot(payload["results"], os.path.splitext(args.replot)[0] + ".png")
-        return payload
+    if args.replot:  # one or more JSONs: their records in one figure
+        paths = args.replot.split(",")
+        records = []
+        for path in paths:
+            with open(path) as f:
+                records += json.load(f)["results"]
+        target = (os.path.splitext(paths[0])[0] if len(paths) == 1
+                  else os.path.join(args.out, args.name))
+        plot(records, target + ".png")
+        return {"results": records}
     sys.path.insert(0, HERE)
     from _models import environment, write_json
     from _scale_ops import measure_ops
@@ -480,10 +406,17 @@ def main(argv: list[str] | None = None) -> dict:
     lengths = [int(t) for t in args.lengths.split(",")] if args.lengths else list(base["lengths"])
     methods = (args.methods.split(",") if args.methods
                else list(QUICK_METHODS if args.quick else METHODS))
+    auto = args.batch == "auto"
     cfg = {k: base[k] for k in PPPROP} | {"repeats": args.repeats or base["repeats"],
                                           "memory_limit_gib": args.memory_limit_gib,
                                           "probe_elements": base["probe_elements"],
-                                          "memory_report": args.memory_report}
+                                          "memory_report": args.memory_report,
+                                          "batch_auto": auto, "max_batch": args.max_batch,
+                                          "compile_only": args.compile_only,
+                                          "host_fallback": args.host_fallback,
+                                          "formulation": args.formulation}
+    if args.batch is not None and not auto:
+        cfg["batch"] = args.batch
     skip = set(filter(None, args.skip.split(",")))
     start, load_before = time.perf_counter(), os.getloadavg()[0]
     records = []
@@ -497,28 +430,14 @@ def main(argv: list[str] | None = None) -> dict:
                     continue
                 rec = run_config({**cfg, "neurons": n, "T": T, "method": method}, args.timeout)
                 records.append(rec)
-                rss = rec.get("rss", {}).get("peak_bytes", 0) / 2**30
-                xla = rec.get("xla", {}).get("peak_bytes", 0) / 2**30
-                print(f"N={n:7d} T={T:4d} {method:12s} s/update={rec.get('s_per_update', 0):9.3f}"
-                      f"  rss={rss:6.2f} GiB  xla_peak={xla:6.2f} GiB  bound_ratio="
-                      f"{rec.get('bandwidth_bound_ratio', 0):6.2f}"
-                      + ("" if rec.get("executed") else "  [not executed]"), flush=True)
+                _print_record(rec)
     payload = {
         "benchmark": NAME, "quick": args.quick,
         "config": {**cfg, "sizes": sizes, "lengths": lengths, "methods": methods},
         "published_pp_prop": PUBLISHED,
         "environment": {**environment(), "load_average_1min_before_after":
                         [load_before, os.getloadavg()[0]]},
-        "notes": [
-            "s_per_update: median of `repeats` runs of the compiled update after one warm-up.",
-            ("rss.peak_bytes: ru_maxrss of a fresh process after compiling and running the "
-             "update (JAX runtime, compilation, data and the run; MALLOC_MMAP_THRESHOLD_=1 MiB)."),
-            ("cost_per_step: XLA cost_analysis of the same method compiled for T = 1 (one "
-             "step's update, its set-up and finish included); cost_program_loops_once: of the "
-             "T-step program, where XLA counts each loop body once."),
-            ("bandwidth_bound_ratio: s_per_step / (cost_per_step bytes / probe bandwidth), the "
-             "probe run in the same process after the timings."),
-        ],
+        "notes": NOTES,
         "results": records, "summary": summarise(records),
         "ops": measure_ops(quick=args.quick) if args.ops else None,
         "total_wall_s": time.perf_counter() - start,
@@ -527,6 +446,34 @@ def main(argv: list[str] | None = None) -> dict:
     plot(records, os.path.join(args.out, f"{args.name}.png"))
     print(json.dumps(payload["summary"], indent=1))
     return payload
+
+
+def _print_record(rec: dict) -> None:
+    xla = (rec.get("xla", {}).get("peak_bytes") or rec.get("xla_needed_bytes") or 0) / 2**30
+    floor = rec.get("floor", {})
+    print(f"N={rec['neurons']:7d} T={rec['T']:4d} {rec['method']:14s} B={rec.get('batch', 0):3d}"
+          f" s/update={rec.get('s_per_update') or 0:9.3f}  xla_peak={xla:6.2f} GiB"
+          f"  floor={floor.get('s_per_step') or 0:.2e} s/step"
+          f"  x floor={floor.get('measured_over_floor') or 0:6.2f}"
+          + ("" if rec.get("executed") else "  [not executed]"), flush=True)
+
+
+NOTES = [
+    "s_per_update: median of `repeats` runs of the compiled update after one warm-up.",
+    ("rss.peak_bytes: ru_maxrss of a fresh process after compiling and running the update "
+     "(JAX runtime, compilation, data and the run; MALLOC_MMAP_THRESHOLD_=1 MiB); "
+     "rss_after_build_bytes / rss_after_lower_bytes: after building the model and after "
+     "lowering the update (braintrace.compile's graph included)."),
+    ("batch: samples per update; with --batch auto the largest that fits the memory limit "
+     "(`tried`: each batch compiled and its XLA peak)."),
+    ("floor: the bytes and gather indices one step must move (`formula`, `bytes_by_term`), "
+     "floor s_per_step = max(bytes / probed bandwidth, indices / probed gather rate), both "
+     "probes run in the same process after the timings (_scale_floor.py); "
+     "measured_over_floor = s_per_step / floor s_per_step."),
+    ("xla_needed_bytes: the memory a program that did not compile asked for (XLA:TPU's "
+     "message); compile_error: its last lines; on_host (--host-fallback): the same program "
+     "compiled for the host's CPU, XLA:CPU's memory analysis."),
+]
 
 
 if __name__ == "__main__":

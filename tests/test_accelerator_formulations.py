@@ -64,18 +64,19 @@ def test_by_platform_runs_one_formulation_per_lowering():
 @pytest.mark.parametrize("kind", KINDS)
 def test_accelerator_sparse_sums_equal_the_dense_map(x64, monkeypatch, kind, rows):
     conn, weight, dense, x, d = _case(kind, rows)
-    np.testing.assert_allclose(accelerator.product(x, weight, conn), x @ dense, rtol=TOL,
-                               atol=TOL)
-    np.testing.assert_allclose(accelerator.transposed_product(d, weight, conn), d @ dense.T,
-                               rtol=TOL, atol=TOL)
-    expected = (x.T @ d)[conn.pre, conn.post]
-    np.testing.assert_allclose(accelerator.weight_pullback(x, d, conn), expected, rtol=TOL,
-                               atol=TOL)
-    # the output-grouped table for many rows, and the sum over groups of rows
-    monkeypatch.setattr(accelerator, "ROWS_FOR_TABLE", 1)
-    monkeypatch.setattr(accelerator, "GATHER_BUDGET", 2 * conn.nnz * x.dtype.itemsize)
-    np.testing.assert_allclose(accelerator.weight_pullback(x, d, conn), expected, rtol=TOL,
-                               atol=TOL)
+
+    def sums(x, d, weight):  # one program each: eager, every op would compile on its own
+        return (accelerator.product(x, weight, conn),
+                accelerator.transposed_product(d, weight, conn),
+                accelerator.weight_pullback(x, d, conn))
+
+    expected = (x @ dense, d @ dense.T, (x.T @ d)[conn.pre, conn.post])
+    for got, want in zip(jax.jit(sums)(x, d, weight), expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=TOL, atol=TOL)
+    # each sum over groups of a few target rows or connections (a loop)
+    monkeypatch.setattr(accelerator, "GATHER_BUDGET", 3 * rows * x.dtype.itemsize)
+    for got, want in zip(jax.jit(sums)(x, d, weight), expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=TOL, atol=TOL)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -121,18 +122,21 @@ def _gru(batch: int):
 
 
 @built_on_the_host
-def _sparse_alif(batch: int):
-    """``benchmarks/scale.py``'s model at 24 neurons: dense input, sparse recurrence, ALIF."""
-    n, degree = 24, 3
-    rng = np.random.default_rng(0)
-    pre = np.concatenate([rng.choice(n, degree, replace=False) for _ in range(n)])
+def _sparse_alif(batch: int, connectivity: Connectivity | None = None):
+    """``benchmarks/scale.py``'s model at 24 neurons: dense input, sparse recurrence, ALIF
+    (or at ``connectivity.num_in`` neurons, with that recurrence)."""
+    if connectivity is None:
+        n, degree = 24, 3
+        rng = np.random.default_rng(0)
+        pre = np.concatenate([rng.choice(n, degree, replace=False) for _ in range(n)])
+        connectivity = Connectivity.from_indices(pre, np.repeat(np.arange(n), degree), n, n)
+    n = connectivity.num_in
 
     class SparseALIF(nnx.Module):
         def __init__(self, rngs):
             self.inp = layers.ETPLinear(4, n, rngs=rngs, param_dtype=jnp.float64)
-            self.rec = layers.ETPSparseLinear(n, n, connectivity=(pre, np.repeat(np.arange(n),
-                                                                                 degree)),
-                                              use_bias=False, rngs=rngs, param_dtype=jnp.float64)
+            self.rec = layers.ETPSparseLinear(n, n, connectivity=connectivity, use_bias=False,
+                                              rngs=rngs, param_dtype=jnp.float64)
             self.neuron = layers.ALIF(n, param_dtype=jnp.float64)
             self.readout = layers.LeakyReadout(n, 2, rngs=rngs, param_dtype=jnp.float64)
 
@@ -196,7 +200,8 @@ def test_es_d_rtrl_block_lowered_for_a_tpu_has_no_product_over_the_steps(x64):
     """ES-D-RTRL's block reads its stacked ``(K, B, ·)`` steps by recursions over the step axis
     for a TPU (whose products over that axis transposed every step as it was stacked); the
     CPU keeps its products with the ``(K, K)`` and ``(K,)`` weights. ``K = 7``, ``B = 2``:
-    the block's merged ``(K·B, ·)`` products lead with 14."""
+    the block's merged product (the ``K`` steps and the entering trace as one more, on
+    accelerators) leads with ``(K + 1)·B = 16`` rows."""
     batch, steps = 2, 7
     learner = braintrace.compile(_gru(batch), "es_d_rtrl", jnp.zeros((batch, 3)),
                                  batch_size=batch)
@@ -205,7 +210,54 @@ def test_es_d_rtrl_block_lowered_for_a_tpu_has_no_product_over_the_steps(x64):
     cpu, tpu = _lowered_for_tpu(learner, xs, ys, block_size=steps)
     assert len(over_steps.findall(cpu)) >= 3  # the negative control: filter, powers, ε_x's end
     assert not over_steps.findall(tpu)
-    assert re.search(rf"stablehlo\.dot_general [^\n]*tensor<{batch * steps}x", tpu)
+    assert re.search(rf"stablehlo\.dot_general [^\n]*tensor<{batch * (steps + 1)}x", tpu)
+
+
+@pytest.mark.parametrize("kind", ["ungrouped", "odd"])
+def test_sparse_sums_lowered_for_a_tpu_gather_and_never_scatter(kind):
+    """The product, its two transposes, the trace rules and the event-driven path, on a
+    connectivity the CPU sums with ``segment_sum`` and on a list as it may come."""
+    conn, weight, _, x, d = _case(kind, 5)
+    trace = jnp.ones((5, conn.nnz))
+
+    def everything(x, weight, d, trace):
+        y, pull = jax.vjp(lambda x, w: braintrace.sparse_matmul(x, w, conn), x, weight)
+        return (y, *pull(d), SPARSE_RULES.xy_to_dw(x, d, {"weight": weight}, connectivity=conn),
+                SPARSE_RULES.dt_to_t(d, {"weight": trace}, connectivity=conn),
+                SPARSE_RULES.contract(d, {"weight": trace}, connectivity=conn),
+                braintrace.sparse_matmul(x > 0, weight, conn, max_events=3))
+
+    traced = jax.jit(everything).trace(x, weight, d, trace)
+    assert "scatter" in traced.lower(lowering_platforms=("cpu",)).as_text()  # the control
+    tpu = traced.lower(lowering_platforms=("tpu",)).as_text()
+    assert "scatter" not in tpu and "gather" in tpu
+
+
+def test_sparse_network_lowered_for_a_tpu_never_scatters(x64):
+    """A whole ES-D-RTRL update of the sparse ALIF network over a connection list as it may
+    come: the exact learning signal's pullback, the block products, the loop (BPTT's
+    backward pass is the product's two transposes, above)."""
+    conn = KINDS["odd"](np.random.default_rng(0))
+    batch = 2
+    model = _sparse_alif(batch, conn)
+    learner = braintrace.compile(model, "es_d_rtrl", jnp.zeros((batch, 4)), batch_size=batch)
+    xs, ys = jnp.ones((3, batch, 4)), jnp.zeros((3, batch, 2))
+    _, tpu = _lowered_for_tpu(learner, xs, ys, block_size=None)
+    assert "scatter" not in tpu and "gather" in tpu
+
+
+def test_sparse_event_path_on_accelerators_gives_the_event_values(x64):
+    """On accelerators the event-driven path is the dense-input product: the same outputs,
+    NaN likewise for a sample past ``max_events``."""
+    conn, weight, _, x, _ = _case("odd", 4)
+    spikes = (x > 0).at[0].set(True)  # sample 0: every input active, past max_events
+    events = lambda spikes, weight: braintrace.sparse_matmul(spikes, weight, conn, max_events=10)
+    on_cpu = jax.jit(events)(spikes, weight)
+    with formulation("accelerator"):
+        on_accelerator = jax.jit(events)(spikes, weight)
+    assert np.all(np.isnan(on_cpu[0])) and np.all(np.isnan(on_accelerator[0]))
+    assert np.all(np.isfinite(on_accelerator[1:]))
+    np.testing.assert_allclose(on_accelerator, on_cpu, rtol=TOL, atol=TOL)
 
 
 def test_sparse_product_lowered_for_a_tpu_has_no_slot_loop():

@@ -7,7 +7,10 @@ ways, or not at all; every way must give the masked dense map ``y = x W``:
 * ``permuted``: one fan-in for all outputs, connections in another order;
 * ``padded``: uneven fan-ins, short rows padded;
 * ``ungrouped``: one output takes every input, padding would exceed ``MAX_FILL``:
-  gathers and a ``segment_sum``.
+  gathers and a ``segment_sum``;
+* ``odd``: a connection list as it may come: unsorted, repeated pairs, inputs and
+  outputs that no connection touches, more different fan-ins and fan-outs than
+  ``MAX_SLICES`` (the accelerators' tables round them up to a ladder of widths).
 
 Checked for each: the forward; ``xy_to_dw`` (``(xᵀ d)[pre, post]``); ``dt_to_t``
 and ``contract``; ``jax.vjp`` with respect to ``x`` and ``w`` (the primitive's
@@ -27,6 +30,7 @@ import pytest
 import braintrace
 from braintrace._primitives._sparse import SPARSE_RULES, Connectivity
 from braintrace._primitives._sparse_kernels import ROW_GROUP, SLOT_GROUP
+from braintrace._primitives._sparse_slices import MAX_SLICES
 
 
 def _in_order(rng):
@@ -65,8 +69,20 @@ def _wide(rng):
                                      num_out)
 
 
+def _odd(rng):
+    """16 units to 16: fan-ins 0, 1, …, 11, 0, 1, 2, 3 (outputs 0 and 12 reached by none),
+    inputs 14 and 15 unused, four pairs listed twice, the list shuffled."""
+    num_in = num_out = 16
+    fan_in = np.arange(num_out) % 12
+    pre = np.concatenate([rng.choice(14, f, replace=False) for f in fan_in])
+    post = np.repeat(np.arange(num_out), fan_in)
+    pre, post = np.concatenate([pre, pre[-4:]]), np.concatenate([post, post[-4:]])
+    order = rng.permutation(pre.size)
+    return Connectivity(pre[order], post[order], num_in, num_out)
+
+
 KINDS = {"in_order": _in_order, "permuted": _permuted, "padded": _padded,
-         "ungrouped": _ungrouped, "wide": _wide}
+         "ungrouped": _ungrouped, "wide": _wide, "odd": _odd}
 ROWS = (1, 3, 2 * ROW_GROUP + 3)
 
 
@@ -81,7 +97,7 @@ def _case(kind: str, rows: int, seed: int = 0):
     conn = KINDS[kind](rng)
     weight = jnp.asarray(rng.standard_normal(conn.nnz))
     dense = np.zeros((conn.num_in, conn.num_out))
-    dense[conn.pre, conn.post] = np.asarray(weight)
+    np.add.at(dense, (conn.pre, conn.post), np.asarray(weight))  # repeated pairs add
     x = jnp.asarray(rng.standard_normal((rows, conn.num_in)))
     d = jnp.asarray(rng.standard_normal((rows, conn.num_out)))
     return conn, weight, jnp.asarray(dense), x, d
@@ -96,6 +112,14 @@ def test_each_connectivity_takes_its_layout():
     assert KINDS["padded"](rng).by_output.padded
     assert KINDS["ungrouped"](rng).by_output is None
     assert KINDS["wide"](rng).by_output.width > 2 * SLOT_GROUP
+    odd = KINDS["odd"](rng)
+    assert np.unique(odd.pre * odd.num_out + odd.post).size < odd.nnz  # repeated pairs
+    fan_in, fan_out = (np.bincount(a, minlength=n) for a, n in
+                       ((odd.post, odd.num_out), (odd.pre, odd.num_in)))
+    assert fan_in.min() == 0 and fan_out.min() == 0
+    assert np.unique(fan_in).size > MAX_SLICES  # the accelerators' widths on a ladder
+    assert len(odd.incoming.items) < np.unique(fan_in[fan_in > 0]).size
+    assert odd.incoming.order is not None and odd.outgoing.order is not None
 
 
 @pytest.mark.parametrize("rows", ROWS)
@@ -139,7 +163,7 @@ def test_derivatives_equal_the_dense_map(x64, kind, rows):
     dx, dw, ty, second = derivatives(x, weight, d)
     np.testing.assert_allclose(dx, d @ dense.T, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(dw, (x.T @ d)[conn.pre, conn.post], rtol=1e-12, atol=1e-12)
-    t_dense = jnp.zeros_like(dense).at[conn.pre, conn.post].set(tw)
+    t_dense = jnp.zeros_like(dense).at[conn.pre, conn.post].add(tw)
     np.testing.assert_allclose(ty, tx @ dense + x @ t_dense, rtol=1e-12, atol=1e-12)
     dense_second = jax.grad(lambda m: jnp.sum(jax.grad(lambda x: jnp.sum((x @ m) ** 2))(x)))
     np.testing.assert_allclose(second, dense_second(dense)[conn.pre, conn.post],

@@ -53,6 +53,7 @@ from braintrace._compiler import (
     reached,
     summed_outputs,
 )
+from braintrace._platform import by_platform
 
 __all__ = ["ESDRTRL", "ES_D_RTRL", "IOTerm", "IOTrace", "decay_from", "es_input_rule",
            "input_side_block", "input_side_finalize", "pp_prop", "shared_output_sides",
@@ -126,8 +127,9 @@ def input_side_block(r: InputRelation, x_trace: jax.Array, ones: jax.Array, x: j
 
     With ``ε_x`` entering at ``ε_x^{-1}``, ``Σ_k xy_to_dw(ε_x^{k-1}, d_k) = xy_to_dw(ε_x^{-1},
     c) + Σ_j xy_to_dw(x_j, e_j)`` with ``c = Σ_k α^k d_k`` and ``e_j = Σ_{k>j} α^{k-1-j} d_k``
-    (``_block_algebra.decayed_sums``); the same-step shares ``dy_j`` join ``e_j``. That product
-    counts a bias's input as ``α^k + Σ_{j<k} α^{k-1-j}``, which falls ``α^k (ε_1^{-1} - 1)``
+    (``_block_algebra.decayed_sums``); the same-step shares ``dy_j`` join ``e_j`` (on
+    accelerators ``(ε_x^{-1}, c)`` join the product as one more step, :func:`_block_products`).
+    That product counts a bias's input as ``α^k + Σ_{j<k} α^{k-1-j}``, which falls ``α^k (ε_1^{-1} - 1)``
     short of ``ε_1^{k-1}``: the bias term adds ``(ε_1^{-1} - 1)·c``. At the end ``ε_x =
     α^K ε_x^{-1} + Σ_j α^{K-1-j} x_j`` (``_block_algebra.decayed_end``).
 
@@ -135,10 +137,8 @@ def input_side_block(r: InputRelation, x_trace: jax.Array, ones: jax.Array, x: j
         ``(ε_x, ε_1, term)`` after the block.
     """
     c, e = decayed_sums(ds, decay, None if dy is None else dy.astype(ds.dtype))
-    xy_to_dw = r.primitive.rule("xy_to_dw")
-    grad = jax.tree.map(jnp.add, xy_to_dw(merge_steps(r, x), merge_steps(r, e), theta,
-                                          **r.params),
-                        xy_to_dw(x_trace, c, theta, **r.params))
+    grad = by_platform(cpu=_block_products(r, theta, merged=False),
+                       accelerator=_block_products(r, theta, merged=True))(x, e, x_trace, c)
     length = ds.shape[0]
     through = decay ** length  # α^K: what of the entering ε_x survives the block
     end = decayed_end(x_trace, x.astype(x_trace.dtype), decay)
@@ -185,6 +185,20 @@ def es_block_rules(f_update, x_decay: float, after_update: bool = False):
         return stepped._replace(x=x, ones=ones), term
 
     return block_step, block_finish
+
+
+def _block_products(r: InputRelation, theta: dict, merged: bool):
+    """``(x, e, ε_x, c) -> xy_to_dw(x_j, e_j) summed over the block's steps j + xy_to_dw(ε_x,
+    c)``; ``merged``: one product with ``(ε_x, c)`` as one more step, so that a gather-bound
+    product (the sparse one on accelerators) reads its indices once per block, at the cost
+    of copying the stacks (kept as two products on the CPU, where the sums cost the same)."""
+    xy_to_dw = r.primitive.rule("xy_to_dw")
+    if merged:
+        rows = lambda steps, entering: merge_steps(r, jnp.concatenate([steps, entering[None]]))
+        return lambda x, e, x_trace, c: xy_to_dw(rows(x, x_trace), rows(e, c), theta, **r.params)
+    return lambda x, e, x_trace, c: jax.tree.map(
+        jnp.add, xy_to_dw(merge_steps(r, x), merge_steps(r, e), theta, **r.params),
+        xy_to_dw(x_trace, c, theta, **r.params))
 
 
 def x_free_part(xy_to_dw: Any, x_shape: tuple[int, ...], signal: jax.Array,

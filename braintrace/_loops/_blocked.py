@@ -218,5 +218,6 @@ def run_blocked(ctx: LoopContext, carry: ScanCarry, xs: Any, ys: Any, weights: j
         #          per step it would cost up to K - 1 slow steps per call
         carry, tail_losses = _run_block(ctx, carry, jax.tree.map(lambda a: a[length - rest:],
                                                                  (xs, ys, weights)))
-        losses = losses.at[length - rest:].set(tail_losses.astype(losses.dtype))
+        losses = jax.lax.dynamic_update_slice_in_dim(losses, tail_losses.astype(losses.dtype),
+                                                     length - rest, 0)  # not a scatter
     return carry, losses

@@ -34,7 +34,9 @@ layout (``fan_out`` slots per input), the indices of the active inputs are
 gathered and only their rows are scattered into ``y``, ``max_events × fan_out``
 work per sample instead of ``nnz``. It equals the dense-input path exactly (the
 rules are the same); a sample with more than ``max_events`` active inputs gets
-a NaN output rather than a silently truncated one.
+a NaN output rather than a silently truncated one. On accelerators, where a
+scatter costs several gathers, the same values come from the dense-input path
+(NaN likewise past ``max_events``): every sum of the primitive is a gather there.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from braintrace._primitives._rules import (
 )
 from braintrace._primitives._sparse_kernels import ByOutput, by_output, group_by, sum_rows
 from braintrace._primitives._sparse_product import sparse_product_p, weight_pullback
+from braintrace._primitives._sparse_slices import Slices, slices
 
 __all__ = ["SPARSE_RULES", "Connectivity", "etp_sparse_batched_p", "etp_sparse_p",
            "sparse_matmul"]
@@ -66,9 +69,13 @@ class Connectivity:
     """A fixed, hashable list of connections ``pre[k] -> post[k]`` between ``I`` and ``O`` units.
 
     Built from a boolean mask ``(I, O)`` (:meth:`from_mask`, connections in
-    row-major order) or from index arrays (:meth:`from_indices`, order kept).
-    Hashing and equality use the content, so equal connectivities reuse
-    compiled programs.
+    row-major order) or from index arrays (:meth:`from_indices`, order kept, each
+    pair once); the constructor itself takes any list, repeated pairs included
+    (their weights add). Hashing and equality use the content, so equal
+    connectivities reuse compiled programs. Built with it, once: each output's
+    incoming and each input's outgoing connections in slices of one width
+    (:attr:`incoming`, :attr:`outgoing`), the tables through which accelerators
+    compute the product and its transpose as gathers.
 
     Example:
         >>> import numpy as np
@@ -81,6 +88,16 @@ class Connectivity:
     """
 
     def __init__(self, pre: np.ndarray, post: np.ndarray, num_in: int, num_out: int):
+        self._set_connections(pre, post, num_in, num_out)
+        self.incoming: Slices = slices(self.post, self.num_out)
+        """Each output's incoming connections, in slices (``_sparse_slices.py``): the
+        accelerators' table of the product."""
+        self.outgoing: Slices = slices(self.pre, self.num_in)
+        """Each input's outgoing connections, in slices: the accelerators' table of the
+        product's transpose (the ``x``-cotangent)."""
+
+    def _set_connections(self, pre: np.ndarray, post: np.ndarray, num_in: int, num_out: int
+                         ) -> None:
         self.pre = np.asarray(pre, np.int32)
         self.post = np.asarray(post, np.int32)
         self.num_in, self.num_out = int(num_in), int(num_out)
@@ -142,16 +159,21 @@ class Connectivity:
         when the fan-ins differ so much that padding them would more than triple the work."""
         return by_output(self.pre, self.post, self.num_in, self.num_out)
 
-    @functools.cached_property
+    @property
     def in_output_order(self) -> bool:
         """Whether ``post = repeat(arange(O), F)``: connection ``k`` is slot ``(k // F, k % F)``."""
-        layout = self.by_output
-        return layout is not None and layout.slot is None
+        layout = self.incoming
+        return (len(layout.items) == 1 and layout.first[0] == 0 and layout.order is None
+                and layout.items[0].shape[0] == self.num_out)
 
     @functools.cached_property
     def transposed(self) -> Connectivity:
-        """The same connections from ``O`` to ``I`` (``post -> pre``, same order)."""
-        return Connectivity(self.post, self.pre, self.num_out, self.num_in)
+        """The same connections from ``O`` to ``I`` (``post -> pre``, same order); its tables
+        are these, swapped."""
+        other = object.__new__(Connectivity)
+        other._set_connections(self.post, self.pre, self.num_out, self.num_in)
+        other.incoming, other.outgoing = self.outgoing, self.incoming
+        return other
 
     def __hash__(self) -> int:
         return hash(self._key)
@@ -188,11 +210,21 @@ def _event_product(x, weight, conn: Connectivity, max_events: int):
     return y.reshape(*lead, conn.num_out)
 
 
+def _counted_product(x, weight, conn: Connectivity, max_events: int):
+    """The dense-input product, NaN for a sample with more than ``max_events`` active inputs:
+    the event-driven path's values on accelerators, where its scatter is the slow part."""
+    y = _dense_input_product(x, weight, conn)
+    overflow = jnp.count_nonzero(x, axis=-1, keepdims=True) > max_events
+    return jnp.where(overflow, jnp.nan, y)
+
+
 def _sparse_impl(x, weight, *bias, has_bias: bool, connectivity: Connectivity,
                  max_events: int | None):
     del has_bias
     if x.dtype == jnp.bool_ and max_events is not None:
-        y = _event_product(x, weight, connectivity, max_events)
+        options = {"conn": connectivity, "max_events": max_events}
+        y = by_platform(cpu=functools.partial(_event_product, **options),
+                        accelerator=functools.partial(_counted_product, **options))(x, weight)
     else:
         y = _dense_input_product(x, weight, connectivity)
     if bias:

@@ -1,7 +1,7 @@
-"""The sparse primitive's sums as XLA:TPU (and GPU) run them fast.
+"""The sparse primitive's sums as XLA:TPU (and GPU) run them fast: gathers only.
 
-The same sums as ``_sparse_kernels.py`` (the CPU formulation), for
-``x (R, I)``, ``d (R, O)`` and ``nnz`` connections ``pre[k] -> post[k]``:
+The same sums as ``_sparse_kernels.py`` (the CPU formulation), for ``x (R, I)``,
+``d (R, O)``, cotangent ``ȳ (R, O)`` and ``nnz`` connections ``pre[k] -> post[k]``:
 
 .. math::
 
@@ -9,99 +9,134 @@ The same sums as ``_sparse_kernels.py`` (the CPU formulation), for
     \\bar x[r, i] = \\sum_{k:\\, pre[k] = i} w[k]\\, \\bar y[r, post[k]], \\qquad
     dw[k] = \\sum_r x[r, pre[k]]\\, d[r, post[k]].
 
-The CPU formulation sums a few rows or slots per expression inside loops: on
-XLA:CPU that keeps the gathers in cache, on a TPU every loop iteration is a
-handful of tiny operations (measured on a TPU v5e at ``N = 16,384`` neurons,
-8 synapses each, ``R = 32`` rows: the pullback 32 ms, over 1,024 rows 1.0 s). Here
-each sum is one vectorised expression that XLA:TPU fuses: a gather of whole
-columns of ``x`` (``x[:, pre]``, or rows of ``xᵀ`` grouped by output) times a
-broadcast of ``d`` or of the weight table, reduced over rows or slots
-(measured: 0.9 ms and 2.5 ms). Gathers of single elements, which XLA:TPU runs
-one at a time, are avoided where the connections are in output order with one
-fan-in (``post = repeat(arange(O), F)``, the weights are the ``(O, F)`` table
-itself); otherwise the connection list is used as it is. The cotangent of ``x``
-is a scatter-add over ``pre`` (``segment_sum``), the fastest plain formulation
-there. No sum goes through the matrix unit, so float32 sums stay float32 at
-JAX's default matmul precision.
+Every sum is a gather of whole rows of ``xᵀ``, ``ȳᵀ`` or ``dᵀ`` (one row of ``R``
+values per index) times weights, summed: never a scatter, which XLA:TPU runs several
+times slower than the gather it transposes (a TPU v5e at 131,072 neurons, 8 synapses
+each, ``R = 32``: the forward's gather 2.9 ms, the ``x``-cotangent as JAX transposes
+it, a scatter-add, 15.9 ms; as a gather over each input's outgoing connections 4.0 ms).
+A gather there costs per index, so the layouts keep the indices near ``nnz``:
 
-A sum whose gathered values would exceed :data:`GATHER_BUDGET` bytes is taken
-over groups of rows in a loop, so memory stays bounded for long blocks.
+* ``y`` and ``x̄`` are the same sum over the connections grouped by output
+  (``Connectivity.incoming``) or by input (``Connectivity.outgoing``), in slices of one
+  width each (``_sparse_slices.py``); the weights of a slice are a slice of ``w`` when
+  its connections are in order (a uniform fan-in in output order: the forward's
+  table is ``w`` itself), else gathered once per call from ``w``, a value that does
+  not change within a time loop;
+* ``dw`` gathers, per connection, the row of ``xᵀ`` at ``pre[k]`` and the row of ``dᵀ``
+  at ``post[k]``; for connections in output order with one fan-in, ``dᵀ``'s row is a
+  broadcast over the fan-in.
+
+A sum whose gathered values would exceed :data:`GATHER_BUDGET` bytes runs over groups of
+its target rows (or connections) in a loop, each index read once: memory stays bounded
+at a million neurons without reading the indices again per group of samples. No sum
+goes through the matrix unit, so float32 sums stay float32 at JAX's default matmul
+precision.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-__all__ = ["GATHER_BUDGET", "ROWS_FOR_TABLE", "product", "transposed_product", "weight_pullback"]
+from braintrace._primitives._sparse_slices import Slices
 
-GATHER_BUDGET = 256 * 2**20
-"""The most bytes of gathered values one sum makes at once (larger sums loop over rows)."""
+__all__ = ["GATHER_BUDGET", "product", "transposed_product", "weight_pullback"]
 
-ROWS_FOR_TABLE = 256
-"""From this many rows on, a pullback over connections in another order than the outputs'
-is taken over the output-grouped table and mapped back with one gather of ``nnz`` elements
-(a fixed cost, about 1 ms at ``nnz = 2^17`` on a TPU v5e); below it over the connection list."""
+GATHER_BUDGET = 32 * 2**20
+"""The most bytes of gathered values one sum makes at once (larger sums loop over groups)."""
 
 
-def _over_rows(fn: Any, x: jax.Array, d: jax.Array, width: int, out_shape: tuple[int, ...]
-               ) -> jax.Array:
-    """``Σ`` of ``fn(x_rows, d_rows)`` over groups of rows, each gathering at most
-    :data:`GATHER_BUDGET` bytes (``width`` gathered values per row); one group when it fits."""
-    rows = x.shape[0]
-    per_row = width * x.dtype.itemsize
-    group = max(1, min(rows, GATHER_BUDGET // max(per_row, 1)))
+def _in_groups(fn: Callable[..., jax.Array], tables: list[np.ndarray], values: list[jax.Array],
+               row_bytes: int) -> jax.Array:
+    """``fn(*tables, *values)`` over the shared leading axis, in groups of rows that gather
+    at most :data:`GATHER_BUDGET` bytes each (``row_bytes`` per row); one call when it fits.
+
+    ``tables`` are index tables (NumPy, constants of the program), ``values`` arrays; the
+    rows that fill the last group read index 0 and zeros, and are dropped.
+    """
+    rows = tables[0].shape[0]
+    group = max(1, GATHER_BUDGET // max(row_bytes, 1))
     if group >= rows:
-        return fn(x, d)
+        return fn(*[jnp.asarray(t) for t in tables], *values)
     groups = -(-rows // group)
-    pad = groups * group - rows  # zero rows add nothing to the sums
-    x = jnp.pad(x, ((0, pad), (0, 0))).reshape(groups, group, -1)
-    d = jnp.pad(d, ((0, pad), (0, 0))).reshape(groups, group, -1)
-    return jax.lax.fori_loop(0, groups, lambda g, acc: acc + fn(x[g], d[g]),
-                             jnp.zeros(out_shape, x.dtype))
+    pad = [(0, groups * group - rows)]
+    grouped = lambda a: a.reshape(groups, group, *a.shape[1:])
+    tables = [grouped(np.pad(t, pad + [(0, 0)] * (t.ndim - 1))) for t in tables]
+    values = [grouped(jnp.pad(v, pad + [(0, 0)] * (v.ndim - 1))) for v in values]
+    out = jax.lax.map(lambda xs: fn(*xs[0], *xs[1]), ([jnp.asarray(t) for t in tables], values))
+    return out.reshape(groups * group, *out.shape[2:])[:rows]
+
+
+def _slice_weights(weight: jax.Array, items: np.ndarray, first: int | None) -> jax.Array:
+    """The weights of a slice's slots ``(rows, width)``, padding 0."""
+    if first is not None:
+        return jax.lax.slice_in_dim(weight, first, first + items.size).reshape(items.shape)
+    padded = jnp.concatenate([weight, jnp.zeros((1,), weight.dtype)])
+    return jnp.take(padded, jnp.asarray(items), mode="clip")
+
+
+def _gathered_sum(sources: jax.Array, weights: jax.Array, values: jax.Array) -> jax.Array:
+    """``Σ_j values[sources[:, j]]·weights[:, j]`` for ``values (S, R)``: ``(rows, R)``."""
+    rows = jnp.take(values, sources, axis=0, mode="clip")  # (rows, width, R)
+    return jnp.sum(rows * weights[..., None], axis=1)
+
+
+def _sliced_sum(values: jax.Array, weight: jax.Array, source: np.ndarray, layout: Slices,
+                num_targets: int) -> jax.Array:
+    """``z[t] = Σ_{k: target[k]=t} w[k]·values[source[k]]`` for ``values (S, R)``:
+    ``(targets, R)``, over the slices of ``layout`` (grouped by target)."""
+    num_sources, width = values.shape
+    zero = jnp.zeros((1, width), values.dtype)
+    padded = jnp.concatenate([values, zero])  # row S: what padding reads
+    source = np.append(np.asarray(source, np.int32), np.int32(num_sources))
+    parts = []
+    for items, first in zip(layout.items, layout.first, strict=True):
+        weights = _slice_weights(weight, items, first)
+        row_bytes = items.shape[1] * width * values.dtype.itemsize
+        parts.append(_in_groups(lambda s, w: _gathered_sum(s, w, padded), [source[items]],
+                                [weights], row_bytes))
+    rows = sum(int(items.shape[0]) for items in layout.items)
+    if layout.order is None and rows == num_targets:
+        return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
+    stacked = jnp.concatenate([*parts, zero])
+    if layout.order is None:
+        return stacked[:num_targets]
+    return jnp.take(stacked, jnp.asarray(layout.order), axis=0, mode="clip")
 
 
 def product(x: jax.Array, weight: jax.Array, connectivity: Any) -> jax.Array:
-    """``y (R, O)``: per output the gathered columns ``x[:, pre_{oj}]`` times the weight table,
-    summed over the slots; ``segment_sum`` over ``post`` without an output grouping."""
+    """``y (R, O)``: per output, the rows of ``xᵀ`` at its inputs times their weights,
+    summed (``Connectivity.incoming``)."""
     conn = connectivity
-    layout = conn.by_output
-    if layout is None:
-        gathered = jnp.take(x, jnp.asarray(conn.pre), axis=-1) * weight
-        return jax.ops.segment_sum(gathered.T, jnp.asarray(conn.post),
-                                   num_segments=conn.num_out).T
-    rows = jnp.take(layout.padded_input(x).T, jnp.asarray(layout.pre), axis=0)  # (O, F, R)
-    return jnp.sum(rows * layout.table(weight)[..., None], axis=1).T
+    y = _sliced_sum(x.T, weight, conn.pre, conn.incoming, conn.num_out)
+    return y.T
 
 
 def transposed_product(ct: jax.Array, weight: jax.Array, connectivity: Any) -> jax.Array:
-    """``x̄ (R, I)`` for ``ȳ = ct (R, O)``: each connection's ``w[k]·ȳ[:, post[k]]``
-    scatter-added into its input ``pre[k]``."""
+    """``x̄ (R, I)`` for ``ȳ = ct (R, O)``: per input, the rows of ``ȳᵀ`` at its outputs
+    times their weights, summed (``Connectivity.outgoing``)."""
     conn = connectivity
-    if conn.in_output_order:
-        spread = jnp.repeat(ct, conn.nnz // conn.num_out, axis=-1)
-    else:
-        spread = jnp.take(ct, jnp.asarray(conn.post), axis=-1)
-    return jax.ops.segment_sum((spread * weight).T, jnp.asarray(conn.pre),
-                               num_segments=conn.num_in).T
+    x_bar = _sliced_sum(ct.T, weight, conn.post, conn.outgoing, conn.num_in)
+    return x_bar.T
 
 
 def weight_pullback(x: jax.Array, d: jax.Array, connectivity: Any) -> jax.Array:
-    """``dw (nnz,)``: ``Σ_r x[r, pre[k]]·d[r, post[k]]``, as the ``(O, F)`` table for
-    connections in output order (or for many rows), else over the connection list."""
+    """``dw (nnz,)``: per connection the rows of ``xᵀ`` at ``pre[k]`` and of ``dᵀ`` at
+    ``post[k]`` multiplied and summed over the rows; ``dᵀ``'s row a broadcast for
+    connections in output order with one fan-in."""
     conn = connectivity
-    layout = conn.by_output
-    rows = x.shape[0]
-    if layout is None or (layout.position is not None and rows < ROWS_FOR_TABLE):
-        pre, post = jnp.asarray(conn.pre), jnp.asarray(conn.post)
-        listed = lambda xr, dr: jnp.sum(jnp.take(xr, pre, axis=-1) * jnp.take(dr, post, axis=-1),
-                                        axis=0)
-        return _over_rows(listed, x, d, conn.nnz, (conn.nnz,))
-    inputs = jnp.asarray(layout.pre)
-    tabled = lambda xr, dr: jnp.sum(jnp.take(layout.padded_input(xr), inputs, axis=-1)
-                                    * dr[:, :, None], axis=0)
-    table = _over_rows(tabled, x, d, layout.pre.size, layout.pre.shape).reshape(-1)
-    return table if layout.position is None else table[jnp.asarray(layout.position)]
-
+    x_t, d_t = x.T, d.T
+    itemsize = x.dtype.itemsize
+    if conn.in_output_order:
+        pre = conn.pre.reshape(conn.num_out, -1)  # (O, F)
+        per_output = lambda p, d_rows: jnp.sum(jnp.take(x_t, p, axis=0, mode="clip")
+                                               * d_rows[:, None, :], axis=-1)
+        table = _in_groups(per_output, [pre], [d_t], pre.shape[1] * x.shape[0] * itemsize)
+        return table.reshape(-1)
+    per_connection = lambda p, q: jnp.sum(jnp.take(x_t, p, axis=0, mode="clip")
+                                          * jnp.take(d_t, q, axis=0, mode="clip"), axis=-1)
+    return _in_groups(per_connection, [conn.pre, conn.post], [], 2 * x.shape[0] * itemsize)

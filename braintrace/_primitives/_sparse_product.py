@@ -125,7 +125,8 @@ def _abstract_eval(x: Any, weight: Any, *, connectivity: Any) -> jax.core.Shaped
 
 
 def _x_transpose(ct: jax.Array, x: Any, weight: jax.Array, *, connectivity: Any) -> jax.Array:
-    """On the CPU the same product over the transposed connectivity; elsewhere a scatter-add
+    """The same product over the transposed connectivity: on the CPU its slot sum, elsewhere
+    the gathers over each input's outgoing connections
     (``_sparse_accelerator.transposed_product``)."""
     del x
     transposed = lambda ct, w: sparse_product_p.bind(ct, w, connectivity=connectivity.transposed)
