@@ -21,6 +21,7 @@ from _table_format import (
     MISSING,
     Results,
     captioned,
+    machine,
     micro,
     ratio,
     size,
@@ -203,6 +204,17 @@ def scale_tpu(results: Results) -> str:
     return _scale(results, ("scale_tpu.json", "scale_tpu_t300.json"))
 
 
+def scale_memory(results: Results) -> str:
+    run = results("scale_accelerator_memory.json")
+    rows = [(f"{r['neurons']:,}", str(r["T"]), f"`{r['method']}`", str(r["batch"]),
+             r["loop"] or MISSING, size(r["xla"]["peak_bytes"]))
+            for r in run["rows"] if r["library"] == "after"]
+    return captioned(
+        "`benchmarks/results/scale_accelerator_memory.json`: XLA's peak memory of one update, "
+        f"compiled on {machine(run['environment'])} in the accelerators' formulation (not run).",
+        *table(("neurons", "T", "method", "batch", "loop", "XLA peak"), rows))
+
+
 # -- the smaller benchmarks ------------------------------------------------------------------
 
 def sparse(results: Results) -> str:
@@ -316,6 +328,7 @@ BLOCKS: dict[str, Callable[[Results], str]] = {
     "sharding": sharding,
     "scale_cpu": scale_cpu,
     "scale_tpu": scale_tpu,
+    "scale_memory": scale_memory,
     "sparse": sparse,
     "trainer_step": trainer_step,
     "fast_signal": fast_signal,
