@@ -88,7 +88,7 @@ MODELS = ("snn", "gru", "alif", "demo")
 METHODS = ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl@1", "es_d_rtrl@1", "ottt", "sltt", "otpe")
 """``name`` is the default (time-blocked, ``block_size=32``, where the rule has a blocked form)
 form, ``name@K`` blocks of ``K`` steps (``@1``: the per-step form); ``ottt``, ``sltt`` and
-``otpe`` are the spiking rules by name (``SLTT`` and ``OTPE`` run per step); ``name_bf16``
+``otpe`` are the spiking rules by name (``SLTT`` runs per step); ``name_bf16``
 (``d_rtrl_bf16``, ``es_d_rtrl_bf16@1``, ...) stores the traces in bfloat16
 (``braintrace.compile(..., trace_dtype=jnp.bfloat16)``)."""
 TRACE_DTYPES = {"bf16": jnp.bfloat16}

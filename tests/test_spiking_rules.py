@@ -12,9 +12,10 @@
 * By direction on two feed-forward LIF layers under a leaky readout: OTPE aligns
   with BPTT's first-layer gradient (cosine > 0.9) where OTTT, SLTT and D-RTRL do not,
   and the permuted gradient (the control) fails the same threshold.
+* OTPE time-blocked: on the exact cases above and, where it approximates (two LIF
+  layers), equal to its per-step form to ``1e-10`` (gradients and traces).
 * The drivers: a user's ``nnx.jit`` step that switches ``'es_d_rtrl'`` to each rule
-  by one string, the trainer, windowed and blocked modes refused where a rule has
-  none.
+  by one string, the trainer, windowed mode refused where a rule has none.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from reference_models import assert_live, leaves, rel_errors
 
 import braintrace
 from braintrace import layers
+from braintrace._loops import Blocked, choose_loop
 
 F64 = jnp.float64
 B, T, IN, H, OUT = 2, 3, 4, 4, 2
@@ -126,16 +128,18 @@ def _data(shape=(IN,), seed=1):
 
 
 def test_ottt_and_otpe_equal_bptt_on_every_primitive_driving_a_leak_of_their_decay():
+    """OTPE per step and in blocks of 2 (a block entered with traces, then a shorter one)."""
     xs, ys = _data()
     make = lambda: _leaks(0.8)
     want = _live(make, xs, ys)
-    for algorithm in (braintrace.OTTT(0.8), braintrace.OTPE(0.8)):
-        got, learner = _grads(make, algorithm, xs, ys, strict=True)
+    for algorithm, block_size in ((braintrace.OTTT(0.8), None), (braintrace.OTPE(0.8), 1),
+                                  (braintrace.OTPE(0.8), 2)):
+        got, learner = _grads(make, algorithm, xs, ys, strict=True, block_size=block_size)
         assert {r.primitive.name.removeprefix("etp_").removesuffix("_batched")
                 for r in learner.graph.relations} == {
             "dense", "lora", "conv", "sparse", "einsum", "grouped", "elemwise"}
         errors = rel_errors(got, want)
-        assert max(errors.values()) <= 1e-8, (algorithm.name, errors)
+        assert max(errors.values()) <= 1e-8, (algorithm.name, block_size, errors)
 
 
 def test_sltt_equals_bptt_where_the_state_has_no_memory_and_only_there():
@@ -225,12 +229,15 @@ def test_ottt_equals_bptt_on_lif_neurons_whose_reset_passes_no_derivative():
 
 @pytest.mark.parametrize("neuron", ["lif", "alif"])
 def test_otpe_equals_bptt_on_a_spiking_layer_under_a_leaky_readout_of_its_decay(neuron):
-    """The reset's derivative included; ALIF: two states, learned time constants."""
+    """The reset's derivative included; ALIF: two states, learned time constants. Per step
+    and in two blocks of 3 (the second entered with traces)."""
     xs, ys = _spikes()
     make = lambda: _spiking("leaky", neuron=neuron)
     want = _live(make, xs, ys)
-    got, learner = _grads(make, braintrace.OTPE(LEAK_OUT), xs, ys, strict=True)
-    assert max(rel_errors(got, want).values()) <= 1e-8
+    for block_size in (1, 3):
+        got, learner = _grads(make, braintrace.OTPE(LEAK_OUT), xs, ys, strict=True,
+                              block_size=block_size)
+        assert max(rel_errors(got, want).values()) <= 1e-8, block_size
     (reader,), () = learner.rules.readers  # the readout reads the layer's spikes
     assert learner.graph.relations[reader].all_param_paths == ("layers.2.linear.bias",
                                                                 "layers.2.linear.kernel")
@@ -248,7 +255,9 @@ def test_otpe_equals_bptt_on_a_spiking_layer_under_a_leaky_readout_of_its_decay(
 def test_in_two_spiking_layers_otpe_aligns_the_first_layer_and_the_others_do_not():
     """Two LIF layers under a leaky readout: the first layer's credit reaches the loss
     through the second layer's and the readout's memory. OTPE's estimate keeps most of it
-    (the published ordering OTTT, OSTL < OTPE); the permuted gradient is the control."""
+    (the published ordering OTTT, OSTL < OTPE); the permuted gradient is the control.
+    OTPE in blocks of 5, each layer's spikes read by the next operation, gives its per-step
+    gradient and traces."""
     xs, ys = _spikes(steps=20, seed=3)
     make = lambda: _spiking("leaky", layers_=2, hidden=6)
     want = leaves(_live(make, xs, ys))["layers/0/kernel/value"].ravel()
@@ -256,12 +265,21 @@ def test_in_two_spiking_layers_otpe_aligns_the_first_layer_and_the_others_do_not
     first = {}
     for algorithm in (braintrace.OTPE(LEAK_OUT), braintrace.OTTT(LEAK), braintrace.SLTT(),
                       braintrace.DRTRL()):
-        got, learner = _grads(make, algorithm, xs, ys)
+        got, learner = _grads(make, algorithm, xs, ys, block_size=1)
         assert "approximations (" in learner.report()  # all approximate here
         first[algorithm.name] = leaves(got)["layers/0/kernel/value"].ravel()
+        if algorithm.name == "otpe":
+            per_step, per_step_learner = got, learner
     control = np.random.default_rng(0).permutation(first["otpe"])
     assert cos(first["otpe"]) > 0.9 > max(cos(first[n]) for n in ("ottt", "sltt", "d_rtrl"))
     assert cos(control) < 0.5
+    assert per_step_learner.rules.readers == ((1,), (2,), ())
+    assert choose_loop(per_step_learner.rules, length=20) == Blocked(32)  # by default
+    got, learner = _grads(make, braintrace.OTPE(LEAK_OUT), xs, ys, block_size=5)
+    assert max(rel_errors(got, per_step).values()) <= 1e-10
+    for a, b in zip(jax.tree.leaves(learner.traces), jax.tree.leaves(per_step_learner.traces),
+                    strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
 
 # -- drivers ------------------------------------------------------------------------------------
@@ -295,8 +313,9 @@ def test_a_flax_train_step_switches_from_es_d_rtrl_to_each_rule_by_one_string():
         train(algorithm)
 
 
-@pytest.mark.parametrize(("name", "every"), [("ottt", 2), ("sltt", 3), ("otpe", 1)])
+@pytest.mark.parametrize(("name", "every"), [("ottt", 2), ("sltt", 3), ("otpe", 3)])
 def test_the_trainer_makes_an_optax_update_every_few_steps_as_by_hand(name, every):
+    """The trainer's windows run in time blocks (OTTT's, OTPE's), the hand's per step."""
     xs, ys = _spikes()
     tx = optax.sgd(0.1)
 
@@ -317,15 +336,12 @@ def test_the_trainer_makes_an_optax_update_every_few_steps_as_by_hand(name, ever
     assert max(rel_errors(nnx.state(model, nnx.Param), by_hand()).values()) < 1e-10
 
 
-def test_windows_and_blocks_are_refused_where_a_rule_has_none():
+def test_windows_are_refused_where_a_rule_has_none():
     xs, ys = _spikes()
     for name in ("ottt", "sltt", "otpe"):
         learner = braintrace.compile(_spiking("leaky"), name, xs[0])
         with pytest.raises(ValueError, match="single-step rule"):
             learner.etrace_grad(xs, ys, mse, chunk_size=2)
-        if name == "otpe":  # SLTT keeps no traces: every block size runs per step
-            with pytest.raises(ValueError, match="no time-blocked form"):
-                learner.etrace_grad(xs, ys, mse, block_size=2)
     with pytest.raises(ValueError, match=r"decay must lie in \[0, 1\)"):
         braintrace.OTPE(1.0)
     with pytest.raises(TypeError, match="decay must be a float"):

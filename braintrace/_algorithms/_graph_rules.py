@@ -55,8 +55,9 @@ class GraphRules:
         readers: Per hidden group, the relations that read its new state unit by unit
             (``braintrace._compiler.readers``), for rules that follow a weight's effect
             into them (OTPE); empty: none. Then the loops also compute, per step, each
-            reader's ``∂x'/∂h^t`` (``Jacobians.reads``), handed to ``update`` with ``D`` as
-            the pair ``(D_g, reads_g)``, and its input cotangent ``∂L_t/∂x'``, appended to
+            reader's ``∂x'/∂h^t`` (``Jacobians.reads``), handed to ``update`` (and stacked
+            to ``block_finish``, ``BlockSteps.d``) with ``D`` as the pair
+            ``(D_g, reads_g)``, and its input cotangent ``∂L_t/∂x'``, appended to
             the learning signal after the hidden leaves' (in ``reader_list`` order), then
             every relation's output cotangent ``∂L_t/∂y^t`` (as ``output_probes``). One
             entry per group (groups nobody reads: empty) makes every ``update`` get pairs.

@@ -52,8 +52,22 @@ layers is the exact one of the step (the model's own surrogate derivative at
 step ``t``), not their running average ``ḡ`` of it; ``λ`` is a hyperparameter,
 as theirs (the layer's own leak there); and a path from the spikes to the loss
 other than through a reader keeps its same-step credit, where their layer
-sends every path through ``R̂``. OTPE has no time-blocked form and no windowed
-mode.
+sends every path through ``R̂``.
+
+Time-blocked (``block_finish``): the per-step recursion regrouped over a block
+of ``K`` steps, so that ``E`` and ``R̂`` are read and written once per block. With
+``R̂_j`` entering the block and ``G_{m,j} = Σ_{k≥m} λ^{k-m} g_{k,j}``,
+
+.. math::
+
+    \\sum_k g_k \\cdot \\hat R_k = \\sum_k \\lambda^{k+1} g_k \\cdot \\hat R
+        + \\sum_m G_m \\psi_m \\cdot E_m, \\qquad
+    \\hat R_{K-1} = \\lambda^K \\hat R + \\sum_m \\lambda^{K-1-m} \\psi_m \\cdot E_m,
+
+so the block's terms are D-RTRL's block with the signal
+``u_m = δ_m + Σ_j (G_{m,j} - g_{m,j}) ψ_{m,j}`` read against the updated ``E_m``,
+plus ``R̂``'s, and ``R̂`` advances by the same products of ``D`` with the signal
+``λ^{K-1-m} ψ_m``, per sample (``_block_algebra``). No windowed mode.
 """
 
 from __future__ import annotations
@@ -66,9 +80,11 @@ import jax
 import jax.numpy as jnp
 
 from braintrace._algorithms._approximations import algorithm_approximation
-from braintrace._algorithms._base import AbstractAlgorithm, RelationRule
+from braintrace._algorithms._base import AbstractAlgorithm, BlockSteps, RelationRule
+from braintrace._algorithms._block_algebra import block_coefficients, decay_weights, decayed_sums
 from braintrace._algorithms._constant_jacobians import constant_jacobians
 from braintrace._algorithms._d_rtrl import DRTRL_ELEMENTWISE, DRTRL_INPUT, contract_y
+from braintrace._algorithms._fast_signal import after_update_block
 from braintrace._algorithms._graph_rules import GraphRules
 from braintrace._algorithms._ottt import check_decay
 from braintrace._algorithms._signals import NEW_STATE_SIGNAL
@@ -122,6 +138,37 @@ def _immediate(signal: jax.Array, df: jax.Array, dy: jax.Array | None, at_y) -> 
     return -held if dy is None else dy.astype(held.dtype) - held
 
 
+def _reader_signals(decay: float, g: Sequence[jax.Array], psi: Sequence[jax.Array],
+                    own: jax.Array) -> tuple[list[jax.Array], jax.Array]:
+    """A block's readers' share of its terms (module docstring): per reader the signal
+    ``Σ_k λ^{k+1} g_k`` read against the ``R̂`` entering the block, and the signal on each
+    updated ``E_m``, ``u_m = δ_m + λ Σ_j ψ_{m,j} Σ_{k>m} λ^{k-1-m} g_{k,j}`` ``(K, *V, S)``."""
+    entering, u = [], own
+    for gj, pj in zip(g, psi):
+        total, later = decayed_sums(gj, decay)
+        entering.append(decay * total)
+        u = u + decay * pj.astype(u.dtype) * later[..., None].astype(u.dtype)
+    return entering, u
+
+
+def _read_coefficients(decay: float, psi: jax.Array, d: jax.Array
+                       ) -> tuple[jax.Array, jax.Array]:
+    """``Σ_m λ^{K-1-m} ψ_m·E_m`` over a block, per sample, as ``β_{-1}·E + Σ_j (β_j·Df_j) ⊗
+    x_j`` with ``E`` the trace entering it: ``(β_{-1}, β)``, ``(*V, S)`` and ``(K, *V, S)``
+    (``_block_algebra`` with ``u_m = v_m D_m``, ``v_m = λ^{K-1-m} ψ_m``, ``β_j`` plus ``v_j``:
+    the signal reads the updated trace)."""
+    _, powers = decay_weights(decay, psi.shape[0], psi.dtype)
+    v = powers[::-1].reshape(-1, *(1,) * (psi.ndim - 1)) * psi
+    beta, _, beta_start, _ = block_coefficients(
+        jnp.einsum("k...s,k...st->k...t", v, d.astype(v.dtype)), d)
+    return beta_start, beta + v
+
+
+def _last_reads(reads: Sequence[jax.Array], psi: Sequence[jax.Array]) -> tuple[jax.Array, ...]:
+    """The block's last ``ψ_j``, as the state holds them."""
+    return tuple(p[-1].astype(q.dtype) for p, q in zip(reads, psi))
+
+
 def _input_rule(decay: float) -> RelationRule:
     """OTPE on an operation with an input: D-RTRL's ``E`` and a parameter-shaped ``R̂_j``."""
 
@@ -159,8 +206,37 @@ def _input_rule(decay: float) -> RelationRule:
         terms.append(xy_to_trace(s.x, fix, theta, **r.params))
         return tree_sum(terms)
 
+    traces_block = after_update_block(DRTRL_INPUT.block_finish)
+
+    def block_finish(r: InputRelation, s: PostsynapticTrace, steps: BlockSteps, theta):
+        """``K`` rounds of ``update`` then ``contribution`` (module docstring)."""
+        (own, g, dy), (d_g, reads), df, x = steps.signal, steps.d, steps.df, steps.x
+        entering, u = _reader_signals(decay, g, reads, own)
+        fix = jax.vmap(lambda o, f, d: _immediate(r.gather_hidden(o), f, d, lambda a: a))(
+            own, df, dy)
+        eps, term = traces_block(r, s.eps, BlockSteps(u, d_g, df, x, fix), theta)
+        terms = [term] + [contract_y(r, (post,), r.gather_hidden(c[..., None]))
+                          for post, c in zip(s.post, entering)]
+        dt_to_t = r.primitive.rule("dt_to_t")
+        scale = per_sample(lambda d, e: dt_to_t(d, e, **r.params), r)
+        xy_to_trace = r.primitive.rules.resolved("xy_to_trace")
+        outer = lambda x, f: xy_to_trace(x, f, theta, **r.params)  # steps summed
+        over_steps = jax.vmap(outer, in_axes=(1, 1)) if r.batched else outer
+        post, kept = [], decay ** len(df)  # λ^K
+        for old, psi in zip(s.post, reads):
+            start, beta = _read_coefficients(decay, psi, d_g)
+            start = r.gather_hidden(start, feeds_large=True)
+            a = jnp.sum(jax.vmap(r.gather_hidden)(beta) * df.astype(beta.dtype), axis=-1)
+            new = tree_sum([scale(start[..., k], e) for k, e in enumerate(s.eps)]
+                           + [over_steps(x, a)])
+            post.append(jax.tree.map(lambda o, n: (kept * o + n).astype(o.dtype), old, new))
+        last = PostsynapticTrace(eps, tuple(post), _last_reads(reads, s.psi),
+                                 x[-1].astype(s.x.dtype), df[-1].astype(s.df.dtype))
+        return last, tree_sum(terms)
+
     return RelationRule(init=init, update=update, contribution=contribution,
-                        finalize=DRTRL_INPUT.finalize, rules=DRTRL_INPUT.rules)
+                        finalize=DRTRL_INPUT.finalize, rules=DRTRL_INPUT.rules,
+                        block_finish=block_finish)
 
 
 def _elementwise_rule(decay: float) -> RelationRule:
@@ -191,8 +267,29 @@ def _elementwise_rule(decay: float) -> RelationRule:
         total = total + sum((gj * post for gj, post in zip(g, s.post)), jnp.zeros_like(total))
         return r.scatter_to_y(total) + _immediate(own, s.df, dy, r.scatter_to_y)
 
+    traces_block = after_update_block(DRTRL_ELEMENTWISE.block_finish)
+
+    def block_finish(r: ElementwiseRelation, s: PostsynapticTrace, steps: BlockSteps, theta):
+        """``K`` rounds of ``update`` then ``contribution`` (module docstring, ``x = 1``)."""
+        (own, g, dy), (d_g, reads) = steps.signal, steps.d
+        df = steps.df.astype(own.dtype)
+        entering, u = _reader_signals(decay, g, reads, own)
+        fix = jax.vmap(lambda o, f, d: _immediate(o, f, d, r.scatter_to_y))(own, df, dy)
+        eps, term = traces_block(r, s.eps, BlockSteps(u, d_g, df, None, fix), theta)
+        term = term + r.scatter_to_y(sum((c * post for c, post in zip(entering, s.post)),
+                                         jnp.zeros(own.shape[1:-1], own.dtype)))
+        post = []
+        for old, psi in zip(s.post, reads):
+            start, beta = _read_coefficients(decay, psi, d_g)
+            new = jnp.sum(start * s.eps["weight"], axis=-1) + jnp.sum(beta * df, axis=(0, -1))
+            post.append((decay ** len(df) * old + new).astype(old.dtype))
+        last = PostsynapticTrace(eps, tuple(post), _last_reads(reads, s.psi), None,
+                                 df[-1].astype(s.df.dtype))
+        return last, term
+
     return RelationRule(init=init, update=update, contribution=contribution,
-                        finalize=DRTRL_ELEMENTWISE.finalize, rules=DRTRL_ELEMENTWISE.rules)
+                        finalize=DRTRL_ELEMENTWISE.finalize, rules=DRTRL_ELEMENTWISE.rules,
+                        block_finish=block_finish)
 
 
 def _covered(graph: ETraceGraph, found: tuple[tuple[int, ...], ...], decay: float) -> bool:
@@ -265,8 +362,9 @@ class OTPE(AbstractAlgorithm):
     (module docstring). Exact where a layer is read only by neurons whose leak
     is ``decay`` and that nothing further reads (one spiking layer under a
     leaky readout); ``strict=True`` checks it, ``report()`` names the Params
-    it approximates elsewhere. Single-step, per step only (no ``chunk_size``,
-    no ``block_size`` above 1).
+    it approximates elsewhere. Single-step (no ``chunk_size``); per step or
+    time-blocked (``block_size``, by default blocks of up to 32 steps), with
+    the same gradients.
 
     Args:
         decay: ``λ``, the leak of the reading neurons' membrane in ``[0, 1)``

@@ -40,7 +40,9 @@ class BlockSteps(NamedTuple):
 
     Attributes:
         signal: The relation's learning signals ``δ̄_k`` (a rule without ``block_step``).
-        d: Its group's ``D_k`` (a rule without ``block_step``).
+        d: Its group's ``D_k`` (a rule without ``block_step``); where the rules read the
+            groups' readers (``GraphRules.readers``), the pair ``(D_k, reads_k)`` as
+            ``update`` gets it, ``reads_k`` the group's ``Jacobians.reads``.
         df: Its ``Df_k`` (a rule without ``block_step``).
         x: Its inputs ``x_k`` (``None`` for an elementwise relation).
         dy: Its output cotangents ``∂L_k/∂y_k``, or ``None`` when another relation

@@ -40,7 +40,9 @@ def stacked_bytes_per_step(rules: GraphRules) -> int:
     others the learning signal (every group's states ``V·S``) and the Jacobians ``D``
     (``V·S²`` per group) and ``Df`` (``y·S`` per relation). A relation that shares its
     leader's output (``GraphRules.leaders``) stacks no ``dy`` and no output. Each counted in
-    its hidden group's dtype; batch axes included.
+    its hidden group's dtype; batch axes included. Rules that read the groups' readers
+    (``GraphRules.readers``) also stack each reader's ``ψ`` and input cotangent and each
+    relation's output cotangent.
 
     Example:
         >>> import braintrace, jax.numpy as jnp
@@ -71,17 +73,23 @@ def stacked_bytes_per_step(rules: GraphRules) -> int:
     if rules.reads_stacked_steps:  # the signal and D (D: when a rule reads it)
         states = lambda g: g.num_states + (g.num_states ** 2 if rules.reads_jacobians else 0)
         total += sum(g.size * states(g) * itemsize(g) for g in groups)
+    if rules.readers:  # per reader ψ (V·S) and its input cotangent (V); each output's cotangent
+        total += sum(len(rs) * g.size * (g.num_states + 1) * itemsize(g)
+                     for g, rs in zip(groups, rules.readers))
+        total += sum(size(r.y_shape) * itemsize(groups[r.group]) for r in rules.relations)
     return total
 
 
-def _relation_steps(rules: GraphRules, signal: Any, d: Any, df: Any, rel_x: Any, dy: Any,
-                    stepped: Any, outs: Any) -> list[BlockSteps]:
-    """Each relation's view of the block's stacked steps."""
+def _relation_steps(rules: GraphRules, signal: Any, d: Any, df: Any, reads: Any, rel_x: Any,
+                    dy: Any, stepped: Any, outs: Any) -> list[BlockSteps]:
+    """Each relation's view of the block's stacked steps (``d``: with readers, the pair
+    ``(D_g, reads_g)``, as ``GraphRules.update`` hands it)."""
     views = []
     for i, (r, rule) in enumerate(zip(rules.relations, rules.relation_rules)):
         if rule.block_step is None:
             rel_signal = jax.vmap(lambda delta, r=r: rules.signal(delta, r))(signal)
-            views.append(BlockSteps(rel_signal, d[r.group], df[r.index], rel_x[i], dy[i]))
+            d_g = (d[r.group], reads[r.group]) if rules.readers else d[r.group]
+            views.append(BlockSteps(rel_signal, d_g, df[r.index], rel_x[i], dy[i]))
         else:
             views.append(BlockSteps(None, None, None, rel_x[i], dy[i], stepped[i], outs[i]))
     return views
@@ -99,7 +107,7 @@ def _run_block(ctx: LoopContext, carry: ScanCarry, inputs: Any) -> tuple[ScanCar
     hooked = [rule.block_step is not None for rule in rules.relation_rules]
     stack_steps = rules.reads_stacked_steps
     deferred = (not any(hooked) and rules.reads_jacobians and rules.scope == "diagonal"
-                and programs.arranges_colours(graph))
+                and not rules.readers and programs.arranges_colours(graph))
     new_state = rules.learning_signal.reads_new_state  # the rules' blocks take δ^t then
 
     def step(state, step_inputs):
@@ -117,19 +125,20 @@ def _run_block(ctx: LoopContext, carry: ScanCarry, inputs: Any) -> tuple[ScanCar
             signal, stacked_jac = terms.signal, programs.jacobian_responses(graph, leaves)
         else:
             signal, stacked_jac = terms.signal, (list(jac.d), list(jac.df))
-        stacked = (signal, stacked_jac, terms.rel_x, rules.unshared(terms.dy), outs)
+        reads = list(jac.reads) if stack_steps and rules.readers else []  # not deferred then
+        stacked = (signal, stacked_jac, reads, terms.rel_x, rules.unshared(terms.dy), outs)
         return (terms.hidden, terms.other, add_same_step(same, terms.same_step_rest),
                 stepped), (stacked, terms.loss)
 
     # only the block_step relations' states go through the steps
     start = (list(carry.hidden), list(carry.other), list(carry.same_step),
              [s if h else None for s, h in zip(carry.traces, hooked)])
-    (hidden, other, same, stepped), ((signal, jac, rel_x, dy, outs), losses) = _scan_grouped(
-        step, start, inputs)
+    (hidden, other, same, stepped), ((signal, jac, reads, rel_x, dy, outs), losses) = (
+        _scan_grouped(step, start, inputs))
     if deferred:  # the block's responses, arranged for all its steps at once
         jac = jax.vmap(lambda responses: programs.assemble_jacobians(graph, responses))(jac)
-    views = _relation_steps(rules, signal, list(jac[0]), list(jac[1]), rel_x, dy, stepped,
-                            outs if any(hooked) else [None] * len(hooked))
+    views = _relation_steps(rules, signal, list(jac[0]), list(jac[1]), reads, rel_x, dy,
+                            stepped, outs if any(hooked) else [None] * len(hooked))
     traces, term = rules.block_finish(carry.traces, views, ctx.operands)
     summed = jax.tree.map(jnp.add, carry.summed, term)
     return carry._replace(hidden=hidden, other=other, traces=traces, summed=summed,
