@@ -10,8 +10,11 @@ two; ``alif`` (a recurrent layer of adaptive LIF neurons, leaky readout) on the
 spiking one and on MNIST-1D (its one channel as input current).
 
 Methods: ``bptt`` (``braintrace.BPTT()``: ``jax.grad`` through the scan), ``d_rtrl``,
-``es_d_rtrl``, ``eprop`` (``EProp(kappa=0.9)``, SNN only), ``osttp`` (``OSTTP()``: the label's
-one-hot projected onto the ALIF layer, SNN only), ``fptt`` (SNN only: ``FPTT()`` with
+``es_d_rtrl``, ``eprop`` (``EProp(kappa=0.9)``, SNN only), ``osttp`` (SNN only: ``OSTTP()``,
+the label's one-hot projected onto the ALIF layer; its loss is the label's cross-entropy at
+every step, uniformly weighted, because OSTTP's target ``y*ᵗ`` is given at every step (Ortner
+et al. 2023, Eq. 11): scored at the last step alone, the projection reaches the layer only in
+the silent steps and the rule stays at chance), ``fptt`` (SNN only: ``FPTT()`` with
 ``fptt_regularizer(0.1)`` before Adam, an update every step from that step's own gradient,
 ``OnlineTrainer(update_every=1)``; FPTT has no credit over time, so its loss is the label's
 cross-entropy at every step weighted ``(t + 1)/T``, the intermediate losses of Yin et al.
@@ -25,8 +28,8 @@ reference.
 
 Every row of one model and task starts from the same initialisation (seed),
 sees the same batches (``task.sample(fold_in(key, step))``), and takes the same
-number of Adam steps (``--steps``) with the loss at the last step (cross-entropy);
-``fptt`` sees the same batches and makes ``T`` updates on each.
+number of Adam steps (``--steps``) with the loss at the last step (cross-entropy; ``osttp``
+at every step); ``fptt`` sees the same batches and makes ``T`` updates on each.
 The learning rate is chosen per row from ``--lrs`` by validation accuracy after
 training with seed 0; further seeds (``--seeds``) rerun only the chosen rate.
 Reported: test accuracy of each seed (mean and spread), validation accuracy of
@@ -202,7 +205,8 @@ def grad_function(model: nnx.Module, method: str, task, batch_size: int):
 
     def grad(batch):
         learner.reset()
-        return learner.etrace_grad(batch.xs, batch.ys, cross_entropy, mask=batch.mask,
+        mask = None if name == "osttp" else batch.mask  # OSTTP: y* at every step (docstring)
+        return learner.etrace_grad(batch.xs, batch.ys, cross_entropy, mask=mask,
                                    chunk_size=chunk)
 
     return grad
@@ -432,7 +436,8 @@ def save(args, cfg: dict, results: dict, start_all: float, complete: bool, jobs:
         "quick": args.quick,
         "complete": complete,
         "config": {**cfg, "lrs": list(cfg["lrs"])},
-        "loss": "softmax cross-entropy at the last step; Adam",
+        "loss": "softmax cross-entropy at the last step (osttp: every step; fptt: every step, "
+                "weighted (t + 1)/T); Adam",
         "lr_selection": "validation accuracy after training with seed 0, per row",
         "jobs": jobs,
         "environment": environment(),
