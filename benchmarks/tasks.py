@@ -13,8 +13,9 @@ Methods: ``bptt`` (``braintrace.BPTT()``: ``jax.grad`` through the scan), ``d_rt
 ``es_d_rtrl``, ``eprop`` (``EProp(kappa=0.9)``, SNN only), ``osttp`` (SNN only: ``OSTTP()``,
 the label's one-hot projected onto the ALIF layer; its loss is the label's cross-entropy at
 every step, uniformly weighted, because OSTTP's target ``y*ᵗ`` is given at every step (Ortner
-et al. 2023, Eq. 11): scored at the last step alone, the projection reaches the layer only in
-the silent steps and the rule stays at chance), ``fptt`` (SNN only: ``FPTT()`` with
+et al. 2023): scored at the last step alone, on ``spiking_digits`` the projection reaches the
+layer at that silent step only and the rule stays at chance; see
+``docs/online_rules_osttp_fptt.md``), ``fptt`` (SNN only: ``FPTT()`` with
 ``fptt_regularizer(0.1)`` before Adam, an update every step from that step's own gradient,
 ``OnlineTrainer(update_every=1)``; FPTT has no credit over time, so its loss is the label's
 cross-entropy at every step weighted ``(t + 1)/T``, the intermediate losses of Yin et al.
