@@ -12,8 +12,12 @@ spiking one and on MNIST-1D (its real-valued samples as input currents).
 Methods: ``bptt`` (``braintrace.BPTT()``: ``jax.grad`` through the scan), ``d_rtrl``,
 ``es_d_rtrl``, ``eprop`` (``EProp(kappa=0.9)``, SNN only), the spiking rules (SNN only)
 ``ottt`` (``OTTT`` with the ALIF membrane's leak ``exp(-1/20)``), ``sltt`` and ``otpe``
-(``OTPE`` with the readout's leak ``exp(-1/10)``), ``osttp`` (``OSTTP()``: the label's
-one-hot projected onto the ALIF layer, SNN only), ``fptt`` (SNN only: ``FPTT()`` with
+(``OTPE`` with the readout's leak ``exp(-1/10)``), ``osttp`` (SNN only: ``OSTTP()``,
+the label's one-hot projected onto the ALIF layer; its loss is the label's cross-entropy at
+every step, uniformly weighted, because OSTTP's target ``y*ᵗ`` is given at every step (Ortner
+et al. 2023): scored at the last step alone, on ``spiking_digits`` the projection reaches the
+layer at that silent step only and the rule stays at chance; see
+``docs/online_rules.md``), ``fptt`` (SNN only: ``FPTT()`` with
 ``fptt_regularizer(0.1)`` before Adam, an update every step from that step's own gradient,
 ``OnlineTrainer(update_every=1)``; FPTT has no credit over time, so its loss is the label's
 cross-entropy at every step weighted ``(t + 1)/T``, the intermediate losses of Yin et al.
@@ -29,8 +33,8 @@ reference.
 
 Every row of one model and task starts from the same initialisation (seed),
 sees the same batches (``task.sample(fold_in(key, step))``), and takes the same
-number of Adam steps (``--steps``) with the loss at the last step (cross-entropy);
-``fptt`` sees the same batches and makes ``T`` updates on each.
+number of Adam steps (``--steps``) with the loss at the last step (cross-entropy; ``osttp``
+at every step); ``fptt`` sees the same batches and makes ``T`` updates on each.
 The learning rate is chosen per row from ``--lrs`` by validation accuracy after
 training with seed 0; further seeds (``--seeds``) rerun only the chosen rate.
 Reported: test accuracy of each seed (mean and spread), validation accuracy of
@@ -215,7 +219,8 @@ def grad_function(model: nnx.Module, method: str, task, batch_size: int):
 
     def grad(batch):
         learner.reset()
-        return learner.etrace_grad(batch.xs, batch.ys, cross_entropy, mask=batch.mask,
+        mask = None if name == "osttp" else batch.mask  # OSTTP: y* at every step (docstring)
+        return learner.etrace_grad(batch.xs, batch.ys, cross_entropy, mask=mask,
                                    chunk_size=chunk)
 
     return grad
@@ -445,7 +450,8 @@ def save(args, cfg: dict, results: dict, start_all: float, complete: bool, jobs:
         "quick": args.quick,
         "complete": complete,
         "config": {**cfg, "lrs": list(cfg["lrs"])},
-        "loss": "softmax cross-entropy at the last step; Adam",
+        "loss": "softmax cross-entropy at the last step (osttp: every step; fptt: every step, "
+                "weighted (t + 1)/T); Adam",
         "lr_selection": "validation accuracy after training with seed 0, per row",
         "jobs": jobs,
         "environment": environment(),

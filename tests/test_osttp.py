@@ -177,6 +177,28 @@ def test_osttp_on_a_spiking_network_with_class_labels_and_a_per_sample_mask():
         braintrace.compile(spiking_net(), "osttp", xs[0], strict=True)
 
 
+def test_a_centred_target_projects_the_one_hot_less_its_mean():
+    """The docs' remedy for a spiking layer's drift, ``OSTTP(target=...)`` mapping labels to
+    ``one_hot - 1/C``: the LIF layer learns from that target's projection, at every step."""
+    model = spiking_net()
+    xs = 2.0 * jax.random.normal(jax.random.key(1), (T, B, IN), F64)
+    labels = jnp.asarray([[0, 2], [1, 1], [2, 0]])
+    centred = lambda y: jax.nn.one_hot(y, OUT, dtype=F64) - 1.0 / OUT
+    learner = braintrace.compile(model, braintrace.OSTTP(target=centred), xs[0])
+    weights = jnp.full((T, B), 1.0 / (T * B), F64)  # reduction='mean', no mask
+    parts = (optax.softmax_cross_entropy_with_integer_labels,
+             lambda m, x: m.layers[1](m.layers[0](x)), lambda m, z: m.layers[2](z))
+    want = oracle(model, learner, xs, labels, centred(labels), weights, *parts)
+    one_hot = oracle(model, learner, xs, labels, jax.nn.one_hot(labels, OUT, dtype=F64),
+                     weights, *parts)
+    got = flat(learner.etrace_grad(xs, labels, class_loss, block_size=1))
+    errors = {k: np.max(np.abs(got[k] - want[k])) / np.max(np.abs(want[k])) for k in want}
+    assert max(errors.values()) <= 1e-8, errors
+    # a negative control: the one-hot target's projection is another gradient
+    scale = np.max(np.abs(want[KERNEL0]))
+    assert np.max(np.abs(got[KERNEL0] - one_hot[KERNEL0])) > 1e-3 * scale
+
+
 def test_osttp_is_bptt_on_a_single_layer_the_loss_reads():
     """No ETP operation reads the new state: nothing is projected, OSTL's traces are exact."""
     model = _random_hidden(layers.LeakyReadout(IN, OUT, tau=3.0, learn_tau=True,

@@ -234,10 +234,15 @@ class OSTTP(AbstractAlgorithm):
     the Params that learn from the projection and ``strict=True`` refuses them. Traces ``O(B·|θ|·S)``, constant in
     ``T``. Single-step: no ``chunk_size``.
 
+    Give the target at every step, as the paper does: the projection is weighted like the loss,
+    so a step the loss does not score sends none, and a spiking layer scored at its last step
+    alone can stay at chance. On spiking layers the one-hot target's class-independent part
+    drives units to fire always or never; a centred target helps (the docs' OSTTP section).
+
     Args:
         target: Maps the step's target (what ``loss_fn`` receives) to ``y*``; ``None``: the
             target is ``y*`` (a float array shaped like the output, or integer labels,
-            one-hot encoded).
+            one-hot encoded). ``lambda labels: jax.nn.one_hot(labels, C) - 1 / C`` centres it.
         seed: Seed of the projection matrices.
         projection_scale: Multiplies the projection matrices.
 
