@@ -18,8 +18,6 @@ the lowering pick one. The CPU suite runs the accelerator formulation too
 
 from __future__ import annotations
 
-import re
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -194,23 +192,6 @@ def test_gru_d_rtrl_step_lowered_for_a_tpu_spreads_its_gates_without_gathers():
     cpu, tpu = _lowered_for_tpu(learner, xs, ys, block_size=1)
     assert "stablehlo.gather" in cpu  # the negative control: the CPU formulation gathers
     assert "stablehlo.gather" not in tpu
-
-
-def test_es_d_rtrl_block_lowered_for_a_tpu_has_no_product_over_the_steps(x64):
-    """ES-D-RTRL's block reads its stacked ``(K, B, ·)`` steps by recursions over the step axis
-    for a TPU (whose products over that axis transposed every step as it was stacked); the
-    CPU keeps its products with the ``(K, K)`` and ``(K,)`` weights. ``K = 7``, ``B = 2``:
-    the block's merged product (the ``K`` steps and the entering trace as one more, on
-    accelerators) leads with ``(K + 1)·B = 16`` rows."""
-    batch, steps = 2, 7
-    learner = braintrace.compile(_gru(batch), "es_d_rtrl", jnp.zeros((batch, 3)),
-                                 batch_size=batch)
-    xs, ys = jnp.ones((steps, batch, 3)), jnp.zeros((steps, batch, 5))
-    over_steps = re.compile(rf"stablehlo\.dot_general [^\n]*: \([^)]*tensor<{steps}x")
-    cpu, tpu = _lowered_for_tpu(learner, xs, ys, block_size=steps)
-    assert len(over_steps.findall(cpu)) >= 3  # the negative control: filter, powers, ε_x's end
-    assert not over_steps.findall(tpu)
-    assert re.search(rf"stablehlo\.dot_general [^\n]*tensor<{batch * (steps + 1)}x", tpu)
 
 
 @pytest.mark.parametrize("kind", ["ungrouped", "odd"])

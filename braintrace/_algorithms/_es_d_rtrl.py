@@ -54,6 +54,11 @@ from braintrace._compiler import (
     summed_outputs,
 )
 from braintrace._platform import by_platform
+from braintrace._primitives import etp_sparse_batched_p, etp_sparse_p
+
+GATHER_BOUND = (etp_sparse_p, etp_sparse_batched_p)
+"""Primitives whose pullback on accelerators costs per gathered index: a block's two weight
+pullbacks are merged into one (:func:`_block_products`), so each index is read once."""
 
 __all__ = ["ESDRTRL", "ES_D_RTRL", "IOTerm", "IOTrace", "decay_from", "es_input_rule",
            "input_side_block", "input_side_finalize", "pp_prop", "shared_output_sides",
@@ -128,7 +133,8 @@ def input_side_block(r: InputRelation, x_trace: jax.Array, ones: jax.Array, x: j
     With ``ε_x`` entering at ``ε_x^{-1}``, ``Σ_k xy_to_dw(ε_x^{k-1}, d_k) = xy_to_dw(ε_x^{-1},
     c) + Σ_j xy_to_dw(x_j, e_j)`` with ``c = Σ_k α^k d_k`` and ``e_j = Σ_{k>j} α^{k-1-j} d_k``
     (``_block_algebra.decayed_sums``); the same-step shares ``dy_j`` join ``e_j`` (on
-    accelerators ``(ε_x^{-1}, c)`` join the product as one more step, :func:`_block_products`).
+    accelerators a sparse weight's ``(ε_x^{-1}, c)`` join the product as one more step,
+    :func:`_block_products`).
     That product counts a bias's input as ``α^k + Σ_{j<k} α^{k-1-j}``, which falls ``α^k (ε_1^{-1} - 1)``
     short of ``ε_1^{k-1}``: the bias term adds ``(ε_1^{-1} - 1)·c``. At the end ``ε_x =
     α^K ε_x^{-1} + Σ_j α^{K-1-j} x_j`` (``_block_algebra.decayed_end``).
@@ -137,8 +143,9 @@ def input_side_block(r: InputRelation, x_trace: jax.Array, ones: jax.Array, x: j
         ``(ε_x, ε_1, term)`` after the block.
     """
     c, e = decayed_sums(ds, decay, None if dy is None else dy.astype(ds.dtype))
-    grad = by_platform(cpu=_block_products(r, theta, merged=False),
-                       accelerator=_block_products(r, theta, merged=True))(x, e, x_trace, c)
+    merged = _block_products(r, theta, merged=r.primitive in GATHER_BOUND)
+    grad = by_platform(cpu=_block_products(r, theta, merged=False), accelerator=merged)(
+        x, e, x_trace, c)
     length = ds.shape[0]
     through = decay ** length  # α^K: what of the entering ε_x survives the block
     end = decayed_end(x_trace, x.astype(x_trace.dtype), decay)
@@ -191,7 +198,8 @@ def _block_products(r: InputRelation, theta: dict, merged: bool):
     """``(x, e, ε_x, c) -> xy_to_dw(x_j, e_j) summed over the block's steps j + xy_to_dw(ε_x,
     c)``; ``merged``: one product with ``(ε_x, c)`` as one more step, so that a gather-bound
     product (the sparse one on accelerators) reads its indices once per block, at the cost
-    of copying the stacks (kept as two products on the CPU, where the sums cost the same)."""
+    of copying the stacks (two products on the CPU, where the sums cost the same, and for
+    every other primitive)."""
     xy_to_dw = r.primitive.rule("xy_to_dw")
     if merged:
         rows = lambda steps, entering: merge_steps(r, jnp.concatenate([steps, entering[None]]))
