@@ -15,13 +15,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from _table_format import Results, machine
+from _table_format import Results, lengths, machine
 
 TIME_MODEL = "snn"
 """The throughput benchmark's model whose times the tables show."""
 TIME_RUNS = {"CPU": ("throughput.json", "throughput_spiking_rules.json"),
-             "TPU": ("throughput_tpu.json", "throughput_spiking_rules_tpu.json")}
-"""Per backend, the throughput runs a time cell reads, first come first served."""
+             "TPU": ("throughput_tpu_host.json", "throughput_tpu.json",
+                     "throughput_spiking_rules_tpu.json")}
+"""Per backend, the throughput runs a time cell reads, first come first served (a run of
+several lengths at its longest)."""
 TASK_MODEL = "alif"
 """The model of ``tasks.json`` whose accuracies the tables show."""
 TASK_RUNS = ("tasks.json", "tasks_spiking_rules.json")
@@ -41,16 +43,18 @@ class Timing(NamedTuple):
 
 
 def timings(results: Results, backend: str) -> list[Timing]:
-    """The present runs of ``TIME_RUNS[backend]``, each timed by ``online_grad`` in a jitted
-    step where it measured that, else by ``etrace_grad``."""
+    """The present runs of ``TIME_RUNS[backend]`` at their longest length, each timed by
+    ``online_grad`` in a jitted step where it measured that, else by ``etrace_grad``."""
     found = []
     for name in results.present(TIME_RUNS[backend]):
         run = results(name)
-        methods = run["results"][TIME_MODEL]["methods"]
+        _, length, entry = max((r for r in lengths(run) if r[0] == TIME_MODEL),
+                               key=lambda r: r[1])
+        methods = entry["methods"]
         key, how = (("jit_ratio_to_bptt", "`online_grad` in a jitted step")
                     if any("jit_ratio_to_bptt" in e for e in methods.values())
                     else ("ratio_to_bptt", "`etrace_grad`"))
-        where = f"T = {run['config']['T']} on {machine(run['environment'])}"
+        where = f"T = {length} on {machine(run['environment'])}"
         found.append(Timing(name, methods, key, where, how, run["config"]))
     return found
 

@@ -17,6 +17,10 @@ from typing import Any
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 DEVICE_NAMES = {"TPU v5 lite": "TPU v5e"}
 MISSING = "—"
+THROUGHPUT_FIGURES = (("ratio_to_bptt", "`etrace_grad`"),
+                      ("jit_ratio_to_bptt", "`online_grad` in a jitted step"),
+                      ("device_ratio_to_bptt", "the device's own time"))
+"""A throughput run's ratios to BPTT (key in its JSON, what it times), in the tables' order."""
 
 
 class Results:
@@ -87,14 +91,26 @@ def machine(env: dict[str, Any]) -> str:
 
 
 def source(results: Results, *names: str) -> str:
-    """Where a table's numbers come from: files, machine, commit."""
-    parts = []
+    """Where a table's numbers come from: files, machine, commit (files that share them named
+    together)."""
+    groups: dict[str, list[str]] = {}
     for name in names:
         env = results(name)["environment"]
         state = env["braintrace"]
         changes = " with uncommitted changes" if state.get("uncommitted_library_diff_sha1") else ""
-        parts.append(f"`benchmarks/results/{name}` ({machine(env)}, commit `{state['commit'][:7]}`{changes})")
-    return "; ".join(parts)
+        where = f"{machine(env)}, commit `{state['commit'][:7]}`{changes}"
+        groups.setdefault(where, []).append(f"`benchmarks/results/{name}`")
+    return "; ".join(f"{', '.join(files)} ({where})" for where, files in groups.items())
+
+
+def lengths(run: dict[str, Any]) -> list[tuple[str, int, dict[str, Any]]]:
+    """A throughput run's results as ``(model, T, entry)``: its keys are the model's name, or
+    ``model@T`` when the run measured several lengths (``config['T']`` a list)."""
+    found = []
+    for key, entry in run["results"].items():
+        model, _, length = key.partition("@T")
+        found.append((model, int(length) if length else run["config"]["T"], entry))
+    return found
 
 
 def seconds(s: float) -> str:

@@ -11,19 +11,23 @@ row or a column on the next render; a new algorithm of the README's table is one
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import _accelerator_tables as accelerator
 import _readme_tables as readme
 from _online_rules_table import online_rules
 from _table_format import (
     MISSING,
+    THROUGHPUT_FIGURES,
     Results,
     captioned,
     machine,
     micro,
     ratio,
+    seconds,
     size,
     source,
     table,
@@ -50,14 +54,9 @@ def memory(results: Results) -> str:
         *table(("model", "method", *(f"T = {t:,}" for t in lengths)), rows))
 
 
-_THROUGHPUT_FIGURES = (("ratio_to_bptt", "`etrace_grad`"),
-                       ("jit_ratio_to_bptt", "`online_grad` in a jitted step"),
-                       ("device_ratio_to_bptt", "the device's own time"))
-
-
 def _throughput(results: Results, names: Sequence[str]) -> str:
     columns = [(name, model) for name in names for model in results(name)["results"]]
-    figures = [(key, what) for key, what in _THROUGHPUT_FIGURES
+    figures = [(key, what) for key, what in THROUGHPUT_FIGURES
                if any(key in e for name, model in columns
                       for e in results(name)["results"][model]["methods"].values())]
     methods = list(dict.fromkeys(m for name, model in columns
@@ -87,10 +86,6 @@ def _throughput(results: Results, names: Sequence[str]) -> str:
 
 def throughput_cpu(results: Results) -> str:
     return _throughput(results, ("throughput.json",))
-
-
-def throughput_tpu(results: Results) -> str:
-    return _throughput(results, ("throughput_tpu.json", "throughput_tpu_h1024.json"))
 
 
 def fidelity(results: Results) -> str:
@@ -171,29 +166,47 @@ def sharding(results: Results) -> str:
                rows))
 
 
+_TIMED_OUT = re.compile(r"timed out after (\d+) s")
+
+
+def _scale_figures(r: dict[str, Any], summary: dict[str, Any]) -> tuple[str, ...]:
+    """s/update, × BPTT, peak RSS, XLA peak, × floor of one record of ``scale.py``."""
+    if r.get("executed"):
+        return (f"{r['s_per_update']:.3g} s", ratio(summary.get("time_ratio_to_bptt")),
+                f"{summary['peak_rss_gib']:.2f} GiB", f"{summary['xla_peak_gib']:.2f} GiB",
+                ratio(summary.get("measured_over_floor")))
+    timed_out = _TIMED_OUT.fullmatch(r.get("error", ""))
+    if "xla" in r and timed_out:
+        status = (f"compiled (lowering {seconds(r['lower_s'])}, compilation "
+                  f"{seconds(r['compile_s'])}); not finished within {timed_out.group(1)} s (build, "
+                  "lowering and compilation included)")
+        return status, MISSING, MISSING, f"{summary['xla_peak_gib']:.2f} GiB", MISSING
+    return (f"not run: {r.get('skipped_reason', r.get('error', ''))}", *[MISSING] * 4)
+
+
 def _scale(results: Results, names: Sequence[str]) -> str:
-    rows = []
+    rows, ran, floors = [], [], False
     for name in names:
         run = results(name)
         for r in run["results"]:
             summary = run["summary"].get(f"N={r['neurons']},T={r['T']}", {}).get(r["method"], {})
-            if not r.get("executed"):
-                figures = (f"not run: {r.get('skipped_reason', r.get('error', ''))}",
-                           MISSING, MISSING, MISSING)
-            else:
-                figures = (f"{r['s_per_update']:.3g} s",
-                           ratio(summary.get("time_ratio_to_bptt")),
-                           f"{summary['peak_rss_gib']:.2f} GiB",
-                           f"{summary['xla_peak_gib']:.2f} GiB")
+            figures = _scale_figures(r, summary)
+            floors |= summary.get("measured_over_floor") is not None
+            if r.get("executed") and name not in ran:
+                ran.append(name)
             loop = r.get("loop") or MISSING
             rows.append((f"{r['neurons']:,}", str(r["T"]), f"`{r['method']}`", loop, *figures))
+    if not floors:
+        rows = [row[:-1] for row in rows]
     config = results(names[0])["config"]
-    repeats = ", ".join(f"{results(n)['config']['repeats']} in `{n}`" for n in names)
+    repeats = ", ".join(f"{results(n)['config']['repeats']} in `{n}`" for n in ran)
     return captioned(
         f"{source(results, *names)}: batch {config['batch']}, {config['degree']} synapses per "
-        f"neuron; seconds per update, the median of the runs after a warm-up ({repeats}).",
-        *table(("neurons", "T", "method", "loop", "s/update", "× BPTT", "peak RSS", "XLA peak"),
-               rows))
+        f"neuron; seconds per update, the median of the runs after a warm-up ({repeats})."
+        + (" × floor: the time per step over its analytic floor (`benchmarks/_scale_floor.py`)."
+           if floors else ""),
+        *table(("neurons", "T", "method", "loop", "s/update", "× BPTT", "peak RSS", "XLA peak",
+                *(("× floor",) if floors else ())), rows))
 
 
 def scale_cpu(results: Results) -> str:
@@ -201,7 +214,8 @@ def scale_cpu(results: Results) -> str:
 
 
 def scale_tpu(results: Results) -> str:
-    return _scale(results, ("scale_tpu.json", "scale_tpu_t300.json"))
+    return _scale(results, ("scale_tpu.json", "scale_tpu_t300.json", "scale_tpu_1m_t300_run1.json",
+                            "scale_tpu_1m_t300_run2.json"))
 
 
 def scale_memory(results: Results) -> str:
@@ -322,13 +336,18 @@ BLOCKS: dict[str, Callable[[Results], str]] = {
     "online_rules": online_rules,
     "memory": memory,
     "throughput_cpu": throughput_cpu,
-    "throughput_tpu": throughput_tpu,
+    "throughput_tpu": accelerator.throughput_tpu,
+    "throughput_tpu_other": accelerator.throughput_tpu_other,
+    "throughput_tpu_floor": accelerator.throughput_tpu_floor,
+    "throughput_tpu_host": accelerator.throughput_tpu_host,
     "fidelity": fidelity,
     "tasks": tasks,
     "sharding": sharding,
     "scale_cpu": scale_cpu,
     "scale_tpu": scale_tpu,
     "scale_memory": scale_memory,
+    "scale_tpu_floor": accelerator.scale_tpu_floor,
+    "sparse_probe": accelerator.sparse_probe,
     "sparse": sparse,
     "trainer_step": trainer_step,
     "fast_signal": fast_signal,

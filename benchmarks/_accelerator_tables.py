@@ -1,0 +1,216 @@
+"""The tables of the accelerator runs: time per step, host time per call, floors, sparse sums.
+
+:data:`LATEST_RUNS` and :data:`OTHER_RUNS` list the TPU runs of ``throughput.py`` the
+tables show, one row per run and model, each against BPTT in its own run; a method that a
+later run measured again, or whose formulation the library no longer uses, is left out of its
+run's row and named in the caption. The floor tables set a measured time against the analytic floor that its run
+recorded (``_floor.py``, ``_scale_floor.py``); ``sparse_probe`` shows the sparse product's
+sums alone (``_sparse_probe.py``). Nothing here holds a measured number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from _table_format import (
+    MISSING,
+    THROUGHPUT_FIGURES,
+    Results,
+    captioned,
+    lengths,
+    micro,
+    ratio,
+    source,
+    table,
+    wrap,
+)
+
+
+class Run(NamedTuple):
+    """A TPU run of ``throughput.py`` and the methods of it a table leaves out, with why."""
+
+    name: str
+    left_out: tuple[tuple[str, str], ...] = ()
+
+
+LATEST_RUNS = (
+    Run("throughput_tpu_host.json"),
+    Run("throughput_tpu_h1024_bf16.json",
+        (("es_d_rtrl", "its formulation since reverted"),)),
+)
+"""The latest TPU runs of ``throughput.py``: ``throughput_tpu`` and its floors."""
+OTHER_RUNS = (
+    Run("throughput_tpu.json", (("es_d_rtrl", "measured again in `throughput_tpu_host.json`"),)),
+    Run("throughput_tpu_h1024.json",
+        (("d_rtrl", "measured again in `throughput_tpu_h1024_bf16.json`"),)),
+)
+"""Runs of earlier commits, for the methods the latest runs did not measure."""
+HOST_RUN = "throughput_tpu_host.json"
+"""The run that timed the host's share of each call (``throughput.py --host-time``)."""
+LOW_PRECISION = "_bf16"
+"""The suffix of a method that stores its traces in bfloat16: ``d_rtrl_bf16``."""
+
+
+def _rows(results: Results, runs: Sequence[Run]) -> list[tuple[Run, str, int, dict[str, Any]]]:
+    """``(run, model, T, methods shown)`` for every model and length of ``runs``."""
+    found = []
+    for run in runs:
+        for model, length, entry in lengths(results(run.name)):
+            shown = {m: e for m, e in entry["methods"].items() if m not in dict(run.left_out)}
+            found.append((run, model, length, shown))
+    return found
+
+
+def _methods(rows: Sequence[tuple[Run, str, int, dict[str, Any]]]) -> list[str]:
+    """The methods of ``rows`` in order of first appearance, each bfloat16 variant after its
+    float32 method and the forms in blocks of a given size (``name@K``) last."""
+    methods = list(dict.fromkeys(m for *_, shown in rows for m in shown))
+
+    def key(method: str) -> tuple[bool, int, bool]:
+        base = method.removesuffix(LOW_PRECISION)
+        first = methods.index(base if base in methods else method)
+        return "@" in method, first, method.endswith(LOW_PRECISION)
+
+    return sorted(methods, key=key)
+
+
+def _model(results: Results, run: Run, model: str, length: int) -> str:
+    config = results(run.name)["config"]
+    return f"`{model}`, hidden {config['hidden']}, batch {config['batch']}, T = {length}"
+
+
+def _left_out(runs: Sequence[Run]) -> str:
+    return "; ".join(f"`{m}` of `{run.name}` ({why})" for run in runs for m, why in run.left_out)
+
+
+def _throughput(results: Results, runs: Sequence[Run], caption: str) -> str:
+    rows_in = _rows(results, runs)
+    methods = _methods(rows_in)
+
+    def cell(entry: dict[str, Any] | None, method: str) -> str:
+        if entry is None:
+            return MISSING
+        if method == "bptt":
+            return f"{micro(entry['step_us_median'])} ({micro(entry['device_step_us'])})"
+        return " / ".join(ratio(entry.get(key)) for key, _ in THROUGHPUT_FIGURES)
+
+    rows = [(f"`{run.name}`", _model(results, run, model, length),
+             *(cell(shown.get(m), m) for m in methods)) for run, model, length, shown in rows_in]
+    left_out = _left_out(runs)
+    return captioned(
+        f"{source(results, *(run.name for run in runs))}{caption} BPTT's time per step (on "
+        "the device), then each method's over BPTT's in that run: "
+        + " / ".join(what for _, what in THROUGHPUT_FIGURES) + "."
+        + (f" Left out: {left_out}." if left_out else ""),
+        *table(("run", "model", *(f"`{m}`" for m in methods)), rows))
+
+
+def throughput_tpu(results: Results) -> str:
+    return _throughput(results, LATEST_RUNS, ".")
+
+
+def throughput_tpu_other(results: Results) -> str:
+    return _throughput(results, OTHER_RUNS, ": the methods that the runs of the table above "
+                       "did not measure.")
+
+
+def throughput_tpu_floor(results: Results) -> str:
+    rows_in = _rows(results, LATEST_RUNS)
+    methods = _methods(rows_in)
+
+    def cell(shown: dict[str, Any], method: str) -> str:
+        entry = shown.get(method)
+        if entry is None:
+            return MISSING
+        text = f"{micro(entry['device_step_us'])}, {ratio(entry['floor']['ratio'])}"
+        base = shown.get(method.removesuffix(LOW_PRECISION))
+        if method.endswith(LOW_PRECISION) and base:
+            text += f", {ratio(entry['device_step_us'] / base['device_step_us'])} float32's"
+        return text
+
+    rows = [(_model(results, run, model, length),
+             f"{results(run.name)['bandwidth']['gb_per_s']:.0f} GB/s",
+             *(cell(shown, m) for m in methods)) for run, model, length, shown in rows_in]
+    return captioned(
+        f"{source(results, *(run.name for run in LATEST_RUNS))}. The device's time per step, then over the analytic "
+        "floor: the bytes one step must move (Params, inputs, hidden states, and the traces "
+        "read and written once per time block; `benchmarks/_floor.py`) over the bandwidth "
+        f"probed in the same run; `d_rtrl{LOW_PRECISION}` also over D-RTRL's time with float32 "
+        "traces.",
+        *table(("model", "probed bandwidth", *(f"`{m}`" for m in methods)), rows))
+
+
+_PER_CALL = (("stateful_us", "`etrace_grad`"), ("device_us", "its device time"),
+             ("host_us", "its host time"), ("driver_us", "its driver's Python"),
+             ("jit_us", "jitted step"), ("jit_device_us", "its device time"),
+             ("jit_host_us", "its host time"))
+
+
+def throughput_tpu_host(results: Results) -> str:
+    run = results(HOST_RUN)
+    rows = [(f"`{model}`, T = {length}", f"`{method}`",
+             *(f"{calls[key] / 1000:.2f} ms" for key, _ in _PER_CALL))
+            for model, length, entry in lengths(run)
+            for method, calls in entry["per_call"].items()]
+    return captioned(
+        f"{source(results, HOST_RUN)}: hidden {run['config']['hidden']}, batch "
+        f"{run['config']['batch']}; time per call of `T` steps through the stateful "
+        "`learner.etrace_grad` (BPTT: a learner compiled with `'bptt'`) and through "
+        "`online_grad` in a jitted step (BPTT: the jitted `jax.grad`). Host time: the call's "
+        "wall time less the device's; the driver's Python: the stateful call less its compiled "
+        "program called directly.",
+        *table(("model", "method", *(what for _, what in _PER_CALL)), rows))
+
+
+SCALE_RUN = "scale_tpu.json"
+"""The ``scale.py`` run whose floors ``scale_tpu_floor`` breaks down."""
+
+
+def scale_tpu_floor(results: Results) -> str:
+    run = results(SCALE_RUN)
+    records = [r for r in run["results"] if "floor" in r]
+    rows = [(f"{r['neurons']:,}", str(r["T"]), f"`{r['method']}`",
+             f"{r['s_per_step'] * 1e3:.2f} ms", f"{r['floor']['s_bytes'] * 1e3:.2f} ms",
+             f"{r['floor']['s_indices'] * 1e3:.2f} ms", ratio(r["floor"]["measured_over_floor"]),
+             f"{r['bandwidth']['gb_per_s']:.0f} GB/s",
+             f"{r['index_rate']['rows_per_s'] / 1e6:.0f} M rows/s") for r in records]
+    formulas = [f"- `{r['method']}`: `{r['floor']['formula']}`" for r in records]
+    return captioned(
+        f"{source(results, SCALE_RUN)}: batch {run['config']['batch']}, "
+        f"{run['config']['degree']} synapses per neuron. Per step: the measured time, the bytes "
+        "the step must move over the probed bandwidth, the rows its sparse sums gather over the "
+        "probed gather rate (the floor is the larger; `benchmarks/_scale_floor.py`), and the "
+        "measured time over the floor.",
+        *table(("neurons", "T", "method", "time per step", "bytes floor", "gather floor",
+                "× floor", "probed bandwidth", "probed gather rate"), rows), "",
+        wrap("What each floor counts (`B` batch, `N` neurons, `S` states per neuron, `I` "
+             "inputs, `P` Params, `nnz` synapses, `K` steps per time block):"), "",
+        *(wrap(f) for f in formulas))
+
+
+PROBE = "sparse_probe.json"
+_VARIANTS = {"before": "before", "autodiff": "JAX's transpose of the gather", "now": "now",
+             "tables": "the weights' gather alone"}
+_SUMS = {"forward": "forward `y`", "x_bar": "input pullback `x̄`",
+         "dw": "weight pullback `dw`", "dw_block": "`dw` over a time block"}
+
+
+def sparse_probe(results: Results) -> str:
+    run = results(PROBE)
+    config = run["config"]
+    variants = [v for v in _VARIANTS if any(v in run[s] for s in _SUMS)]
+
+    def time(entry: dict[str, Any] | None) -> str:
+        return MISSING if entry is None else f"{entry['ms_median']:.2f} ms"
+
+    rows = [(label, str(run[s]["rows"]), *(time(run[s].get(v)) for v in variants),
+             ratio(run[s]["before_over_now"])) for s, label in _SUMS.items()]
+    return captioned(
+        f"{source(results, PROBE)}: the recurrent sparse product of `scale.py` alone, in plain "
+        f"JAX: {config['neurons']:,} neurons, {config['degree']} synapses each, over `rows` "
+        f"rows (the batch `B`, or ES-D-RTRL's block product's `(K + 1)·B`, `K = "
+        f"{config['block']}`); median of {config['repeats']} calls. Before: the forward and `dw` gather each output's "
+        "connections from `x`'s columns, `x̄` scatter-adds; now: gathers over each output's "
+        "incoming and each input's outgoing connections (`benchmarks/_sparse_probe.py`).",
+        *table(("sum", "rows", *(_VARIANTS[v] for v in variants), "before ÷ now"), rows))
