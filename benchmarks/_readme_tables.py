@@ -3,7 +3,7 @@
 The main job's blocks quote ``results/main_job.json`` (written by ``readme_main_job.py``).
 The algorithms table has one row per entry of :data:`ALGORITHMS`: what it is and when it is
 exact are written here; its time and accuracy ratios come from the runs of ``_rule_runs.py``
-(``throughput.json``, ``throughput_tpu.json``, ``tasks.json`` and the spiking rules' runs). A
+(``throughput.json``, the TPU runs, ``tasks.json`` and the spiking rules' runs). A
 new algorithm is one line of :data:`ALGORITHMS`, then ``python benchmarks/render_tables.py``.
 """
 

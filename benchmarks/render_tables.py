@@ -8,9 +8,9 @@ From the repository root::
 A generated block is the text between two marker lines, ``<!-- generated: NAME -->`` and
 ``<!-- /generated -->``; :data:`_tables.BLOCKS` renders ``NAME`` from
 ``benchmarks/results/*.json``. After a benchmark writes a new JSON (its default name is the
-one its table reads: ``throughput.json``, ``scale.json``; the accelerator runs'
-``--name throughput_tpu`` or ``scale_tpu``), one run of this script brings every page up to
-date; ``tests/test_tables.py`` fails while a page differs from its JSONs.
+one its table reads: ``throughput.json``, ``scale.json``; the accelerator runs' ``--name`` as
+``_accelerator_tables.py`` and ``_tables.scale_tpu`` list them), one run of this script brings
+every page up to date; ``tests/test_tables.py`` fails while a page differs from its JSONs.
 """
 
 from __future__ import annotations

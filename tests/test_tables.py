@@ -19,7 +19,8 @@ _spec = importlib.util.spec_from_file_location("render_tables",
                                                ROOT / "benchmarks" / "render_tables.py")
 render_tables = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(render_tables)
-import _readme_tables as readme  # benchmarks/, put on the path by render_tables
+import _accelerator_tables as accelerator  # benchmarks/, put on the path by render_tables
+import _readme_tables as readme
 from _online_rules_table import RULES, online_rules
 from _table_format import MISSING, RESULTS, Results, ratio
 from _tables import BLOCKS
@@ -141,3 +142,67 @@ def test_the_pages_tell_no_story_of_how_the_project_was_built():
     told = [f"{page.relative_to(ROOT)}: {m}" for page in pages
             for m in re.findall(r"(?i)\b(?:round|stop) \d", page.read_text())]
     assert not told
+
+
+def _rows_of(block: str, first_cell: str) -> list[list[str]]:
+    """The cells of every table row of ``block`` that starts with ``first_cell``."""
+    return [[cell.strip() for cell in line.strip("|").split(" | ")]
+            for line in block.splitlines() if line.startswith(f"| {first_cell} |")]
+
+
+def test_a_run_that_compiled_and_did_not_finish_shows_its_memory_and_no_time(tmp_path):
+    block = BLOCKS["scale_tpu"](Results(RESULTS))
+    run = json.loads((RESULTS / "scale_tpu_1m_t300_run2.json").read_text())
+    peak = run["summary"]["N=1048576,T=300"]["es_d_rtrl"]["xla_peak_gib"]
+    million = _rows_of(block, "1,048,576")
+    assert len(million) == 2
+    status, over_bptt, rss, xla, floor = million[1][4:]
+    assert status.startswith("compiled") and "not finished within 560 s" in status
+    assert (over_bptt, rss, xla, floor) == (MISSING, MISSING, f"{peak:.2f} GiB", MISSING)
+    # the files of one machine and commit are named together, the others apart
+    assert block.startswith("`benchmarks/results/scale_tpu.json`, `benchmarks/results/scale_tpu_1m")
+    # a run that timed out before it compiled shows no memory either
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS, results)
+    del run["results"][0]["xla"]
+    (results / "scale_tpu_1m_t300_run2.json").write_text(json.dumps(run))
+    row = _rows_of(BLOCKS["scale_tpu"](Results(results)), "1,048,576")[1]
+    assert row[4:] == ["not run: timed out after 560 s", *[MISSING] * 4]
+
+
+def test_the_methods_a_table_leaves_out_are_in_their_runs_and_in_no_cell():
+    results = Results(RESULTS)
+    shown = BLOCKS["throughput_tpu"](results) + BLOCKS["throughput_tpu_other"](results)
+    for run in (*accelerator.LATEST_RUNS, *accelerator.OTHER_RUNS):
+        for method, why in run.left_out:
+            entries = [e["methods"] for e in results(run.name)["results"].values()]
+            assert all(method in e for e in entries), f"{run.name} has no {method!r}: {why}"
+            for e in entries:
+                figures = " / ".join(ratio(e[method][key]) for key in (
+                    "ratio_to_bptt", "jit_ratio_to_bptt", "device_ratio_to_bptt"))
+                assert figures not in shown
+            assert f"`{method}` of `{run.name}` ({why})" in " ".join(shown.split())
+
+
+def test_bfloat16_traces_are_set_against_their_float32_run_and_the_floor():
+    run = json.loads((RESULTS / "throughput_tpu_h1024_bf16.json").read_text())
+    block = BLOCKS["throughput_tpu_floor"](Results(RESULTS))
+    header = next(line for line in block.splitlines() if line.startswith("| model |"))
+    column = [c.strip() for c in header.strip("|").split(" | ")].index("`d_rtrl_bf16`")
+    for model in ("gru", "snn"):
+        low, full = (run["results"][model]["methods"][m] for m in ("d_rtrl_bf16", "d_rtrl"))
+        cell = _rows_of(block, f"`{model}`, hidden 1024, batch 64, T = 100")[0][column]
+        assert cell == (f"{low['device_step_us']:.0f} µs, {ratio(low['floor']['ratio'])}, "
+                        f"{ratio(low['device_step_us'] / full['device_step_us'])} float32's")
+
+
+def test_the_tpu_time_of_a_run_of_several_lengths_is_its_longest():
+    host = json.loads((RESULTS / "throughput_tpu_host.json").read_text())["results"]
+    older = json.loads((RESULTS / "throughput_tpu.json").read_text())["results"]
+    longest, shortest = (host[f"snn@T{t}"]["methods"]["es_d_rtrl"]["jit_ratio_to_bptt"]
+                         for t in (1000, 100))
+    assert ratio(longest) != ratio(shortest)
+    table = readme.algorithms(Results(RESULTS))
+    assert _row(table, "`ESDRTRL()`, `'es_d_rtrl'`")[4] == ratio(longest)
+    assert _row(table, "`DRTRL()`, `'d_rtrl'`")[4] == ratio(
+        older["snn"]["methods"]["d_rtrl"]["jit_ratio_to_bptt"])
