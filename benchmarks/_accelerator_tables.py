@@ -37,7 +37,7 @@ class Run(NamedTuple):
 LATEST_RUNS = (
     Run("throughput_tpu_host.json"),
     Run("throughput_tpu_h1024_bf16.json",
-        (("es_d_rtrl", "its formulation since reverted"),)),
+        (("es_d_rtrl", "a block formulation since reverted"),)),
 )
 """The latest TPU runs of ``throughput.py``: ``throughput_tpu`` and its floors."""
 OTHER_RUNS = (
