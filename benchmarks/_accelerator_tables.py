@@ -214,3 +214,31 @@ def sparse_probe(results: Results) -> str:
         "connections from `x`'s columns, `x̄` scatter-adds; now: gathers over each output's "
         "incoming and each input's outgoing connections (`benchmarks/_sparse_probe.py`).",
         *table(("sum", "rows", *(_VARIANTS[v] for v in variants), "before ÷ now"), rows))
+
+
+TRACE_DTYPE_TASKS = "tasks_spiking_rules.json"
+"""The tasks run with each trace-keeping rule beside its bfloat16-trace twin."""
+
+
+def trace_dtype_accuracy(results: Results) -> str:
+    """Test accuracy of D-RTRL and ES-D-RTRL with float32 and with bfloat16 traces, and the
+    difference in points, per task of :data:`TRACE_DTYPE_TASKS` (the ALIF network)."""
+    run = results(TRACE_DTYPE_TASKS)
+    config = run["config"]
+    rows = []
+    for task, models in run["results"].items():
+        row = models["alif"]
+        for method in ("d_rtrl", "es_d_rtrl"):
+            if method not in row or f"{method}_bf16" not in row:
+                continue
+            wide, narrow = row[method], row[f"{method}_bf16"]
+            points = round(100 * (narrow["test_accuracy_mean"] - wide["test_accuracy_mean"]), 1)
+            rows.append((task.replace("_", " "), f"`{method}`",
+                         *(f"{e['test_accuracy_mean']:.3f} ± {e['test_accuracy_std']:.3f}"
+                           for e in (wide, narrow)), f"{points + 0.0:+.1f}"))
+    return captioned(
+        f"{source(results, TRACE_DTYPE_TASKS)}: the `alif` network of `tasks.py`, test accuracy "
+        f"(mean ± std over {config['seeds']} seeds; hidden {config['hidden']}, batch "
+        f"{config['batch']}, {config['steps']} Adam steps, rate per row from {config['lrs']}) "
+        "with the traces in float32 and in bfloat16, and the difference in points.",
+        *table(("task", "rule", "float32 traces", "bfloat16 traces", "points"), rows))

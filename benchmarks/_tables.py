@@ -348,6 +348,7 @@ BLOCKS: dict[str, Callable[[Results], str]] = {
     "scale_memory": scale_memory,
     "scale_tpu_floor": accelerator.scale_tpu_floor,
     "sparse_probe": accelerator.sparse_probe,
+    "trace_dtype_accuracy": accelerator.trace_dtype_accuracy,
     "sparse": sparse,
     "trainer_step": trainer_step,
     "fast_signal": fast_signal,
