@@ -3,7 +3,10 @@
 FPTT updates the Params at every step ``t`` from the instantaneous loss ``ℓ_t`` alone, and
 makes up for the credit it does not carry over time with a dynamic regulariser that pulls
 the Params towards a running average ``W̄`` of their past values (Kag & Saligrama, ICML
-2021, Algorithm 1):
+2021). ``ℓ_t`` is the summand ``ℓ(y_t, ŷ_t)`` of the paper's empirical risk, its Eq. (2),
+``L(W, v) = (1/NT) Σ_i Σ_t ℓ(y_t^i, ŷ_t^i)`` with ``ŷ_t = vᵀh_t`` and
+``h_t = f(W, x_t, h_{t-1})``: their ``W`` and ``v`` are our Params, their ``h_t`` our
+``h^t``, and ``ℓ_t`` the value of ``loss_fn`` at step ``t``. The update:
 
 .. math::
 
