@@ -35,7 +35,9 @@ Two pieces, as a Flax user composes them:
     \\bar W_{t+1} = (1 - \\beta)\\,\\bar W_t + \\beta\\, W_{t+1}
         - \\frac{\\beta}{\\alpha}\\lambda_{t+1},
 
-with ``W̄_0 = W_0``, ``λ_0 = 0``. When the update solves the step's problem
+with ``W̄_0 = W_0``, ``λ_0 = 0``. The authors' code can also weigh the quadratic term (a
+factor, 2 by default in Kag & Saligrama's language-model loop); here it is 1, as in their
+classification loop. When the update solves the step's problem
 (``∇ℓ_t(W_{t+1}) + α(W_{t+1} - W̄_t) - λ_t = 0``), ``λ_{t+1} = ∇ℓ_t(W_{t+1})`` and, with
 ``β = 1/2``, ``W̄_{t+1}`` is the paper's running average.
 

@@ -27,7 +27,9 @@ side sums (dense, conv, sparse, LoRA, einsum, grouped; not the embedding, whose
 integer indices do not: it is refused, as by ES-D-RTRL) runs it, per step and
 time-blocked. A bias counts as a weight row fed by a constant 1, whose trace is
 ``ε_1 = Σ_k λ^k``; so does an elementwise operation ``y = fn(w)`` (a learnable
-time constant, gain or threshold): ``xy_to_dw(ε_1^t ∂L_t/∂y^t)``. OTTT_O
+time constant, gain or threshold): ``xy_to_dw(ε_1^t ∂L_t/∂y^t)``. (The authors' code
+gives biases their same-step gradient alone; the trace is what the derivation gives a
+constant input, and what makes OTTT equal BPTT in its exact case.) OTTT_O
 (gradients summed over the sequence) is ``etrace_grad``; OTTT_A (an update every
 step) is ``OnlineTrainer`` or ``online_update`` with ``update_every=1``.
 
