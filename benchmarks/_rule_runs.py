@@ -20,8 +20,8 @@ from _table_format import Results, lengths, machine
 TIME_MODEL = "snn"
 """The throughput benchmark's model whose times the tables show."""
 TIME_RUNS = {"CPU": ("throughput_spiking_rules.json", "throughput.json"),
-             "TPU": ("throughput_tpu_host.json", "throughput_tpu.json",
-                     "throughput_spiking_rules_tpu.json")}
+             "TPU": ("throughput_spiking_rules_tpu.json", "throughput_tpu_host.json",
+                     "throughput_tpu.json")}
 """Per backend, the throughput runs a time cell reads, first come first served (a run of
 several lengths at its longest). The run that times every rule of ``docs/online_rules.md``
 comes first, so that the rules are compared within one run."""

@@ -77,10 +77,17 @@ def index_probe(neurons: int, degree: int, batch: int, repeats: int = 5,
     """Gather rate: ``v ← ½ Σ_j v[idx[·, j]]`` for ``v (N, B)`` float32 and ``degree`` random
     rows per output (the forward of the sparse layer in plain JAX), repeated in one program
     until about ``rows_per_call`` rows are gathered, each pass reading the last one's
-    result (small sizes measure gathers, not the call)."""
+    result (small sizes measure gathers, not the call). On a TPU the rows are padded with
+    zeros to whole 128-lane rows, as the library gathers them there
+    (``_sparse_accelerator.TPU_LANES``): unpadded, XLA:TPU lays a table above its on-chip
+    memory out column-major and the probe would time a layout the library never reads."""
+    from braintrace._primitives._sparse_accelerator import TPU_LANES
+
     rng = np.random.default_rng(0)
     index = jnp.asarray(rng.integers(0, neurons, (neurons, degree)), jnp.int32)
-    values = jnp.asarray(rng.standard_normal((neurons, batch), np.float32))
+    lanes = TPU_LANES if jax.default_backend() == "tpu" else 1
+    width = -(-batch // lanes) * lanes
+    values = jnp.asarray(rng.standard_normal((neurons, width), np.float32))
     rows = neurons * degree
     passes = max(1, rows_per_call // rows)
 

@@ -214,8 +214,12 @@ def scale_cpu(results: Results) -> str:
 
 
 def scale_tpu(results: Results) -> str:
-    return _scale(results, ("scale_tpu.json", "scale_tpu_t300.json", "scale_tpu_1m_t300_run1.json",
-                            "scale_tpu_1m_t300_run2.json"))
+    return _scale(results, ("scale_tpu.json", "scale_tpu_t300.json", "scale_tpu_1m_t300.json"))
+
+
+SCALE_MEMORY_RUNS = ("scale_bptt_1m_compiled.json",)
+"""``scale.py`` runs with ``--compile-only --formulation accelerator`` whose records join the
+table of ``scale_accelerator_memory.json`` (on the CPU, compiled and analysed, not run)."""
 
 
 def scale_memory(results: Results) -> str:
@@ -223,9 +227,16 @@ def scale_memory(results: Results) -> str:
     rows = [(f"{r['neurons']:,}", str(r["T"]), f"`{r['method']}`", str(r["batch"]),
              r["loop"] or MISSING, size(r["xla"]["peak_bytes"]))
             for r in run["rows"] if r["library"] == "after"]
+    for name in SCALE_MEMORY_RUNS:
+        other = results(name)
+        assert other["config"]["compile_only"] and other["config"]["formulation"] == "accelerator"
+        rows += [(f"{r['neurons']:,}", str(r["T"]), f"`{r['method']}`", str(r["batch"]),
+                  r["loop"] or MISSING, size(r["xla"]["peak_bytes"]))
+                 for r in other["results"]]
     return captioned(
-        "`benchmarks/results/scale_accelerator_memory.json`: XLA's peak memory of one update, "
-        f"compiled on {machine(run['environment'])} in the accelerators' formulation (not run).",
+        "`benchmarks/results/scale_accelerator_memory.json`; "
+        f"{source(results, *SCALE_MEMORY_RUNS)}: XLA's peak memory of one update, compiled on "
+        f"{machine(run['environment'])} in the accelerators' formulation (not run).",
         *table(("neurons", "T", "method", "batch", "loop", "XLA peak"), rows))
 
 

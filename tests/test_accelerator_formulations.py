@@ -78,6 +78,46 @@ def test_accelerator_sparse_sums_equal_the_dense_map(x64, monkeypatch, kind, row
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_sparse_sums_padded_to_tpu_lanes_equal_the_dense_map(x64, monkeypatch, kind):
+    """The TPU's form of each sum (rows padded with zeros to 128 values) gives the dense
+    map's values, in one call and over groups (a loop)."""
+    rows = 5
+    conn, weight, dense, x, d = _case(kind, rows)
+    lanes = accelerator.TPU_LANES
+
+    def sums(x, d, weight):
+        return (accelerator._product(x, weight, conn, lanes),
+                accelerator._transposed_product(d, weight, conn, lanes),
+                accelerator._weight_pullback(x, d, conn, lanes))
+
+    expected = (x @ dense, d @ dense.T, (x.T @ d)[conn.pre, conn.post])
+    for budget in (accelerator.GATHER_BUDGET, 3 * rows * x.dtype.itemsize):
+        monkeypatch.setattr(accelerator, "GATHER_BUDGET", budget)
+        for got, want in zip(jax.jit(sums)(x, d, weight), expected, strict=True):
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=TOL, atol=TOL)
+
+
+def test_sparse_sums_lowered_for_a_tpu_gather_whole_lane_rows():
+    """Lowered for a TPU, the sums gather rows of 128 values (``R = 5`` padded); lowered for
+    another accelerator, rows of ``R`` (the negative control)."""
+    conn, weight, _, x, d = _case("odd", 5)
+
+    def sums(x, d, weight):
+        return (accelerator.product(x, weight, conn),
+                accelerator.transposed_product(d, weight, conn),
+                accelerator.weight_pullback(x, d, conn))
+
+    traced = jax.jit(sums).trace(x, d, weight)
+    tpu = traced.lower(lowering_platforms=("tpu",)).as_text()
+    gpu = traced.lower(lowering_platforms=("cuda",)).as_text()
+    lane_rows = f"x{accelerator.TPU_LANES}xf32>"
+    wide = lambda text: [line for line in text.splitlines()
+                         if "stablehlo.gather" in line and lane_rows in line]
+    assert wide(tpu) and not wide(gpu)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_sparse_rules_agree_under_both_formulations(x64, kind):
     conn, weight, _, x, d = _case(kind, 5)
     trace = jnp.asarray(np.random.default_rng(1).standard_normal((5, conn.nnz)))

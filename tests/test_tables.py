@@ -68,7 +68,8 @@ def test_runs_under_the_listed_names_fill_the_cells_not_measured_yet(tmp_path):
     runs made later need no code change."""
     results = tmp_path / "results"
     shutil.copytree(RESULTS, results)
-    (results / "tasks_spiking_rules.json").unlink()  # as if not run yet
+    for name in ("throughput_spiking_rules_tpu.json", "tasks_spiking_rules.json"):
+        (results / name).unlink()  # as if not run yet
     assert not Results(results).present(["throughput_spiking_rules_tpu.json",
                                          "tasks_spiking_rules.json"])
     before = online_rules(Results(results))
@@ -92,8 +93,10 @@ def test_runs_under_the_listed_names_fill_the_cells_not_measured_yet(tmp_path):
     ottt = run["results"]["snn"]["methods"]["ottt"]["jit_ratio_to_bptt"]
     assert _row(after, "OTTT (`'ottt'`)")[4:7] == [ratio(ottt), "0.450 ± 0.010",
                                                      "0.450 ± 0.010"]
-    # a method the first run measured keeps that run's number; one no run measured stays empty
-    assert _row(after, "D-RTRL (`'d_rtrl'`)")[4:7] == _row(before, "D-RTRL (`'d_rtrl'`)")[4:7]
+    # the rules' run comes first: D-RTRL's TPU time is now its; one no run measured stays empty
+    d_rtrl = run["results"]["snn"]["methods"]["d_rtrl"]["jit_ratio_to_bptt"]
+    assert _row(before, "D-RTRL (`'d_rtrl'`)")[4] not in (ratio(d_rtrl), MISSING)
+    assert _row(after, "D-RTRL (`'d_rtrl'`)")[4] == ratio(d_rtrl)
     assert _row(after, "OSTTP (`'osttp'`)")[5] == MISSING
     assert "3 seeds in `tasks_spiking_rules.json`" in " ".join(after.split())
     assert _row(readme.algorithms(filled), "`OTTT(decay)`, `'ottt'`")[-1] == ratio(0.5)
@@ -163,24 +166,55 @@ def _rows_of(block: str, first_cell: str) -> list[list[str]]:
             for line in block.splitlines() if line.startswith(f"| {first_cell} |")]
 
 
-def test_a_run_that_compiled_and_did_not_finish_shows_its_memory_and_no_time(tmp_path):
+def test_the_million_neuron_run_shows_its_time_and_a_run_that_did_not_finish_none(tmp_path):
     block = BLOCKS["scale_tpu"](Results(RESULTS))
-    run = json.loads((RESULTS / "scale_tpu_1m_t300_run2.json").read_text())
-    peak = run["summary"]["N=1048576,T=300"]["es_d_rtrl"]["xla_peak_gib"]
-    million = _rows_of(block, "1,048,576")
-    assert len(million) == 2
-    status, over_bptt, rss, xla, floor = million[1][4:]
-    assert status.startswith("compiled") and "not finished within 560 s" in status
-    assert (over_bptt, rss, xla, floor) == (MISSING, MISSING, f"{peak:.2f} GiB", MISSING)
+    run = json.loads((RESULTS / "scale_tpu_1m_t300.json").read_text())
+    record = run["results"][0]
+    summary = run["summary"]["N=1048576,T=300"]["es_d_rtrl"]
+    (million,) = _rows_of(block, "1,048,576")
+    s_update, over_bptt, rss, xla, floor = million[4:]
+    assert s_update == f"{record['s_per_update']:.3g} s" and over_bptt == MISSING
+    assert (xla, rss) == (f"{summary['xla_peak_gib']:.2f} GiB", f"{summary['peak_rss_gib']:.2f} GiB")
+    assert floor == MISSING and "floor_withdrawn" in record  # its probe's floor is withdrawn
     # the files of one machine and commit are named together, the others apart
-    assert block.startswith("`benchmarks/results/scale_tpu.json`, `benchmarks/results/scale_tpu_1m")
-    # a run that timed out before it compiled shows no memory either
+    assert block.startswith("`benchmarks/results/scale_tpu.json` (one TPU v5e chip")
+    # a run that compiled and timed out shows its memory and no time
     results = tmp_path / "results"
     shutil.copytree(RESULTS, results)
-    del run["results"][0]["xla"]
-    (results / "scale_tpu_1m_t300_run2.json").write_text(json.dumps(run))
-    row = _rows_of(BLOCKS["scale_tpu"](Results(results)), "1,048,576")[1]
+    for key in ("executed", "warmup_s", "update_s", "s_per_update", "s_per_step", "rss"):
+        record.pop(key)
+    record["error"] = "timed out after 560 s"
+    run["summary"]["N=1048576,T=300"]["es_d_rtrl"].update(s_per_update=None, peak_rss_gib=None)
+    (results / "scale_tpu_1m_t300.json").write_text(json.dumps(run))
+    (row,) = _rows_of(BLOCKS["scale_tpu"](Results(results)), "1,048,576")
+    status, *rest = row[4:]
+    assert status.startswith("compiled") and "not finished within 560 s" in status
+    assert rest == [MISSING, MISSING, f"{summary['xla_peak_gib']:.2f} GiB", MISSING]
+    # and one that timed out before it compiled shows no memory either
+    del record["xla"]
+    (results / "scale_tpu_1m_t300.json").write_text(json.dumps(run))
+    (row,) = _rows_of(BLOCKS["scale_tpu"](Results(results)), "1,048,576")
     assert row[4:] == ["not run: timed out after 560 s", *[MISSING] * 4]
+
+
+def test_the_million_neuron_paragraph_quotes_its_runs():
+    """The numbers of ``docs/accelerators.md``'s paragraph on 1,048,576 neurons are the runs'."""
+    million = json.loads((RESULTS / "scale_tpu_1m_t300.json").read_text())["results"][0]
+    small = next(r for r in json.loads((RESULTS / "scale_tpu.json").read_text())["results"]
+                 if r["method"] == "es_d_rtrl" and r["T"] == 30)
+    (bptt,) = json.loads((RESULTS / "scale_bptt_1m_compiled.json").read_text())["results"]
+    assert bptt["method"] == "bptt" and bptt["neurons"] == 2**20 and not bptt["executed"]
+    text = " ".join((ROOT / "docs" / "accelerators.md").read_text().split())
+    paragraph = text[text.index("At 1,048,576 neurons (batch 32, T = 300)"):]
+    paragraph = paragraph[:paragraph.index("```")]
+    quoted = (f"{million['s_per_update']:.1f} s per update",
+              f"{million['s_per_step'] * 1e3:.0f} ms per step",
+              f"XLA peak of {million['xla']['peak_bytes'] / 2**30:.2f} GiB",
+              f"{million['s_per_step'] / small['s_per_step']:.1f}× the 131,072-neuron step",
+              "blocks of two steps" if million["loop"] == "Blocked(size=2)" else million["loop"],
+              f"BPTT's update at that size needs {bptt['xla']['peak_bytes'] / 2**30:.0f} GiB")
+    for figure in quoted:
+        assert figure in paragraph, figure
 
 
 def test_the_methods_a_table_leaves_out_are_in_their_runs_and_in_no_cell():
@@ -209,13 +243,16 @@ def test_bfloat16_traces_are_set_against_their_float32_run_and_the_floor():
                         f"{ratio(low['device_step_us'] / full['device_step_us'])} float32's")
 
 
-def test_the_tpu_time_of_a_run_of_several_lengths_is_its_longest():
+def test_the_tpu_time_of_a_run_of_several_lengths_is_its_longest(tmp_path):
     host = json.loads((RESULTS / "throughput_tpu_host.json").read_text())["results"]
     older = json.loads((RESULTS / "throughput_tpu.json").read_text())["results"]
     longest, shortest = (host[f"snn@T{t}"]["methods"]["es_d_rtrl"]["jit_ratio_to_bptt"]
                          for t in (1000, 100))
     assert ratio(longest) != ratio(shortest)
-    table = readme.algorithms(Results(RESULTS))
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS, results)
+    (results / "throughput_spiking_rules_tpu.json").unlink()  # the host run first
+    table = readme.algorithms(Results(results))
     assert _row(table, "`ESDRTRL()`, `'es_d_rtrl'`")[4] == ratio(longest)
     assert _row(table, "`DRTRL()`, `'d_rtrl'`")[4] == ratio(
         older["snn"]["methods"]["d_rtrl"]["jit_ratio_to_bptt"])
