@@ -229,7 +229,10 @@ def scale_memory(results: Results) -> str:
             for r in run["rows"] if r["library"] == "after"]
     for name in SCALE_MEMORY_RUNS:
         other = results(name)
-        assert other["config"]["compile_only"] and other["config"]["formulation"] == "accelerator"
+        if not (other["config"]["compile_only"]
+                and other["config"]["formulation"] == "accelerator"):
+            raise ValueError(f"{name} is not a --compile-only --formulation accelerator run of "
+                             "scale.py: its peaks are not the accelerators' (rerun it so).")
         rows += [(f"{r['neurons']:,}", str(r["T"]), f"`{r['method']}`", str(r["batch"]),
                   r["loop"] or MISSING, size(r["xla"]["peak_bytes"]))
                  for r in other["results"]]

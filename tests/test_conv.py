@@ -158,3 +158,26 @@ def test_conv_takes_integer_spikes_and_any_number_of_batch_axes():
     want = want.reshape(2, 3, 3, 3, 4)
     assert got.shape == (2, 3, 3, 3, 4) and got.dtype == F64
     np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_contract_of_a_2d_kernel_trace_under_a_leading_axis_is_the_summed_product(dtype):
+    """``contract`` and ``dt_to_t`` of a 2-D convolution's kernel trace ``(4, *out, *window, C,
+    O)`` under one leading axis: the product ``ε·d`` summed over that axis (a NumPy oracle).
+    Written on these seven axes, XLA:CPU (jaxlib 0.10.2) crashed the process on it."""
+    params = {"strides": (1, 2), "padding": "SAME", "kernel_dilation": (1, 2),
+              "feature_group_count": 2, "input_dilation": (1, 1), "has_bias": True,
+              "precision": None}
+    rng = np.random.default_rng(1)
+    trace = {"kernel": rng.standard_normal((4, 4, 3, 3, 3, 1, 10)).astype(dtype),
+             "bias": rng.standard_normal((4, 4, 3, 10)).astype(dtype)}
+    d = rng.standard_normal((4, 4, 3, 10)).astype(dtype)
+    rule = braintrace.etp_conv_p.rule
+    contract = jax.jit(lambda d, t: rule("contract")(d, t, **params))(d, trace)
+    scaled = jax.jit(lambda d, t: rule("dt_to_t")(d, t, **params))(d, trace)
+    want = {"kernel": trace["kernel"] * d[:, :, :, None, None, None, :],
+            "bias": trace["bias"] * d}
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for key, product in want.items():
+        np.testing.assert_allclose(np.asarray(scaled[key]), product, rtol=tol, atol=tol)
+        np.testing.assert_allclose(np.asarray(contract[key]), product.sum(0), rtol=tol, atol=tol)

@@ -147,25 +147,50 @@ def conv_xy_to_trace(x, d, theta, **params) -> dict[str, jax.Array]:
     return trace
 
 
-def _signal_at(d: jax.Array, key: str, num_spatial: int) -> jax.Array:
-    """``d (..., *out, O)`` broadcastable against the ``key`` trace ``(..., *out, *θ_key)``."""
-    if key == "kernel":
-        return d.reshape(*d.shape[:-1], *([1] * (num_spatial + 1)), d.shape[-1])
-    return d
+def _scaled(d: jax.Array, trace: dict[str, jax.Array], params: dict[str, Any]
+            ) -> dict[str, tuple[jax.Array, tuple[int, ...], int]]:
+    """``ε[..., p, w, c, o] · d[..., p, o]`` per key, on few axes: ``(product, item, rank)``.
+
+    For the kernel the positions ``p`` and the window and input channels ``(w, c)`` are each
+    one axis: ``product (*lead, P, W·C, O)``; the bias's product is ``(*lead, *out, O)``.
+    ``item`` is the trace's shape without its leading axes and ``rank`` the number of
+    trailing axes of ``product`` that hold it. Few axes on purpose: XLA:CPU (jaxlib 0.10.2)
+    crashes on some products of seven axes summed over the first (a 2-D convolution's
+    kernel trace under one leading axis, :func:`conv_contract`).
+    """
+    num_spatial = len(params["strides"])
+    d_lead = _lead_axes(d, params)
+    positions = math.prod(d.shape[d_lead:-1])
+    flat_d = d.reshape(*d.shape[:d_lead], positions, 1, d.shape[-1])
+    scaled = {}
+    for key, value in trace.items():
+        if key == "kernel":
+            item = value.shape[value.ndim - 2 * num_spatial - 2:]  # (*out, *window, C, O)
+            flat = value.reshape(*value.shape[:value.ndim - len(item)], positions, -1, item[-1])
+            scaled[key] = (flat * flat_d.astype(value.dtype), item, 3)
+        else:
+            item = value.shape[value.ndim - num_spatial - 1:]  # (*out, O)
+            scaled[key] = (value * d.astype(value.dtype), item, len(item))
+    return scaled
+
+
+def _unflattened(product: jax.Array, item: tuple[int, ...], rank: int) -> jax.Array:
+    """``product (*lead, <rank axes>)`` as ``(*lead, *item)``."""
+    return product.reshape(*product.shape[:product.ndim - rank], *item)
 
 
 def conv_dt_to_t(d, trace, **params) -> dict[str, jax.Array]:
     """``ε[..., p, w, c, o] · d[..., p, o]``: a per-position trace scaled along ``(p, o)``."""
-    num_spatial = len(params["strides"])
-    return {key: value * _signal_at(d, key, num_spatial).astype(value.dtype)
-            for key, value in trace.items()}
+    return {key: _unflattened(product, item, rank)
+            for key, (product, item, rank) in _scaled(d, trace, params).items()}
 
 
 def conv_contract(d, trace, **params) -> dict[str, jax.Array]:
-    """``Σ_lead dt_to_t(d, trace)``: the signal applied and the leading (batch) axes summed."""
+    """``Σ_lead dt_to_t(d, trace)``: the signal applied and the leading (batch) axes summed
+    (summed before the trace's axes are unflattened: :func:`_scaled`)."""
     lead = tuple(range(_lead_axes(d, params)))
-    return {key: jnp.sum(value, axis=lead)
-            for key, value in conv_dt_to_t(d, trace, **params).items()}
+    return {key: _unflattened(jnp.sum(product, axis=lead), item, rank)
+            for key, (product, item, rank) in _scaled(d, trace, params).items()}
 
 
 def conv_trace_to_dw(g, theta, **params) -> dict[str, jax.Array]:
