@@ -74,7 +74,9 @@ def _arguments(kind: str, conn: Connectivity, cfg: dict, rng) -> tuple:
     return normal(rows, conn.nnz), normal(rows, conn.num_out)
 
 
-def _time_round_robin(compiled: dict, args: tuple, repeats: int) -> dict:
+def time_round_robin(compiled: dict, args: tuple, repeats: int) -> dict:
+    """``{name: [ms, ...]}``: each of ``compiled`` run once, then ``repeats`` rounds of one call
+    each in turn (so a drift of the machine touches every candidate alike)."""
     for fn in compiled.values():
         jax.block_until_ready(fn(*args))
     times = {name: [] for name in compiled}
@@ -102,7 +104,7 @@ def measure_ops(quick: bool = False) -> dict:
         for op, (fns, kind) in _candidates(conn, label == "in_output_order").items():
             args = _arguments(kind, conn, cfg, rng)
             compiled = {name: jax.jit(fn).lower(*args).compile() for name, fn in fns.items()}
-            times = _time_round_robin(compiled, args, cfg["repeats"])
+            times = time_round_robin(compiled, args, cfg["repeats"])
             entry = {name: {"ms_median": float(np.median(t)), "ms_min": float(np.min(t)),
                             "temp_bytes": int(compiled[name].memory_analysis()
                                               .temp_size_in_bytes)}

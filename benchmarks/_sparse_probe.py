@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -41,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from _models import environment, write_json
+from _scale_ops import time_round_robin
 
 from braintrace._primitives import _sparse_accelerator as accelerator
 from braintrace._primitives._sparse import Connectivity
@@ -120,18 +120,6 @@ def candidates(conn: Connectivity) -> dict:
     }
 
 
-def _time(compiled: dict, args: tuple, repeats: int) -> dict:
-    for fn in compiled.values():
-        jax.block_until_ready(fn(*args))
-    times = {name: [] for name in compiled}
-    for _ in range(repeats):
-        for name, fn in compiled.items():
-            start = time.perf_counter()
-            jax.block_until_ready(fn(*args))
-            times[name].append((time.perf_counter() - start) * 1e3)
-    return times
-
-
 def measure(cfg: dict) -> dict:
     sys.path.insert(0, HERE)
     from scale import connectivity
@@ -147,7 +135,7 @@ def measure(cfg: dict) -> dict:
         rows = cfg["batch"] * ((cfg["block"] + 1) if kind == "block" else 1)
         args = (normal(rows, n), normal(rows, n), weight)
         compiled = {k: jax.jit(f).lower(*args).compile() for k, f in fns.items()}
-        times = _time(compiled, args, cfg["repeats"])
+        times = time_round_robin(compiled, args, cfg["repeats"])
         reference = np.asarray(compiled["now"](*args))
         entry = {"rows": rows}
         for k, t in times.items():

@@ -15,9 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from braintrace._compiler import Approximation, ETraceGraph, Relation, feeding, params_phrase
+from braintrace._compiler import (
+    Approximation,
+    ETraceGraph,
+    Relation,
+    feeding,
+    params_phrase,
+    reached,
+)
 
-__all__ = ["algorithm_approximation", "credit_relations"]
+__all__ = ["algorithm_approximation", "credit_relations", "params_reaching_inputs"]
 
 
 def credit_relations(graph: ETraceGraph, relations: Sequence[Relation]) -> list[Relation]:
@@ -29,6 +36,15 @@ def credit_relations(graph: ETraceGraph, relations: Sequence[Relation]) -> list[
     if graph.scope == "full":
         return list(relations) if read else []
     return [r for r in relations if read & set(graph.groups[r.group].leaves)]
+
+
+def params_reaching_inputs(graph: ETraceGraph, eqns: Sequence[int]) -> tuple[str, ...]:
+    """The paths of the Params whose value reaches the ``x`` input of any ETP equation of
+    ``eqns`` (their gradient passes back through that input)."""
+    jaxpr = graph.jaxpr
+    inputs = {jaxpr.eqns[i].invars[jaxpr.eqns[i].primitive.x_invar_index] for i in eqns}
+    return tuple(p for v, p in zip(graph.layout.param_invars(jaxpr), graph.param_paths)
+                 if inputs & reached(jaxpr, [v])[0])
 
 
 def algorithm_approximation(graph: ETraceGraph, relations: Sequence[Relation], *, kind: str,

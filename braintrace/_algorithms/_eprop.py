@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 
 import jax
 
-from braintrace._algorithms._approximations import algorithm_approximation
+from braintrace._algorithms._approximations import algorithm_approximation, params_reaching_inputs
 from braintrace._algorithms._base import AbstractAlgorithm
 from braintrace._algorithms._d_rtrl import DRTRL_ELEMENTWISE, DRTRL_INPUT
 from braintrace._algorithms._relation_rule import RelationRule
@@ -55,7 +55,6 @@ from braintrace._compiler import (
     is_var,
     operations,
     params_phrase,
-    reached,
 )
 
 __all__ = ["EProp", "FilteredTrace", "feedback_equations", "filtered",
@@ -85,9 +84,7 @@ def random_feedback_approximation(graph: ETraceGraph) -> tuple[Approximation, ..
     input get feedback alignment's direction, not BPTT's (at every ``T``)."""
     jaxpr = graph.jaxpr
     eqns = feedback_equations(graph)
-    inputs = {jaxpr.eqns[i].invars[jaxpr.eqns[i].primitive.x_invar_index] for i in eqns}
-    params = tuple(p for v, p in zip(graph.layout.param_invars(jaxpr), graph.param_paths)
-                   if inputs & reached(jaxpr, [v])[0])
+    params = params_reaching_inputs(graph, eqns)
     if not params:
         return ()
     return (Approximation(

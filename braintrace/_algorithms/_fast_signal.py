@@ -23,7 +23,7 @@ names it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -41,7 +41,7 @@ from braintrace._compiler import (
 )
 
 __all__ = ["SIGNALS", "after_update_block", "check_signal", "fast_signal_approximation",
-           "uses_fast_signal"]
+           "new_state_signal_record", "uses_fast_signal"]
 
 SIGNALS = ("exact", "fast")
 """The values of D-RTRL's and ES-D-RTRL's ``signal=``."""
@@ -77,26 +77,39 @@ def uses_fast_signal(signal: str, graph: ETraceGraph, *, additive: bool) -> bool
     return signal == "fast" or not _obstacles(graph, additive)
 
 
-def fast_signal_approximation(signal: str, graph: ETraceGraph, *, additive: bool,
-                              label: str) -> tuple[Approximation, ...]:
-    """The record of ``signal='fast'`` where it is not the exact signal (nothing otherwise).
+def new_state_signal_record(graph: ETraceGraph, found: Sequence[SignalObstacle], *, what: str,
+                            differs: str, remedy: str) -> tuple[Approximation, ...]:
+    """The record of a learning signal contracted at ``h^t`` with the updated traces where
+    ``found`` obstacles keep it from the exact one (nothing without an obstacle).
 
-    It names every traced Param (their credit over time goes through the signal)
-    and why the forms differ.
+    It names every traced Param (their credit over time goes through the signal); the
+    summary reads ``"{what}, which on this model is not the exact learning signal
+    ({reasons}), so the gradient of {Params} {differs}; {remedy}."``.
     """
-    found = _obstacles(graph, additive)
     params = tuple(sorted({p for r in graph.relations for p in r.all_param_paths}))
-    if signal != "fast" or not found or not params:
+    if not found or not params:
         return ()
     reasons = "; ".join(o.detail for o in found)
     return (Approximation(
         "fast-signal", params,
         f"∂L_t/∂h^t contracted with the updated traces ε^t is not ∂L_t/∂θ|same step + "
         f"∂L_t/∂h^(t-1)·ε^(t-1) here ({', '.join(dict.fromkeys(o.kind for o in found))})",
-        f"{label} with signal='fast' contracts ∂L_t/∂h^t with the traces after each step's "
-        f"update, which on this model is not the exact learning signal ({reasons}), so the "
-        f"gradient of {params_phrase(params)} differs from signal='exact'; use "
-        "signal='exact' (the default) for the exact signal."),)
+        f"{what}, which on this model is not the exact learning signal ({reasons}), so the "
+        f"gradient of {params_phrase(params)} {differs}; {remedy}."),)
+
+
+def fast_signal_approximation(signal: str, graph: ETraceGraph, *, additive: bool,
+                              label: str) -> tuple[Approximation, ...]:
+    """The record of ``signal='fast'`` where it is not the exact signal (nothing otherwise):
+    :func:`new_state_signal_record`."""
+    if signal != "fast":
+        return ()
+    return new_state_signal_record(
+        graph, _obstacles(graph, additive),
+        what=(f"{label} with signal='fast' contracts ∂L_t/∂h^t with the traces after each "
+              "step's update"),
+        differs="differs from signal='exact'",
+        remedy="use signal='exact' (the default) for the exact signal")
 
 
 def _output_share(r: Relation, signal: jax.Array, df: jax.Array) -> jax.Array:

@@ -53,12 +53,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from braintrace._algorithms._approximations import params_reaching_inputs
 from braintrace._algorithms._base import AbstractAlgorithm
 from braintrace._algorithms._d_rtrl import drtrl_rule
 from braintrace._algorithms._eprop import feedback_equations
+from braintrace._algorithms._fast_signal import new_state_signal_record
 from braintrace._algorithms._graph_rules import GraphRules
 from braintrace._algorithms._relation_rule import RelationRule
-from braintrace._algorithms._signals import AbstractLearningSignal
+from braintrace._algorithms._signals import NewStateSignal
 from braintrace._compiler import (
     Approximation,
     ETraceGraph,
@@ -66,7 +68,6 @@ from braintrace._compiler import (
     fast_signal_obstacles,
     operations,
     params_phrase,
-    reached,
 )
 
 __all__ = ["OSTTP", "TargetProjection", "new_state_signal_approximation", "projected_equations",
@@ -94,9 +95,10 @@ def _output_shape(graph: ETraceGraph) -> tuple[int, ...]:
 
 
 @dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
-class TargetProjection(AbstractLearningSignal):
+class TargetProjection(NewStateSignal):
     """OSTTP's learning signal on one graph: ``∂(w_t L_t)/∂h^t`` with the error through the
-    inputs of ``cut_inputs`` replaced by ``w_t y*^t B`` (module docstring).
+    inputs of ``cut_inputs`` replaced by ``w_t y*^t B`` (module docstring); contracted with
+    the updated traces like :class:`~braintrace.NewStateSignal`'s.
 
     Attributes:
         cut_inputs: The ETP equations whose input ``x`` receives the projected target.
@@ -111,13 +113,6 @@ class TargetProjection(AbstractLearningSignal):
     batched: tuple[bool, ...]
     output_shape: tuple[int, ...]
     target: Callable[[Any], Any] | None = None
-    after_update = True
-    reads_new_state = True
-
-    def signal(self, loss_signal: Sequence[jax.Array], inputs_t: Any,
-               weight_t: jax.Array) -> Sequence[jax.Array]:
-        del inputs_t, weight_t
-        return loss_signal
 
     def target_vector(self, target_t: Any) -> jax.Array:
         """``y*`` of one step, one flat row per sample ``(B, C)`` (``(1, C)`` unbatched).
@@ -184,9 +179,7 @@ def projection_approximation(graph: ETraceGraph, eqns: Sequence[int],
     """The Params whose gradient passes back through a projected input: DRTP's direction, not
     BPTT's (at every ``T``)."""
     jaxpr = graph.jaxpr
-    inputs = {jaxpr.eqns[i].invars[jaxpr.eqns[i].primitive.x_invar_index] for i in eqns}
-    params = tuple(p for v, p in zip(graph.layout.param_invars(jaxpr), graph.param_paths)
-                   if inputs & reached(jaxpr, [v])[0])
+    params = params_reaching_inputs(graph, eqns)
     if not params:
         return ()
     return (Approximation(
@@ -202,19 +195,11 @@ def new_state_signal_approximation(graph: ETraceGraph,
                                    label: str) -> tuple[Approximation, ...]:
     """OSTL's contraction of ``∂/∂h^t`` with the updated traces, where the compiler cannot
     prove it the exact learning signal (``fast_signal_obstacles``)."""
-    found = fast_signal_obstacles(graph)
-    params = tuple(sorted({p for r in graph.relations for p in r.all_param_paths}))
-    if not found or not params:
-        return ()
-    reasons = "; ".join(o.detail for o in found)
-    return (Approximation(
-        "fast-signal", params,
-        f"∂L_t/∂h^t contracted with the updated traces ε^t is not ∂L_t/∂θ|same step + "
-        f"∂L_t/∂h^(t-1)·ε^(t-1) here ({', '.join(dict.fromkeys(o.kind for o in found))})",
-        f"{label} contracts the learning signal at h^t with the traces after each step's "
-        f"update (OSTL's form), which on this model is not the exact learning signal "
-        f"({reasons}), so the gradient of {params_phrase(params)} may differ from the exact "
-        "signal's; DRTRL() contracts the exact signal."),)
+    return new_state_signal_record(
+        graph, fast_signal_obstacles(graph),
+        what=(f"{label} contracts the learning signal at h^t with the traces after each step's "
+              "update (OSTL's form)"),
+        differs="may differ from the exact signal's", remedy="DRTRL() contracts the exact signal")
 
 
 class OSTTP(AbstractAlgorithm):
