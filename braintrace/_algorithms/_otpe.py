@@ -335,15 +335,30 @@ def _couples_previous_state(graph: ETraceGraph) -> bool:
     return any(is_var(v) and v in old for i in unfollowed for v in jaxpr.eqns[i].invars)
 
 
+def _new_from_new_within_a_group(graph: ETraceGraph) -> bool:
+    """Whether a new state is computed from another new state of its own group in the same
+    step (a synaptic current feeding its membrane, a count of the spikes): OTPE's signal on
+    the new state then also holds the path that the group's traces hold."""
+    jaxpr = graph.jaxpr
+    outs = graph.layout.hidden_outvars(jaxpr)
+    for g in graph.groups:
+        new = [outs[k] for k in g.leaves if is_var(outs[k])]
+        for var in new:
+            values, _ = reached(jaxpr, [var])
+            if any(v is not var and v in values for v in new):
+                return True
+    return False
+
+
 def otpe_exact(graph: ETraceGraph, decay: float) -> bool:
     """Whether OTPE with postsynaptic leak ``decay`` equals BPTT on ``graph`` (module
     docstring): the graph's only approximation is the coupling of one group into the
-    reading ones (no recurrence across units), no output reads a previous state, and every
-    new state computed from another's belongs to reading neurons whose dynamics the
-    estimate is."""
+    reading ones (no recurrence across units), no output reads a previous state, no new
+    state is computed from another of its own group, and every new state computed from
+    another group's belongs to reading neurons whose dynamics the estimate is."""
     if any(a.kind != "hidden-coupling" for a in graph.approximations):
         return False
-    if _couples_previous_state(graph):
+    if _couples_previous_state(graph) or _new_from_new_within_a_group(graph):
         return False
     if any(o.kind == "reads-before-update" for o in fast_signal_obstacles(graph)):
         return False
