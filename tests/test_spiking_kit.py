@@ -102,6 +102,15 @@ def test_a_cuba_lif_layer_is_one_group_of_two_states_per_neuron_and_its_count_a_
     assert "layers.1.i, layers.1.v, layers.2.c  shape=(4,)  S=3" in counted
 
 
+@pytest.mark.parametrize("neuron", [layers.IF, layers.CuBaLIF])
+def test_nir_export_refuses_a_recurrent_layer_of_if_or_cuba_lif_neurons(neuron):
+    from braintrace.nir import to_nir
+
+    model = nnx.Sequential(layers.RecurrentSpiking(3, neuron(4, reset="hard"), rngs=nnx.Rngs(0)))
+    with pytest.raises(TypeError, match=rf"'layers.0.neuron' is {neuron.__name__}, which has no"):
+        to_nir(model, (3,), dt=1.0)  # not a NIR LIF: no leak, or a synaptic current
+
+
 # -- surrogates given as functions -----------------------------------------------------------
 
 
