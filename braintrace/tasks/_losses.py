@@ -4,17 +4,15 @@ An online rule sees one step at a time: ``L_t = loss_fn(y_t, target_t)``, weighe
 mask. Which spiking loss that makes depends on the readout the model returns and on
 the steps the mask scores:
 
-=====================================  ========================================  ==========
-loss                                   readout ``y_t``                           scored
-=====================================  ========================================  ==========
-rate-coded (snnTorch ``ce_rate_loss``)  the output layer's spikes ``z_t``          every step
-spike count (``ce_count_loss``)         :class:`~braintrace.layers.SumOverTime`     last step
-                                       of the output spikes
-membrane integral (spyx)               ``SumOverTime`` of a ``LeakyReadout``        last step
-maximum membrane over time             :class:`~braintrace.layers.MaxOverTime`     last step
-                                       of a ``LeakyReadout``
-last-step membrane                     a ``LeakyReadout``                          last step
-=====================================  ========================================  ==========
+* rate-coded (snnTorch's ``ce_rate_loss``): the output layer's spikes ``z_t``, every
+  step scored;
+* spike count (``ce_count_loss``): a :class:`~braintrace.layers.SumOverTime` of the output
+  spikes, the last step scored;
+* membrane integral (spyx's ``integral_crossentropy``): a ``SumOverTime`` of a
+  ``LeakyReadout``, the last step scored;
+* maximum membrane over time: a :class:`~braintrace.layers.MaxOverTime` of a
+  ``LeakyReadout``, the last step scored;
+* last-step membrane: a ``LeakyReadout``, the last step scored.
 
 The rate-coded loss is a sum of per-step losses. The others are losses of the whole
 sequence, ``CE(Σ_t z_t)`` or ``CE(max_t v_t)``, which are not: the readout keeps the
