@@ -311,13 +311,17 @@ def _covered(graph: ETraceGraph, found: tuple[tuple[int, ...], ...], decay: floa
             continue
         ports = {(graph.relations[r].eqn_index, graph.relations[r].primitive.x_invar_index)
                  for r in found[g.index]}
-        feeding = {graph.relations[r].group: r for r in found[g.index]}
         if later(g.index, ports):
             return False
+        fed = {}  # every relation of a reading operation, by the group it feeds
+        for r in graph.relations:
+            if (r.eqn_index, getattr(r.primitive, "x_invar_index", None)) in ports:
+                fed.setdefault(r.group, []).append(r.index)
         for h in reading:
             decay_h = constant.decays[h]
             if (decay_h is None or abs(decay_h - decay) > 1e-6 * max(decay, 1e-12)
-                    or h not in feeding or not constant.fixed_df[feeding[h]] or later(h)):
+                    or h not in fed or not all(constant.fixed_df[r] for r in fed[h])
+                    or later(h)):
                 return False
     return True
 
