@@ -303,10 +303,10 @@ def test_otpe_is_exact_on_a_layer_read_by_several_readers_of_its_leak_and_other_
 
 
 @pytest.mark.parametrize(("kw", "why"), [
-    ({"tau": 2 * TAU_OUT}, r"hidden state `a` .* reads hidden state `lif.v` .* and leaks by "
-                           r"0.846482, not by decay=0.716531"),
-    ({"bypass": True}, r"the step's output reads the output of `twice` \(ETPLinear\) other "
-                       r"than through the hidden state it feeds")])
+    ({"tau": 2 * TAU_OUT}, (r"hidden state `a` .* reads hidden state `lif.v` .* and leaks by "
+                            r"0.846482, not by decay=0.716531")),
+    ({"bypass": True}, (r"the step's output reads the output of `twice` \(ETPLinear\) other "
+                        r"than through the hidden state it feeds"))])
 def test_strict_refuses_otpe_where_a_reader_is_not_the_estimate_and_says_why(kw, why):
     """A reader of another leak, a reader's output read at its own step: not exact (the
     negative controls), refused, and the report says which state or operation."""

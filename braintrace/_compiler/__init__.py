@@ -49,4 +49,4 @@ __all__ = ["Approximation", "ETraceGraph", "ElementwiseRelation", "Exclusion", "
            "InputRelation", "Relation", "SignalObstacle", "StepLeaves", "batch_shards",
            "compile_graph",
            "eqn_names", "fast_signal_obstacles", "feeding", "is_var", "leaf_paths", "operations", "params_phrase", "programs", "reach", "reached", "reader_list", "readers",
-           "split_model", "states_phrase", "splitting_batch", "summed_outputs", "unit_patterns"]
+           "split_model", "splitting_batch", "states_phrase", "summed_outputs", "unit_patterns"]
