@@ -306,7 +306,7 @@ def test_otpe_is_exact_on_a_layer_read_by_several_readers_of_its_leak_and_other_
     ({"tau": 2 * TAU_OUT}, (r"hidden state `a` .* reads hidden state `lif.v` .* and leaks by "
                             r"0.846482, not by decay=0.716531")),
     ({"bypass": True}, (r"the step's output reads the output of `twice` \(ETPLinear\) other "
-                        r"than through the hidden state it feeds"))])
+                        r"than through the new hidden state"))])
 def test_strict_refuses_otpe_where_a_reader_is_not_the_estimate_and_says_why(kw, why):
     """A reader of another leak, a reader's output read at its own step: not exact (the
     negative controls), refused, and the report says which state or operation."""
@@ -320,10 +320,11 @@ def test_strict_refuses_otpe_where_a_reader_is_not_the_estimate_and_says_why(kw,
 
 
 def test_otpe_on_a_bfloat16_layer_fed_float32_data_is_within_bfloat16_rounding_of_bptt():
-    """bfloat16 Params and states, float32 data, 12 steps: per step and in blocks of 8 (then
-    4), strict with the readout's leak as bfloat16 stores it. The traces and ``R̂`` keep the
-    layer's dtype; the gradients stay within bfloat16 rounding of BPTT's (1.6% at 40 steps,
-    RTRL's own error there 2.1%)."""
+    """bfloat16 Params and states, float32 data, strict with the readout's leak as bfloat16
+    stores it: the traces and ``R̂`` keep the layer's dtype, the gradients stay within
+    bfloat16 rounding of BPTT's (0.7% here; over 40 steps, per step and in the default
+    blocks, 1.6% and 1.1%, where RTRL's own error is 2.1%). Per step: the blocked form
+    equals it (the tests above), and compiles three times slower."""
     bf16 = jnp.bfloat16
 
     def make():
@@ -336,16 +337,12 @@ def test_otpe_on_a_bfloat16_layer_fed_float32_data_is_within_bfloat16_rounding_o
         braintrace.init_states(model, B)
         return model
 
-    xs = 2.0 * jax.random.normal(jax.random.key(1), (12, B, IN), jnp.float32)
-    ys = jax.random.normal(jax.random.key(2), (12, B, OUT), jnp.float32)
+    xs, ys = jax.tree.map(lambda a: a.astype(jnp.float32), _spikes())
     as_f32 = lambda tree: jax.tree.map(lambda a: a.astype(jnp.float32), tree)
-    want = as_f32(_live(make, xs, ys))
     decay = float(bf16(LEAK_OUT))  # 0.71484375
-    for block_size in (1, 8):
-        got, learner = _grads(make, braintrace.OTPE(decay), xs, ys, strict=True,
-                              block_size=block_size)
-        assert max(rel_errors(as_f32(got), want).values()) < 3e-2, block_size
-        assert {a.dtype for a in jax.tree.leaves(learner.traces)} == {jnp.dtype(bf16)}
+    got, learner = _grads(make, braintrace.OTPE(decay), xs, ys, strict=True, block_size=1)
+    assert max(rel_errors(as_f32(got), as_f32(_live(make, xs, ys))).values()) < 3e-2
+    assert {a.dtype for a in jax.tree.leaves(learner.traces)} == {jnp.dtype(bf16)}
 
 
 def test_in_two_spiking_layers_otpe_aligns_the_first_layer_and_the_others_do_not():

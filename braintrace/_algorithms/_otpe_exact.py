@@ -31,8 +31,8 @@ from __future__ import annotations
 from braintrace._algorithms._constant_jacobians import constant_jacobians
 from braintrace._compiler import (
     ETraceGraph,
+    fast_signal_obstacles,
     is_var,
-    operations,
     reached,
     readers,
     states_phrase,
@@ -46,38 +46,17 @@ def _states(graph: ETraceGraph, groups) -> str:
     return states_phrase(graph.modules, [p for h in sorted(groups) for p in graph.groups[h].paths])
 
 
-def _through_new(graph: ETraceGraph) -> set[tuple[int, int]]:
-    """The ``(equation, operand)`` ports that read a new hidden state."""
-    new = {v for v in graph.layout.hidden_outvars(graph.jaxpr) if is_var(v)}
-    return {(i, k) for i, eqn in enumerate(graph.jaxpr.eqns)
-            for k, v in enumerate(eqn.invars) if is_var(v) and v in new}
-
-
 def _couples_previous_state(graph: ETraceGraph) -> bool:
     """Whether an operation that ``D`` does not follow (a traced one, or a cut mixing one)
     reads the previous hidden state other than through the new one: a recurrence across
     units (recurrent weights), which no estimate here follows."""
     jaxpr = graph.jaxpr
-    old, _ = reached(jaxpr, graph.layout.hidden_invars(jaxpr), _through_new(graph))
+    new = {v for v in graph.layout.hidden_outvars(jaxpr) if is_var(v)}
+    through_new = {(i, k) for i, eqn in enumerate(jaxpr.eqns)
+                   for k, v in enumerate(eqn.invars) if is_var(v) and v in new}
+    old, _ = reached(jaxpr, graph.layout.hidden_invars(jaxpr), through_new)
     unfollowed = graph.cut_eqns | {r.eqn_index for r in graph.relations}
     return any(is_var(v) and v in old for i in unfollowed for v in jaxpr.eqns[i].invars)
-
-
-def _reads_before_update(graph: ETraceGraph) -> list[str]:
-    """The step's output reading a previous state, or a traced operation's output, other
-    than through a new state (whose signal then misses that share of the step's credit)."""
-    jaxpr, blocked = graph.jaxpr, _through_new(graph)
-    new = {v for v in graph.layout.hidden_outvars(jaxpr) if is_var(v)}
-    outputs = {v for v in graph.layout.split_outputs(jaxpr.outvars).y if is_var(v)} - new
-    bypasses = lambda var: var not in new and bool(outputs & reached(jaxpr, [var], blocked)[0])
-    out = [f"the step's output reads {states_phrase(graph.modules, [path])} before its update"
-           for var, path in zip(graph.layout.hidden_invars(jaxpr), graph.hidden_paths)
-           if bypasses(var)]
-    eqns = dict.fromkeys(r.eqn_index for r in graph.relations
-                         if bypasses(graph.relation_output_var(r.eqn_index)))
-    out += [f"the step's output reads the output of {operations(jaxpr, graph.modules, [e])} "
-            "other than through the hidden state it feeds" for e in eqns]
-    return out
 
 
 def _reading_obstacles(graph: ETraceGraph, decay: float) -> list[str]:
@@ -105,7 +84,7 @@ def _reading_obstacles(graph: ETraceGraph, decay: float) -> list[str]:
                        "operation that reads it unit by unit")
         fed: dict[int, list[int]] = {}  # every relation of a reading operation, by group
         for r in graph.relations:
-            if (r.eqn_index, getattr(r.primitive, "x_invar_index", None)) in ports:
+            if (r.eqn_index, r.primitive.x_invar_index) in ports:
                 fed.setdefault(r.group, []).append(r.index)
         for h in sorted(reading - bypass):
             out.extend(_reader_state_obstacles(graph, g.index, h, fed.get(h, []), decay,
@@ -155,8 +134,8 @@ of `layers.1` (LIF) and leaks by 0.904837, not by decay=0.5
     if _couples_previous_state(graph):
         out.append("an operation the traces do not follow reads the previous hidden state "
                    "(a recurrence across units)")
-    return tuple(dict.fromkeys(out + _reads_before_update(graph)
-                               + _reading_obstacles(graph, decay)))
+    out += [o.detail for o in fast_signal_obstacles(graph) if o.kind == "reads-before-update"]
+    return tuple(dict.fromkeys(out + _reading_obstacles(graph, decay)))
 
 
 def otpe_exact(graph: ETraceGraph, decay: float) -> bool:
