@@ -345,6 +345,31 @@ def test_otpe_on_a_bfloat16_layer_fed_float32_data_is_within_bfloat16_rounding_o
     assert {a.dtype for a in jax.tree.leaves(learner.traces)} == {jnp.dtype(bf16)}
 
 
+class WideLIF(nnx.Module):
+    """A LIF membrane computed in float32 and written into a bfloat16 state; its spikes are
+    read from the float32 value, not from the state."""
+
+    def __init__(self):
+        self.v = braintrace.HiddenState(jnp.zeros((H,), jnp.bfloat16))
+
+    def __call__(self, x):
+        v = LEAK * self.v[...].astype(jnp.float32) + x
+        self.v[...] = v
+        return layers.spike(v - 0.5)
+
+
+@pytest.mark.filterwarnings("ignore:scatter inputs have incompatible types:FutureWarning")
+def test_strict_refuses_otpe_of_another_leak_where_the_layer_is_stored_narrower():
+    """The readout reads the wider value the narrowed state is cast from: strict still sees
+    it (a guard for the analyses of the new state)."""
+    model = nnx.Sequential(layers.ETPLinear(IN, H, rngs=nnx.Rngs(0)), WideLIF(),
+                           layers.LeakyReadout(H, OUT, tau=TAU_OUT, rngs=nnx.Rngs(1)))
+    braintrace.init_states(model, B)
+    with pytest.raises(ValueError, match=r"OTPE\(decay=0.5\)"):
+        braintrace.compile(model, braintrace.OTPE(0.5), jnp.zeros((B, IN), jnp.float32),
+                           strict=True)
+
+
 def test_in_two_spiking_layers_otpe_aligns_the_first_layer_and_the_others_do_not():
     """Two LIF layers under a leaky readout: the first layer's credit reaches the loss
     through the second layer's and the readout's memory. OTPE's estimate keeps most of it
