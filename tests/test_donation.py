@@ -17,7 +17,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import pytest
 from flax import nnx
 from helpers import mse
 
@@ -85,7 +84,7 @@ def test_every_algorithms_state_is_its_own_and_the_readme_train_step_donates_it(
     def train_step(model, optimizer, states, xs, ys):
         grads_of, new = [], []
         for name, online, state in zip(NAMES, onlines, states, strict=True):
-            grads, state, stats = online.grad(model, state, xs, ys, **inputs(name))
+            grads, state, _ = online.grad(model, state, xs, ys, **inputs(name))
             optimizer.update(model, grads)
             grads_of.append(grads)
             new.append(state)
@@ -123,6 +122,6 @@ def test_online_grad_under_jax_jit_with_the_state_donated():
     xs, ys = jnp.ones((T, B, IN)), jnp.ones((T, B, HID))
     for _ in range(2):
         donated = jax.tree.leaves(state)
-        grads, state, stats = grad(model, state, xs, ys)
+        _, state, stats = grad(model, state, xs, ys)
         assert all(a.is_deleted() for a in donated) and bool(stats.finite)
     assert not any(a.is_deleted() for a in jax.tree.leaves(nnx.state(model)))

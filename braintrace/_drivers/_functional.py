@@ -51,8 +51,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from braintrace._drivers._compiled import Entry
 from braintrace._drivers._buffers import own_buffers
+from braintrace._drivers._compiled import Entry
 from braintrace._drivers._inputs import (
     REDUCTIONS,
     check_inputs,
