@@ -24,7 +24,7 @@ import braintrace
 from braintrace import layers
 from braintrace._algorithms import ALGORITHMS
 
-B, IN, HID, T = 2, 2, 3, 2
+B, IN, HID, T = 2, 2, 3, 1
 NAMES = sorted({cls: name for name, cls in reversed(ALGORITHMS.items())}.values())
 """Every registered algorithm, once (``'pp_prop'`` is ``'es_d_rtrl'``)."""
 
