@@ -56,6 +56,7 @@ from ._lora import LORA_RULES as LORA_RULES
 from ._lora import etp_lora_batched_p as etp_lora_batched_p
 from ._lora import etp_lora_p as etp_lora_p
 from ._lora import lora_matmul as lora_matmul
+from ._register import decomposed_in as decomposed_in
 from ._register import etp_primitives as etp_primitives
 from ._register import register_batched_counterpart as register_batched_counterpart
 from ._register import register_pair as register_pair
@@ -89,6 +90,7 @@ __all__ = [
     "ETPRules",
     "MissingRuleError",
     "conv",
+    "decomposed_in",
     "einsum",
     "element_wise",
     "embed_lookup",

@@ -10,7 +10,7 @@ identity-preserving batching rule, all from one plain-JAX ``impl_fn``;
 from __future__ import annotations
 
 import functools
-import warnings
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -21,6 +21,8 @@ from braintrace._primitives._core import ETPPrimitive, shape_struct
 from braintrace._primitives._rules import ETPRules
 
 __all__ = [
+    "FALLBACK_SCOPE",
+    "decomposed_in",
     "etp_primitives",
     "register_batched_counterpart",
     "register_pair",
@@ -28,6 +30,10 @@ __all__ = [
 ]
 
 _REGISTRY: dict[str, ETPPrimitive] = {}
+
+FALLBACK_SCOPE = "etp_fallback:"
+"""The named scope (``jax.named_scope``) of the plain ops that a vmapped ETP primitive
+without a batched counterpart is decomposed into, followed by the primitive's name."""
 
 
 def register_primitive(
@@ -233,6 +239,32 @@ def _jvp(prim: ETPPrimitive, primals: Any, tangents: Any, **params: Any) -> Any:
     return primal_out, tangent_out
 
 
+def decomposed_in(name_stack: Any) -> tuple[str, ...]:
+    """The ETP primitives whose batching fallback an equation of ``name_stack`` belongs to.
+
+    Vmapped with more than ``x`` mapped, or with no batched counterpart, an ETP
+    primitive is computed as ``jax.vmap`` of its impl, inside the named scope
+    :data:`FALLBACK_SCOPE` + its name: the same values and derivatives, but
+    plain ops. That loses something only in a model step that the compiler
+    turns into eligibility traces (the compiler reads ``name_stack`` of the
+    step's equations and warns that the weights drop out); a ``vmap`` of
+    anything else (of ``online_grad`` over stacked states or models, of a
+    layer called on its own) is silent.
+
+    Args:
+        name_stack: An equation's ``source_info.name_stack`` (or its string).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from braintrace._primitives import decomposed_in, matmul
+        >>> per_weight = jax.vmap(matmul)          # the weight mapped too: the fallback
+        >>> jaxpr = jax.make_jaxpr(per_weight)(jnp.ones((2, 3)), jnp.ones((2, 3, 4)))
+        >>> [decomposed_in(eqn.source_info.name_stack) for eqn in jaxpr.eqns]
+        [('etp_dense',)]
+    """
+    return tuple(re.findall(re.escape(FALLBACK_SCOPE) + r"([^/()]+)", str(name_stack)))
+
+
 def _batch(prim: ETPPrimitive, args: Any, dims: Any, **params: Any) -> Any:
     x_index = prim.x_invar_index
     has_x = x_index is not None and x_index < len(args)
@@ -247,16 +279,8 @@ def _batch(prim: ETPPrimitive, args: Any, dims: Any, **params: Any) -> Any:
         out = counterpart.bind(*args, **params)
         out_dims = [0] * len(out) if counterpart.multiple_results else 0
         return out, out_dims
-    warnings.warn(
-        f"ETP primitive '{prim.name}' is vmapped with no batched counterpart for these "
-        "mapped operands, so it is decomposed into plain JAX ops: its weights drop out "
-        "of eligibility-trace learning. Register a counterpart with "
-        "braintrace.register_batched_counterpart, or map only x.",
-        UserWarning,
-        stacklevel=2,
-    )
-    in_axes = tuple(dims)
-    out = jax.vmap(functools.partial(prim.impl_fn, **params), in_axes=in_axes)(*args)
+    with jax.named_scope(FALLBACK_SCOPE + prim.name):  # the compiler warns if it sees it
+        out = jax.vmap(functools.partial(prim.impl_fn, **params), in_axes=tuple(dims))(*args)
     if prim.multiple_results:
         return list(out), [0] * len(out)
     return out, 0
