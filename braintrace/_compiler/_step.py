@@ -20,7 +20,7 @@ from braintrace._compiler._modules import (
     module_scopes,
 )
 from braintrace._hidden import HiddenState
-from braintrace._primitives import decomposed_in
+from braintrace._primitives import decomposed_in, silent_fallback
 
 __all__ = ["TracedStep", "split_model", "trace_function_step", "trace_model_step"]
 
@@ -211,8 +211,8 @@ def _check_hidden_out(name: str, paths: tuple[str, ...], hidden: Any, new_hidden
 def _trace(step, args, name, hidden_paths, hidden):
     """``make_jaxpr`` of ``step``; re-emits its warnings and annotates its errors."""
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with warnings.catch_warnings(record=True) as caught, silent_fallback():
+            warnings.simplefilter("always")  # the fallback's plain ops: _decomposed
             closed, out_shape = jax.make_jaxpr(step, return_shape=True)(*args)
     except Exception as error:
         x_shapes = [tuple(jax.numpy.shape(a)) for a in jax.tree_util.tree_leaves(args[-1])]
