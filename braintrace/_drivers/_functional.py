@@ -51,6 +51,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from braintrace._drivers._buffers import own_buffers
 from braintrace._drivers._compiled import Entry
 from braintrace._drivers._inputs import (
     REDUCTIONS,
@@ -370,7 +371,9 @@ def online_update(learner: Any, loss_fn: Callable[[Any, Any], jax.Array],
     tx = optax.with_extra_args_support(tx)
 
     def init(model: nnx.Module, *, batch_size: Any = KEEP) -> tuple[Any, OnlineState]:
-        return tx.init(nnx.state(model, nnx.Param)), init_state(compiled, model, batch_size)
+        opt_state = own_buffers(tx.init(nnx.state(model, nnx.Param)),
+                                jax.tree.leaves(nnx.state(model)))  # it may hold the Params
+        return opt_state, init_state(compiled, model, batch_size)
 
     def update(model: nnx.Module, opt_state: Any, state: OnlineState, xs: Any, ys: Any, *,
                mask: Any = None, **signal_inputs: Any
