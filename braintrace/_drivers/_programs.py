@@ -29,7 +29,6 @@ import optax
 
 from braintrace._drivers._compiled import Entry
 from braintrace._drivers._inputs import cast_inputs
-from braintrace._drivers._loss_key import loss_key
 from braintrace._drivers._sharding import (
     Layout,
     constrain,
@@ -379,39 +378,13 @@ def _train_window(entry: Entry, tx: optax.GradientTransformationExtraArgs,
                           value=value.astype(carry.value.dtype), pending=scored), losses
 
 
-class _KeyedByLoss:
-    """A jitted program whose static ``loss_fn`` (argument ``at[0]``) is keyed by what it
-    computes, at the targets ``ys`` and loss weights of arguments ``at[1:]`` (``_loss_key``):
-    a loss whose function object is the same but whose values changed compiles anew."""
+GRAD_PROGRAM = jax.jit(grad_program, static_argnames=("entry", "loss_fn", "spec", "masked"))
+""":func:`grad_program` under ``jax.jit`` (compiled once per entry, loss, loop and shapes)."""
 
-    def __init__(self, jitted: Any, at: tuple[int, int, int]):
-        self.jitted, self.at = jitted, at
-
-    def _keyed(self, args: tuple[Any, ...]) -> list[Any]:
-        args, (loss, ys, weights) = list(args), self.at
-        args[loss] = loss_key(args[loss], args[0], args[ys], args[weights])
-        return args
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.jitted(*self._keyed(args), **kwargs)
-
-    def lower(self, *args: Any, **kwargs: Any) -> Any:
-        return self.jitted.lower(*self._keyed(args), **kwargs)
-
-    def trace(self, *args: Any, **kwargs: Any) -> Any:
-        return self.jitted.trace(*self._keyed(args), **kwargs)
-
-
-GRAD_PROGRAM = _KeyedByLoss(
-    jax.jit(grad_program, static_argnames=("entry", "loss_fn", "spec", "masked")), (1, 8, 9))
-""":func:`grad_program` under ``jax.jit`` (compiled once per entry, loss, loop and shapes: a
-loss by what it computes, ``_loss_key``)."""
-
-TRAIN_PROGRAM = _KeyedByLoss(
-    jax.jit(train_program, static_argnames=("entry", "tx", "loss_fn", "update_every", "spec",
-                                            "params_def", "skip_non_finite", "masked")),
-    (2, 12, 13))
-""":func:`train_program` under ``jax.jit`` (its loss keyed as :data:`GRAD_PROGRAM`'s)."""
+TRAIN_PROGRAM = jax.jit(train_program, static_argnames=("entry", "tx", "loss_fn", "update_every",
+                                                      "spec", "params_def", "skip_non_finite",
+                                                      "masked"))
+""":func:`train_program` under ``jax.jit``."""
 
 EVOLVE_PROGRAM = jax.jit(evolve_program, static_argnames=("entry",))
 """:func:`evolve_program` under ``jax.jit``."""
