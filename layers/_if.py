@@ -7,9 +7,9 @@ refractoriness as in :class:`LIF`):
 
     v_t = v_{t-1} - z_{t-1}(v_{th} - v_{reset}) + x_t, \qquad z_t = H(v_t - v_{th}).
 
-The membrane keeps what it integrates until it fires, so its Jacobian
-``∂v_t/∂v_{t-1}`` is ``1`` less the reset's surrogate term (exactly ``1`` with
-``detach_reset=True``). Without recurrent weights D-RTRL is exact on it, as on
+The membrane keeps what it integrates until it fires: its Jacobian
+``∂v_t/∂v_{t-1}`` is ``1`` but for the reset's term (see :class:`LIF` with
+``α = 1``). Without recurrent weights D-RTRL is exact on it, as on
 :class:`LIF`; :class:`RecurrentSpiking` makes the recurrent variant (spyx's ``RIF``).
 """
 
