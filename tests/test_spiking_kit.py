@@ -100,6 +100,11 @@ def test_a_cuba_lif_layer_is_one_group_of_two_states_per_neuron_and_its_count_a_
     assert "`layers.1.tau_syn` (ETPElemwise)" in report and "approximations: none" in report
     counted = graph((layers.SumOverTime(4),)).report()
     assert "layers.1.i, layers.1.v, layers.2.c  shape=(4,)  S=3" in counted
+    # OTPE's signal on the new state holds the current's path into the membrane, as its traces
+    # do: strict refuses it, naming the path (test_gradient_contract: it really differs)
+    [otpe] = braintrace.OTPE(0.5).approximations(graph(()))
+    assert ("hidden state `layers.1.v` of `layers.1` (CuBaLIF) is computed from that of hidden "
+            "state `layers.1.i`") in otpe.detail
 
 
 @pytest.mark.parametrize("neuron", [layers.IF, layers.CuBaLIF])
