@@ -12,7 +12,8 @@ from flax import nnx
 from braintrace._arguments import check_integer
 from braintrace._hidden import HiddenState
 
-__all__ = ["KEEP", "check_batch_size", "check_sample_shapes", "init_states"]
+__all__ = ["KEEP", "check_batch_size", "check_sample_shapes", "init_states",
+           "runs_at_batch_size"]
 
 KEEP: Any = type("Keep", (), {"__repr__": lambda self: "KEEP"})()
 """The default batch size of ``learner.reset`` and ``online.init``: keep the current one
@@ -98,6 +99,16 @@ def _step_shapes(model: nnx.Module, example_x: Any, batch_size: int) -> None:
     after = [tuple(a.shape) for a in jax.eval_shape(step, state, example)]
     if after != before:
         raise ValueError(f"the hidden states change shape in a step: {before} -> {after}")
+
+
+def runs_at_batch_size(model: nnx.Module, example_x: Any, batch_size: int) -> bool:
+    """Whether a copy of ``model``, its states batched for ``batch_size``, steps on
+    ``example_x`` (batch axis leading) keeping their shapes; the model is not touched."""
+    try:
+        _step_shapes(model, example_x, batch_size)
+    except Exception:  # noqa: BLE001 -- any failure of the model's step means no
+        return False
+    return True
 
 
 def check_sample_shapes(model: nnx.Module, example_x: Any, batch_size: int | None) -> None:
