@@ -160,8 +160,8 @@ def _missing_batch_size(model: nnx.Module, example_x: Any) -> str | None:
     if len(leading) != 1 or None in leading:
         return None
     n = leading.pop()
-    if not runs_at_batch_size(model, example_x, n):
-        return None
+    if runs_at_batch_size(model, example_x, None) or not runs_at_batch_size(model, example_x, n):
+        return None  # the model runs per sample (it failed for another reason), or not at n
     shapes = ", ".join(str(shape_of(a)) for a in jax.tree.leaves(example_x))
     return (f"braintrace.compile: example_x has shape {shapes}, a batch of {n}, but the "
             "model's hidden states hold one sample: compile was given no batch_size. Pass it: "
