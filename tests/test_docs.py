@@ -14,6 +14,8 @@ import io
 import pathlib
 import re
 import runpy
+import sys
+import tomllib
 
 import jax
 import jax.numpy as jnp
@@ -451,3 +453,15 @@ def test_every_page_with_python_code_is_run_by_a_test():
 def test_page_code_runs_and_does_what_the_page_says(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     PAGE_CHECKS[page](_run_page(DOCS / page))
+
+
+def test_the_dev_install_opens_and_runs_the_notebooks_as_the_readme_says():
+    readme = " ".join((ROOT / "README.md").read_text().split())  # lines joined
+    bin_dir = pathlib.Path(sys.executable).parent
+    for command in ("lab notebooks/", "nbconvert --execute --to notebook"):
+        assert f"`.venv/bin/jupyter {command}" in readme
+        assert (bin_dir / f"jupyter-{command.split()[0]}").exists(), (
+            f"`jupyter {command.split()[0]}` is not installed: pip install -e '.[dev]'")
+    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["dev"]
+    assert {"jupyterlab", "nbconvert"} <= {re.split(r"[<>=\[ ]", d)[0] for d in dev}
