@@ -465,3 +465,17 @@ def test_the_dev_install_opens_and_runs_the_notebooks_as_the_readme_says():
     dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]["dev"]
     assert {"jupyterlab", "nbconvert"} <= {re.split(r"[<>=\[ ]", d)[0] for d in dev}
+
+
+EARLIER_NAMES = ("braintrace.D_RTRL", "braintrace.ES_D_RTRL", "braintrace.pp_prop",
+                 ".etrace_evolve(")
+"""What the notebooks once called and the README does not: the aliases of ``DRTRL`` and
+``ESDRTRL``, and running a test sequence through the learner instead of ``evaluate``."""
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_uses_the_readmes_names(path):
+    code = "\n".join(cell.source for cell in nbformat.read(path, as_version=4).cells
+                     if cell.cell_type == "code")
+    for name in EARLIER_NAMES:
+        assert name not in code, f"{path.name}: {name}"
