@@ -127,8 +127,12 @@ def test_report_names_a_normalisation_and_an_lru_readout_by_module():
     assert "reduce_sum" in mixing.detail and "reduce_sum" not in mixing.summary
     readout = next(a for a in stack.approximations if a.param_paths == ("modules.0.C_im",))
     assert readout.summary.startswith(
-        "`modules.0.C_im` of `modules.0` (LRU) is not traced: the operation's output reaches "
-        "hidden state only through another trainable ETP operation (`modules.1` (LRU))")
+        "`modules.0.C_im`, `modules.0.C_re` and `modules.0.D` of `modules.0` (LRU) are not "
+        "traced: the operation's output reaches hidden state only through another trainable "
+        "ETP operation (`modules.1` (LRU))")
+    # excluded alike in one module: one sentence for the three operations
+    assert {a.summary for a in stack.approximations
+            if a.param_paths[0] in ("modules.0.C_re", "modules.0.D")} == {readout.summary}
     assert "RTRL() follows it exactly" in readout.summary
     coupling = next(a for a in stack.approximations if a.kind == "hidden-coupling")
     assert ("`modules.0` (LRU) carries hidden states `modules.0.h_im` and `modules.0.h_re` of "

@@ -318,13 +318,21 @@ def _untraced_paths(jaxpr, layout, modules, relations, exclusions, feeds_hidden)
                                                      for v in jaxpr.eqns[i].outvars)]
     cells = flax_cells(modules, (p for p in untraced if p not in excluded))
     cell_of = {p: cell for cell, paths in cells.items() for p in paths}
+    alike: dict[tuple, list[str]] = {}  # excluded alike, in one module: one sentence
+    for path in untraced:
+        x = _excluded_because(excluded.get(path, []))
+        if x is not None:
+            alike.setdefault(_alike(modules, path, x), []).extend(x.param_paths)
     for path, on_path in untraced.items():
         why = "; ".join(reasons.get(path, [])) or "no traced ETP operation covers this path"
+        x = _excluded_because(excluded.get(path, []))
         if path in cell_of:
             summary, short = cell_sentence(modules, cell_of[path], cells[cell_of[path]]), ""
+        elif x is not None:
+            summary, short = _excluded_summary(
+                jaxpr, modules, path, x, sorted(set(alike[_alike(modules, path, x)])))
         else:
             summary, short = _untraced_summary(jaxpr, modules, path, on_path,
-                                               excluded.get(path, []),
                                                any(path in r.all_param_paths for r in relations))
         yield Approximation(
             "untraced-path", (path,),
@@ -351,26 +359,40 @@ EXCLUDED_BECAUSE = {
 """Per exclusion kind: why an ETP operation is not traced, and what to do (summaries)."""
 
 
-def _untraced_summary(jaxpr, modules, path, on_path, excluded, traced):
-    """The summary and short summary (``Approximation.short``) of an untraced path: the
-    excluded ETP operation and why, or the plain operations no trace follows (``traced``:
-    the Param is traced elsewhere)."""
-    x = next((x for x in excluded if x.kind in EXCLUDED_BECAUSE), None)
-    if x is None:
-        fix = ("use a traced weight only through its ETP operation" if traced else
-               "route the operation through an ETP layer (e.g. layers.ETPLinear for "
-               "nnx.Linear, layers.ETPElemwise for a gain)")
-        summary = (f"{modules.leaf_label(path)} reaches hidden state through "
-                   f"{operations(jaxpr, modules, on_path)}, where no eligibility trace follows "
-                   f"it, so that path gives only its same-step gradient (no credit over time); "
-                   f"{fix}.")
-        return summary, ""
+def _excluded_because(excluded: Sequence[Exclusion]) -> Exclusion | None:
+    """The first of a Param's exclusions that :data:`EXCLUDED_BECAUSE` explains."""
+    return next((x for x in excluded if x.kind in EXCLUDED_BECAUSE), None)
+
+
+def _alike(modules, path, x):
+    """What makes exclusions one sentence: the Param's module, the kind, the operations
+    between, and the specifics where the sentence quotes them."""
+    quoted = x.reason if "{reason}" in EXCLUDED_BECAUSE[x.kind][0] else None
+    return modules.module_of(path), x.kind, x.via, quoted, x.primitive
+
+
+def _untraced_summary(jaxpr, modules, path, on_path, traced):
+    """The summary (no short one: its advice is its own) of a Param that reaches hidden state
+    through plain operations no trace follows (``traced``: the Param is traced elsewhere)."""
+    fix = ("use a traced weight only through its ETP operation" if traced else
+           "route the operation through an ETP layer (e.g. layers.ETPLinear for "
+           "nnx.Linear, layers.ETPElemwise for a gain)")
+    summary = (f"{modules.leaf_label(path)} reaches hidden state through "
+               f"{operations(jaxpr, modules, on_path)}, where no eligibility trace follows "
+               f"it, so that path gives only its same-step gradient (no credit over time); "
+               f"{fix}.")
+    return summary, ""
+
+
+def _excluded_summary(jaxpr, modules, path, x, params):
+    """The summary and short summary (``Approximation.short``) of the excluded ETP operations
+    of ``params`` (one module's, excluded alike, ``path`` among them): why, what to do."""
     because, fix = EXCLUDED_BECAUSE[x.kind]
     owner = modules.module_of(path)
     of = f" of {modules.label(owner)}" if owner is not None else f" ('{x.primitive}')"
     via = operations(jaxpr, modules, x.via) if x.via else ""
-    one = len(x.param_paths) == 1
-    what = (f"{params_phrase(x.param_paths)}{of} {'is' if one else 'are'} not traced: "
+    one = len(params) == 1
+    what = (f"{params_phrase(params)}{of} {'is' if one else 'are'} not traced: "
             f"{because.format(via=via, reason=x.reason)}, so {'it learns' if one else 'they learn'}"
             " from the same-step gradient only (no credit over time)")
     return f"{what}; {fix}.", (f"{what}." if fix == EXACT_ALTERNATIVES else "")
