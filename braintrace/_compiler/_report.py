@@ -163,7 +163,8 @@ def _relative(path: str, module: str | None) -> str:
     return path[len(module) + 1:] if module else path
 
 
-def _by_module(graph: ETraceGraph, paths: dict[str, str | None], suffix: dict[str, str]) -> str:
+def _by_module(graph: ETraceGraph, paths: dict[str, str | None],
+               suffix: dict[str | None, str]) -> str:
     """``'`rnn` (Stateful): cell.kernel, cell.bias; `out` (ETPLinear): kernel'``: ``paths``
     (path -> module) by module, each module's ``suffix`` after its Params."""
     by: dict[str | None, list[str]] = {}
@@ -262,7 +263,10 @@ def _short_no_traces(graph: ETraceGraph, algorithm: Any, found: tuple[Approximat
     return _keeps_no_traces(algorithm)
 
 
-def _warnings(graph: ETraceGraph, *args: Any) -> list[str]:
+def _warnings(graph: ETraceGraph, algorithm: Any = None,
+              found: tuple[Approximation, ...] = ()) -> list[str]:
+    """What tracing the step warned about (both reports)."""
+    del algorithm, found
     if not graph.warnings:
         return []
     return ["  warnings:", *(f"    - {w}" for w in graph.warnings)]
