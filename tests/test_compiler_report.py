@@ -104,12 +104,12 @@ def test_short_report_gives_groups_params_and_each_approximation_in_a_few_lines(
                              "exact within K steps.")
     assert lines[7:] == [
         "hidden groups (2): the model (Net): m (2, 4); `rnn.neuron` (ALIF): a and v (2, 4)",
-        "Params learning by eligibility traces (5): into `rnn.neuron` (ALIF): rnn.dense_i.bias, "
-        "rnn.dense_i.kernel, rnn.dense_h.kernel and rnn.neuron.tau.weight; into the model "
-        "(Net): w",
-        "Params with same-step gradients only (4): `out` (ETPLinear): bias and kernel (reaches "
-        "no hidden state (a readout)); `pre` (ETPLinear): bias and kernel (reaches hidden state "
-        "only through another trainable ETP operation)",
+        ("Params learning by eligibility traces (5): into `rnn.neuron` (ALIF): rnn.dense_i.bias, "
+         "rnn.dense_i.kernel, rnn.dense_h.kernel and rnn.neuron.tau.weight; into the model "
+         "(Net): w"),
+        ("Params with same-step gradients only (4): `out` (ETPLinear): bias and kernel (reaches "
+         "no hidden state (a readout)); `pre` (ETPLinear): bias and kernel (reaches hidden state "
+         "only through another trainable ETP operation)"),
         "report(verbose=True) adds every Param, the traced operations and the equations"]
     assert "eqn" not in text and "details:" not in text
 
