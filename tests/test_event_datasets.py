@@ -263,9 +263,11 @@ def test_a_damaged_nmnist_file_is_an_error_naming_it_and_the_record(tmp_path, ki
 class _TonicLike:
     """Shaped like a tonic dataset built without a transform: ``events, label = ds[i]``."""
 
-    def __init__(self, samples, labels, sensor_size, fields):
+    def __init__(self, samples, labels, sensor_size, fields, classes=None):
         self.samples, self.labels, self.sensor_size = samples, labels, sensor_size
         self.dtype = np.dtype([(f, np.int64) for f in fields])
+        if classes is not None:
+            self.classes = classes
 
     def __len__(self):
         return len(self.samples)
@@ -298,8 +300,9 @@ def test_from_tonic_gives_the_batches_of_the_file_loaders(nmnist_folder, shd_fol
     # tonic's SHD: times in whole µs, x the channel, p = 1 on a (700, 1, 1) sensor
     tonic_shd = _TonicLike([(np.round(t.astype(np.float64) * 1e6).astype(np.int64),
                              {"x": u, "p": np.ones_like(u)}) for t, u in samples], labels,
-                           (700, 1, 1), "txp")
+                           (700, 1, 1), "txp", classes=np.array([b"k%d" % i for i in range(20)]))
     shd = tasks.from_tonic(tonic_shd, tonic_shd, num_steps=40, max_time=None)
+    assert shd.num_classes == 20  # tonic's SHD names its classes in an array
     np.testing.assert_array_equal(shd.split("test").xs,
                                   tasks.SHD(folder, num_steps=40, max_time=None).split("test").xs)
 

@@ -15,14 +15,18 @@ events with
     k\,\frac{t_{max}}{T} \le t < (k + 1)\,\frac{t_{max}}{T},
 
 times counted from the recording's start (``t = 0``), as in Zenke's SHD tutorial
-(``T = 100`` over ``1.4 s``) and tonic's ``ToFrame(time_window=...)``; events at
-or after ``max_time`` are dropped. A sample's *length* is the number of steps up
+(``T = 100`` over ``1.4 s``); events at or after ``max_time`` are dropped. These
+are the frames of tonic's ``ToFrame(time_window=max_time/T, start_time=0,
+end_time=max_time)`` (compared on SHD-format files through tonic 1.7's own SHD
+reader). A sample's *length* is the number of steps up
 to the one holding its last event (``T`` when it has events at or after the
 window's end, 1 when it has none); the steps after it are padding, weighed 0 by
 the mask. With ``max_time=None`` every sample is stretched over the ``T`` steps:
 its own span ``[t_first, t_last]`` is cut into ``T`` equal bins, the last event
-in the last bin (like tonic's ``ToFrame(n_time_bins=T)``, which spyx's loaders
-use), and every step is scored. A bin holding events is a spike (1.0), or with
+in the last bin, and every step is scored: tonic's ``ToFrame(n_time_bins=T)``
+(which spyx's loaders use), except that tonic's bin width, rounded down to
+whole microseconds, drops the events after its ``T`` bins, and these bins keep
+every event. A bin holding events is a spike (1.0), or with
 ``binary=False`` its count of events.
 
 Integer time stamps (N-MNIST's and tonic's microseconds) are binned in integers,

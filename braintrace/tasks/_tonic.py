@@ -183,8 +183,8 @@ def from_tonic(train: Any, test: Any, *, num_steps: int, max_time: float | None,
     else:
         splits["validation"] = _read(validation, "validation", sensor)
     largest = max((int(s.labels.max()) for s in splits.values() if len(s)), default=0)
-    classes = getattr(train, "classes", None)
-    num_classes = len(classes) if classes else largest + 1
+    classes = getattr(train, "classes", None)  # tonic's SHD: an array of the class names
+    num_classes = largest + 1 if classes is None or len(classes) == 0 else len(classes)
     if largest >= num_classes:
         raise ValueError(f"from_tonic: a sample has label {largest}, but the train dataset has "
                          f"{num_classes} classes.")
