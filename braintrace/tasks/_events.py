@@ -45,7 +45,7 @@ __all__ = ["Events", "bin_events"]
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Events:
-    """The event recordings of one split, read-only: sample ``i`` is ``slice(offsets[i], offsets[i+1])``.
+    """The event recordings of one split, read-only; sample ``i`` is events ``offsets[i:i+2]``.
 
     Attributes:
         times: ``(E,)`` event times, in units of ``time_unit`` seconds, each ``>= 0``.

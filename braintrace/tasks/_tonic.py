@@ -1,4 +1,4 @@
-r"""Data sets of the ``tonic`` package (``tonic.datasets.SHD``, ``NMNIST``, ...) as braintrace tasks.
+r"""Data sets of the ``tonic`` package (``tonic.datasets.SHD``, ``NMNIST``, ...) as tasks.
 
 tonic (an optional package, never imported here) hands out samples as
 ``events, label = dataset[i]``: a NumPy structured array with a time field
