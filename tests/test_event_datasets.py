@@ -15,7 +15,6 @@ import math
 
 import h5py
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -326,22 +325,3 @@ def test_from_tonic_refuses_what_is_not_raw_events(nmnist_folder, change, messag
         test.samples[1][0][0] = -1
     with pytest.raises(ValueError, match="from_tonic: " + message):
         tasks.from_tonic(train, test, num_steps=10, max_time=0.3)
-
-
-def test_an_shd_task_trains_with_the_online_trainer(shd_folder):
-    import optax
-    from flax import nnx
-
-    import braintrace
-    from braintrace import layers
-
-    folder = shd_folder[0]
-    task = tasks.SHD(folder, num_steps=8, validation_fraction=0.2)
-    model = nnx.Sequential(layers.ETPLinear(700, 8, rngs=nnx.Rngs(0)), layers.LIF(8),
-                           layers.LeakyReadout(8, task.num_classes, rngs=nnx.Rngs(1)))
-    learner = braintrace.compile(model, "es_d_rtrl", jnp.zeros((4, 700)), batch_size=4)
-    trainer = braintrace.OnlineTrainer(learner, optax.adam(1e-2), loss_fn=tasks.cross_entropy)
-    history = trainer.fit(task.batches("train", 4, key=jax.random.key(0)), steps=3,
-                          validation=list(task.batches("validation", 4)), eval_every=3)
-    assert len(history) == 3 and np.all(np.isfinite(history.losses))
-    assert 0.0 <= history.metric("val_accuracy")[1][0] <= 1.0
