@@ -100,8 +100,10 @@ def test_a_cuba_lif_layer_is_one_group_of_two_states_per_neuron_and_its_count_a_
     assert "approximations: none" in report and "layers.1.tau_syn.weight" in report
     assert "layers.1.i, layers.1.v  shape=(4,)  S=2  of `layers.1` (CuBaLIF)" in graph(
         ()).report(verbose=True)
-    counted = graph((layers.SumOverTime(4),)).report(verbose=True)
-    assert "layers.1.i, layers.1.v, layers.2.c  shape=(4,)  S=3" in counted
+    counted = graph((layers.SumOverTime(4),))
+    assert "layers.1.i, layers.1.v, layers.2.c  shape=(4,)  S=3" in counted.report(verbose=True)
+    assert ("hidden groups (1): `layers.1` (CuBaLIF): i and v, with `layers.2` (SumOverTime): "
+            "c (4,)") in counted.report()  # each state under its own module
     # OTPE's signal on the new state holds the current's path into the membrane, as its traces
     # do: strict refuses it, naming the path (test_gradient_contract: it really differs)
     [otpe] = braintrace.OTPE(0.5).approximations(graph(()))
