@@ -24,12 +24,11 @@ def spyx_compare(results: Results) -> str:
     methods = list(dict.fromkeys(m for entries in run["results"].values() for m in entries))
     rows = [(f"`{m}`", *(c for t in lengths for c in _cells(run["results"][t][m])))
             for m in methods]
-    header = [f"{what}, {t.replace('=', ' = ')}" for t in lengths
+    header = [f"{what}, T = {int(t.removeprefix('T=')):,}" for t in lengths
               for what in ("time per step", "XLA temporaries")]
     return captioned(
         f"{source(results, NAME)}, spyx {run['spyx']}: {config['inputs']} inputs, "
         f"{config['hidden']} LIF neurons, {config['outputs']} outputs, batch "
-        f"{config['batch']}; one train step (gradient and Adam update), medians over "
-        f"{run['repeats']} round-robin rounds. Time: wall time per step (over spyx's: wall / "
-        "CPU time of the process); XLA's temporary memory of the compiled step (over spyx's).",
+        f"{config['batch']}; a train step (gradient, Adam update), medians of {run['repeats']} "
+        "round-robin rounds: time per step (over spyx's: wall / CPU time), XLA temporaries.",
         *table(("method", *header), rows))
