@@ -253,7 +253,7 @@ def plot(results: dict[str, Any], path: str) -> None:
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks([k + 0.4 - width / 2 for k in range(len(lengths))], lengths)
         ax.set_ylabel(f"{what} over spyx's")
-    axes[0].legend(fontsize=8)
+    axes[1].legend(fontsize=8, loc="lower center", ncol=3)
     fig.suptitle("The same LIF network against spyx 1.0.0 (train step, CPU)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
