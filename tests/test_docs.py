@@ -453,7 +453,7 @@ def _check_spiking_kit(ns):
     # regulariser holds the hidden layer near its target (about 0.3 without it)
     assert ns["test_accuracy"] >= 0.8
     assert abs(ns["hidden_rate"] - 0.05) < 0.03
-    assert "S=3" in ns["counting"].report()  # the output layer and its count: one group
+    assert "count.c, n2.i, n2.v  shape=(8, 3)  S=3" in ns["counting"].report(verbose=True)
     assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(ns["grads"]))
 
 

@@ -96,10 +96,14 @@ def test_a_cuba_lif_layer_is_one_group_of_two_states_per_neuron_and_its_count_a_
         return braintrace.compile_graph(net, jnp.ones(3))
 
     report = graph(()).report()
-    assert "layers.1.i, layers.1.v  shape=(4,)  S=2  of `layers.1` (CuBaLIF)" in report
-    assert "`layers.1.tau_syn` (ETPElemwise)" in report and "approximations: none" in report
-    counted = graph((layers.SumOverTime(4),)).report()
-    assert "layers.1.i, layers.1.v, layers.2.c  shape=(4,)  S=3" in counted
+    assert "hidden groups (1): `layers.1` (CuBaLIF): i and v (4,)" in report
+    assert "approximations: none" in report and "layers.1.tau_syn.weight" in report
+    assert "layers.1.i, layers.1.v  shape=(4,)  S=2  of `layers.1` (CuBaLIF)" in graph(
+        ()).report(verbose=True)
+    counted = graph((layers.SumOverTime(4),))
+    assert "layers.1.i, layers.1.v, layers.2.c  shape=(4,)  S=3" in counted.report(verbose=True)
+    assert ("hidden groups (1): `layers.1` (CuBaLIF): i and v, with `layers.2` (SumOverTime): "
+            "c (4,)") in counted.report()  # each state under its own module
     # OTPE's signal on the new state holds the current's path into the membrane, as its traces
     # do: strict refuses it, naming the path (test_gradient_contract: it really differs)
     [otpe] = braintrace.OTPE(0.5).approximations(graph(()))
