@@ -39,9 +39,24 @@ __all__ = ["NMNIST", "SHD", "SSC", "AbstractEventDataset"]
 class AbstractEventDataset(abc.ABC):
     """Labelled event recordings split into train, validation and test, binned per batch.
 
-    A final subclass is a frozen dataclass with the binning fields ``num_steps``,
-    ``max_time`` and ``binary`` that says its frame shape and classes and keeps
-    its splits' :class:`Events` (read when it is made) in ``_splits``.
+    A final subclass (:class:`SHD`, :class:`SSC`, :class:`NMNIST`, a
+    :func:`from_tonic` data set) is a frozen dataclass with the binning fields
+    ``num_steps``, ``max_time`` and ``binary`` that says its frame shape and
+    classes and keeps its splits' events (read when it is made). Its batches are
+    drawn here: :meth:`sample`, :meth:`batches`, :meth:`split`.
+
+    Example:
+        >>> import numpy as np, tempfile, pathlib
+        >>> from braintrace.tasks import NMNIST
+        >>> root = pathlib.Path(tempfile.mkdtemp())
+        >>> for split in ("Train", "Test"):
+        ...     (root / split / "5").mkdir(parents=True)
+        ...     for i in range(3):  # two events at x=i, y=0: at 0 and 1 ms
+        ...         _ = (root / split / "5" / f"{i}.bin").write_bytes(bytes([i, 0, 0, 0, 0])
+        ...                                                           + bytes([i, 0, 0, 3, 0xE8]))
+        >>> task = NMNIST(root, num_steps=4, max_time=0.004, validation_fraction=0.4)
+        >>> [b.mask.sum(0).tolist() for b in task.batches("test", 2)]  # last batch filled up
+        [[2.0, 2.0], [2.0, 0.0]]
     """
 
     num_steps: int

@@ -103,7 +103,19 @@ class TonicDataset(AbstractEventDataset):
         flatten: Whether a step's input is a vector (else a frame ``(H, W, P)``).
 
     Example:
-        See :func:`from_tonic`.
+        >>> import numpy as np
+        >>> from braintrace.tasks import from_tonic
+        >>> class Fake:  # a tonic dataset of N-MNIST's sensor: one ON event per sample
+        ...     sensor_size, classes = (34, 34, 2), list(range(10))
+        ...     def __len__(self):
+        ...         return 10
+        ...     def __getitem__(self, i):
+        ...         dtype = np.dtype([("x", int), ("y", int), ("t", int), ("p", int)])
+        ...         return np.array([(i, 2 * i, 1000 * i, 1)], dtype), i
+        >>> task = from_tonic(Fake(), Fake(), num_steps=10, max_time=0.01, flatten=False,
+        ...                   validation_fraction=0.5)
+        >>> task.input_shape, task.num_classes, task.split("test").xs[3, 3, 6, 3, 1].item()
+        ((34, 34, 2), 10, 1.0)
     """
 
     sensor_size: tuple[int, int, int]
