@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from braintrace.tasks._batch import Batch
-from braintrace.tasks._datasets import SPLITS, _stratified
+from braintrace.tasks._datasets import SPLITS, stratified
 from braintrace.tasks._events import Events, bin_events
 from braintrace.tasks._hdf5 import read_spikes
 from braintrace.tasks._nmnist import SENSOR, read_folder
@@ -154,11 +154,11 @@ def _rng(key: jax.Array) -> np.random.Generator:
     return np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel().tolist())
 
 
-def _validation_split(name: str, train: Events, fraction: float, seed: int
+def validation_split(name: str, train: Events, fraction: float, seed: int
                       ) -> tuple[Events, Events]:
     if not 0 < fraction < 1:
         raise ValueError(f"{name}: validation_fraction must be in (0, 1), got {fraction}.")
-    rest, held = _stratified(train.labels, fraction, np.random.default_rng(seed))
+    rest, held = stratified(train.labels, fraction, np.random.default_rng(seed))
     return train.take(rest), train.take(held)
 
 
@@ -225,7 +225,7 @@ class SHD(AbstractEventDataset):
         folder = _folder(self.path, "SHD")
         train, test = (read_spikes(folder / f"shd_{s}.h5", 700, 20, "SHD")
                        for s in ("train", "test"))
-        train, validation = _validation_split("SHD", train, self.validation_fraction, self.seed)
+        train, validation = validation_split("SHD", train, self.validation_fraction, self.seed)
         self._keep({"train": train, "validation": validation, "test": test})
 
     @property
@@ -343,7 +343,7 @@ class NMNIST(AbstractEventDataset):
         self._check_binning()
         folder = _folder(self.path, "NMNIST")
         train, test = (read_folder(folder / s, "NMNIST") for s in ("Train", "Test"))
-        train, validation = _validation_split("NMNIST", train, self.validation_fraction,
+        train, validation = validation_split("NMNIST", train, self.validation_fraction,
                                               self.seed)
         self._keep({"train": train, "validation": validation, "test": test})
 

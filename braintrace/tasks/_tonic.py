@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from braintrace.tasks._event_datasets import AbstractEventDataset, _validation_split
+from braintrace.tasks._event_datasets import AbstractEventDataset, validation_split
 from braintrace.tasks._events import Events, concatenate
 
 __all__ = ["TonicDataset", "from_tonic"]
@@ -190,7 +190,7 @@ def from_tonic(train: Any, test: Any, *, num_steps: int, max_time: float | None,
     sensor = _sensor(train, "train")
     splits = {"train": _read(train, "train", sensor), "test": _read(test, "test", sensor)}
     if validation is None:
-        splits["train"], splits["validation"] = _validation_split(
+        splits["train"], splits["validation"] = validation_split(
             "from_tonic", splits["train"], validation_fraction, seed)
     else:
         splits["validation"] = _read(validation, "validation", sensor)
