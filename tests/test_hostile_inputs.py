@@ -128,22 +128,34 @@ def test_non_finite_mask_is_an_error_naming_the_step():
                             reduction="sum")
 
 
+def zeros(grads):
+    return all(np.array_equal(g, np.zeros_like(g)) for g in jax.tree.leaves(grads))
+
+
 @pytest.mark.parametrize("bad", [jnp.inf, jnp.nan])
 def test_non_finite_loss_names_the_step_and_keeps_the_learner(bad):
+    """The call returns at once (zero gradients, the learner kept); the next call raises its
+    error and changes nothing; the error is raised once."""
     xs, ys = data(5)
     learner = warmed(leaky())
     before = snapshot(learner)
-    with pytest.raises(FloatingPointError, match=r"loss at time step 2 is (inf|nan), not finite"):
-        learner.etrace_grad(xs, ys.at[2].set(bad), mse)
+    assert zeros(learner.etrace_grad(xs, ys.at[2].set(bad), mse))
     assert_same(before, snapshot(learner))
+    with pytest.raises(FloatingPointError, match=r"etrace_grad \(the last call.*\): the loss at "
+                                                 r"time step 2 is (inf|nan), not finite"):
+        learner.etrace_grad(xs, ys, mse)
+    assert_same(before, snapshot(learner))
+    assert not zeros(learner.etrace_grad(xs, ys, mse))
+    learner.sync()
 
 
 def test_non_finite_gradient_with_finite_losses_names_the_param_and_keeps_the_learner():
     xs, ys = data(3)
     learner = warmed(leaky())
     before = snapshot(learner)
+    assert zeros(learner.etrace_grad(xs, ys, sqrt_of_excess))
     with pytest.raises(FloatingPointError, match=r"gradient of Param .*'out.kernel'.* not finite"):
-        learner.etrace_grad(xs, ys, sqrt_of_excess)
+        learner.sync()
     assert_same(before, snapshot(learner))
 
 
@@ -164,13 +176,16 @@ def test_trainer_non_finite_loss_discards_the_whole_call_and_says_so(bad):
     trainer = braintrace.OnlineTrainer(learner, optax.adam(0.1), loss_fn=mse, update_every=2)
     trainer.step(xs, ys)
     before = snapshot(learner, trainer)
+    trainer.step(xs, ys.at[3].set(bad))
+    assert_same(before, snapshot(learner, trainer))  # discarded on the device
     with pytest.raises(FloatingPointError,
-                       match=r"time step 3 of this call is (inf|nan).*whole call was discarded"):
-        trainer.step(xs, ys.at[3].set(bad))
+                       match=r"time step 3 of that call is (inf|nan).*whole call was discarded"):
+        trainer.sync()
     assert_same(before, snapshot(learner, trainer))
-    with pytest.raises(FloatingPointError, match="time step 0 of this call") as info:
+    with pytest.raises(FloatingPointError, match="time step 0 of that call") as info:
         trainer.fit([(xs, ys), (xs, ys.at[0].set(bad))], progress=False)
     assert "epoch 0, batch 1; 1 earlier batch(es) stay learnt" in info.value.__notes__[0]
+    assert [r["step"] for r in trainer.history.steps] == [1]  # the discarded batch left out
 
 
 def test_trainer_update_to_non_finite_params_is_an_error_naming_the_param():
@@ -179,9 +194,10 @@ def test_trainer_update_to_non_finite_params_is_an_error_naming_the_param():
     trainer = braintrace.OnlineTrainer(learner, optax.sgd(0.1), loss_fn=sqrt_of_excess,
                                        update_every=2)
     before = snapshot(learner, trainer)
+    trainer.step(xs, ys)
     with pytest.raises(FloatingPointError,
                        match=r"update after time step 1 .*'out.kernel'.*whole call was discarded"):
-        trainer.step(xs, ys)
+        trainer.step(xs, ys)  # the next call raises the last one's error, changing nothing
     assert_same(before, snapshot(learner, trainer))
 
 
@@ -198,10 +214,11 @@ def test_trainer_names_the_first_update_to_non_finite_params_not_the_last():
     tx = optax.chain(optax.sgd(0.1), optax.masked(optax.scale(jnp.inf), kernel_out))
     trainer = braintrace.OnlineTrainer(learner, tx, loss_fn=mse, update_every=2)
     before = snapshot(learner, trainer)
+    trainer.step(xs, ys)
     with pytest.raises(FloatingPointError,
-                       match=r"update after time step 1 of this call made Param 'out.kernel' "
+                       match=r"update after time step 1 of that call made Param 'out.kernel' "
                              r"not finite although"):
-        trainer.step(xs, ys)
+        trainer.sync()
     assert_same(before, snapshot(learner, trainer))
 
 
@@ -417,7 +434,7 @@ def test_reset_to_an_earlier_batch_size_does_not_recompile(monkeypatch):
         learner.reset(batch_size=B)
         grads = learner.etrace_grad(xs, ys, mse)
     assert len(calls) == 2
-    assert compiled.count("grad_program") == 2  # one per batch size
+    assert compiled.count("checked_grad_program") == 2  # one per batch size
     fresh = leaky().etrace_grad(xs, ys, mse)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(fresh)):
         np.testing.assert_allclose(a, b, rtol=1e-6)

@@ -10,7 +10,10 @@ these, under ``jax.jit`` (:data:`GRAD_PROGRAM`, :data:`TRAIN_PROGRAM`,
 
 * :func:`grad_program`: the online gradient of ``Σ_t w_t L_t`` over a sequence;
 * :func:`train_program`: an optax update after every ``k`` steps, inside the loop;
-* :func:`evolve_program`: hidden state and traces advanced without gradients.
+* :func:`evolve_program`: hidden state and traces advanced without gradients;
+* :func:`checked_grad_program`, :func:`checked_train_program`: the first two as
+  the stateful shells run them, returning nothing non-finite (they read the
+  flags a call later: ``_deferred.py``).
 
 Floating-point inputs of another width are cast to the compiled input's dtype
 (:func:`~braintrace._drivers._inputs.cast_inputs`). With a mesh (data parallel)
@@ -49,8 +52,9 @@ from braintrace._loops import (
     run,
 )
 
-__all__ = ["EVOLVE_PROGRAM", "GRAD_PROGRAM", "TRAIN_PROGRAM", "GradArgs", "GradResult", "TrainResult",
-           "evolve_program", "grad_program", "train_program"]
+__all__ = ["CHECKED_GRAD_PROGRAM", "CHECKED_TRAIN_PROGRAM", "EVOLVE_PROGRAM", "GRAD_PROGRAM",
+           "TRAIN_PROGRAM", "GradArgs", "GradResult", "TrainResult", "checked_grad_program",
+           "checked_train_program", "evolve_program", "grad_program", "train_program"]
 
 
 class GradArgs(NamedTuple):
@@ -378,6 +382,65 @@ def _train_window(entry: Entry, tx: optax.GradientTransformationExtraArgs,
                           value=value.astype(carry.value.dtype), pending=scored), losses
 
 
+def _kept_where(ok: jax.Array, new: Any, old: Any) -> Any:
+    """``new`` where ``ok``, else ``old`` (leaf by leaf; one select per leaf)."""
+    return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+
+
+@_on_its_mesh
+def checked_grad_program(entry: Entry, loss_fn: Callable[[Any, Any], jax.Array], spec: LoopSpec,
+                         params, hidden, other, traces, xs, ys, weights,
+                         signal_inputs=None, masked: bool = False) -> GradResult:
+    """:func:`grad_program` that returns nothing non-finite, for ``learner.etrace_grad``.
+
+    Where a loss or a gradient is not finite (``losses`` and ``finite`` say
+    so), the gradients are zeros and the hidden state, other Variables and
+    traces those given: an optimiser that applies the gradients before the
+    driver reads the flags (a call later, ``_deferred.py``) adds nothing
+    non-finite to the Params, and the learner keeps its state.
+    """
+    out = grad_program(entry, loss_fn, spec, params, hidden, other, traces, xs, ys, weights,
+                       signal_inputs, masked)
+    ok = jnp.all(out.finite) & jnp.all(jnp.isfinite(out.losses))
+    grads = [jnp.where(ok, g, jnp.zeros_like(g)) for g in out.grads]
+    hidden, other, traces = (_kept_where(ok, out.hidden, hidden), _kept_where(ok, out.other, other),
+                             _kept_where(ok, out.traces, traces))
+    if entry.layout is not None:
+        grads, hidden, other, traces = _constrain_state(entry.layout, grads, hidden, other, traces)
+    return GradResult(grads, hidden, other, traces, out.losses, out.finite)
+
+
+@_on_its_mesh
+def checked_train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
+                          loss_fn: Callable[[Any, Any], jax.Array], update_every: int,
+                          spec: LoopSpec, params_def: Any, params, opt_state, hidden, other,
+                          traces, xs, ys, weights, signal_inputs=None,
+                          masked: bool = False) -> TrainResult:
+    """:func:`train_program` (every update applied) that returns nothing non-finite, for
+    ``OnlineTrainer.step``.
+
+    Where a loss or the Params after the last update are not finite
+    (``losses`` and ``bad_update_at`` say so), the whole call is discarded on
+    the device: it returns the Params, optimiser state, hidden state, other
+    Variables and traces it was given. To name the first update that went
+    wrong, the driver runs the call again with ``skip_non_finite=True``.
+    """
+    out = train_program(entry, tx, loss_fn, update_every, spec, params_def, params, opt_state,
+                        hidden, other, traces, xs, ys, weights, signal_inputs,
+                        skip_non_finite=False, masked=masked)
+    ok = (out.bad_update_at < 0) & jnp.all(jnp.isfinite(out.losses))
+    params, hidden, other, traces = (
+        _kept_where(ok, out.params, list(params)), _kept_where(ok, out.hidden, list(hidden)),
+        _kept_where(ok, out.other, list(other)), _kept_where(ok, out.traces, traces))
+    opt_state = _kept_where(ok, out.opt_state, opt_state)
+    lay = entry.layout
+    if lay is not None:
+        params, hidden, other, traces = _constrain_state(lay, params, hidden, other, traces)
+        opt_state = constrain(opt_state, _opt_shardings(lay, tx, opt_state, params_def))
+    return out._replace(params=params, opt_state=opt_state, hidden=hidden, other=other,
+                        traces=traces)
+
+
 GRAD_PROGRAM = jax.jit(grad_program, static_argnames=("entry", "loss_fn", "spec", "masked"))
 """:func:`grad_program` under ``jax.jit`` (compiled once per entry, loss, loop and shapes)."""
 
@@ -388,3 +451,11 @@ TRAIN_PROGRAM = jax.jit(train_program, static_argnames=("entry", "tx", "loss_fn"
 
 EVOLVE_PROGRAM = jax.jit(evolve_program, static_argnames=("entry",))
 """:func:`evolve_program` under ``jax.jit``."""
+
+CHECKED_GRAD_PROGRAM = jax.jit(checked_grad_program,
+                               static_argnames=("entry", "loss_fn", "spec", "masked"))
+""":func:`checked_grad_program` under ``jax.jit`` (what ``learner.etrace_grad`` runs)."""
+
+CHECKED_TRAIN_PROGRAM = jax.jit(checked_train_program, static_argnames=(
+    "entry", "tx", "loss_fn", "update_every", "spec", "params_def", "masked"))
+""":func:`checked_train_program` under ``jax.jit`` (what ``OnlineTrainer.step`` runs)."""
