@@ -6,7 +6,8 @@ states live in it) and the traces, checks every argument on the host with clear
 errors, runs a program under ``jax.jit`` and writes the results back. A call that
 raises leaves the model and the learner as they were. It never waits for the
 device: a call's finiteness check is read by the next call, or by :meth:`sync`
-(``_deferred.py``), and what it wrote back meanwhile is finite. It reads the model's mode
+(``_deferred.py``), which puts back the state a call that went wrong started
+from. It reads the model's mode
 (``model.eval()`` / ``model.train()``) at every call: each mode is compiled once,
 then reused. What does not change between calls is kept, so that a call costs the
 host tens of microseconds, not a walk of the model: the model's view while its
@@ -17,11 +18,13 @@ like an earlier call's (``_checked_calls``), a reset that worked
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from braintrace._algorithms import AbstractAlgorithm, GraphRules
@@ -69,12 +72,13 @@ class OnlineLearner(Checkpointable):
     raises leaves the model and the learner as they were before it.
 
     No call waits for the device: each returns once its program is dispatched,
-    so the host prepares the next call while the device runs this one. A call
-    whose loss or gradient is not finite returns zero gradients and keeps the
-    hidden state and traces it started from; its ``FloatingPointError`` is
-    raised by the learner's next call (``etrace_grad``, ``etrace_evolve``, a
-    step), which then changes nothing, or by :meth:`sync`, :meth:`save` or
-    :meth:`state`, whichever comes first.
+    so the host prepares the next call while the device runs this one, and its
+    finiteness check is read later. A call whose loss or gradient is not finite
+    returns zero gradients; when its check is read — by the learner's next call
+    (``etrace_grad``, ``etrace_evolve``, a step; it then changes nothing), or
+    by :meth:`sync`, :meth:`save` or :meth:`state`, whichever comes first — the
+    hidden state and traces it started from are put back and its
+    ``FloatingPointError`` is raised.
 
     Attributes:
         model: The model.
@@ -284,9 +288,9 @@ class OnlineLearner(Checkpointable):
 
         Raises:
             FloatingPointError: The last call's loss or gradient was not finite
-                (it returned zero gradients and kept the hidden state and traces
-                it started from); the message names the step, the Param or the
-                input. Raised once.
+                (it returned zero gradients; the hidden state and traces it
+                started from are put back); the message names the step, the
+                Param or the input. Raised once.
 
         Example:
             >>> import jax.numpy as jnp
@@ -422,13 +426,13 @@ class OnlineLearner(Checkpointable):
 
         A mask of all zeros has no mean: with ``reduction='mean'`` it is an
         error (skip the batch, or use ``reduction='sum'``, whose gradient is
-        then zero). No gradient that is not finite is ever returned: a call
-        whose loss or gradient is not finite returns zero gradients (so an
-        optimiser that applies them adds nothing non-finite to the Params) and
-        keeps the hidden state and traces it started from; the call returns
-        without waiting for the device, and its ``FloatingPointError`` is
-        raised by the learner's next call (which then changes nothing) or by
-        :meth:`sync`.
+        then zero). No gradient that is not finite is ever returned: the call
+        returns without waiting for the device, and if its loss or gradient is
+        not finite it returns zero gradients (so an optimiser that applies them
+        adds nothing non-finite to the Params). Its check is read by the
+        learner's next call (which then changes nothing) or by :meth:`sync`:
+        the hidden state and traces it started from are then put back and its
+        ``FloatingPointError`` is raised.
 
         Args:
             xs: Inputs, time axis leading (any pytree), at least one step.
@@ -486,11 +490,10 @@ class OnlineLearner(Checkpointable):
         self._deferred.settle()  # else now, while the device runs this call
         view.write_state(result.hidden, result.other)
         self.traces = result.traces
-        paths, xs, weights = entry.graph.param_paths, args.xs, args.weights
-        self._deferred.defer((result.losses, result.finite), lambda losses, finite:
-                             raise_if_grad_not_finite(f"learner.etrace_grad ({CHECKED_LATER})",
-                                                      paths, losses, finite, xs=xs,
-                                                      weights=weights))
+        put_back = functools.partial(self._put_back, result.traces, args.hidden, args.other,
+                                     args.traces)
+        self._deferred.defer((result.losses, result.finite), functools.partial(
+            _grad_verdict, entry.graph.param_paths, args.xs, args.weights, put_back))
         state = view.param_state(result.grads)
         return (state, result.losses) if return_losses else state
 
@@ -540,6 +543,14 @@ class OnlineLearner(Checkpointable):
         return self._grad_call(xs, ys, mask=mask, chunk_size=chunk_size, block_size=None,
                                reduction=reduction, signal_inputs=signal_inputs)[2]
 
+    def _put_back(self, written: Any, hidden: list[Any], other: list[Any], traces: Any) -> None:
+        """Puts back the hidden state, other Variables and traces a call started from, if the
+        learner still holds the traces it ``written`` (state set since, by ``reset`` or a
+        restore, is kept): a call found to have gone wrong leaves them as they were."""
+        if self.traces is written:
+            self._views(self.model).write_state(hidden, other)
+            self.traces = traces
+
     def _grad_call(self, xs: Any, ys: Any, *, mask: Any, chunk_size: Any, block_size: Any,
                    reduction: str, signal_inputs: dict[str, Any],
                    bound: tuple[ModelView, Entry] | None = None
@@ -559,3 +570,14 @@ class OnlineLearner(Checkpointable):
     def _place_inputs(entry: Entry, tree: Any) -> Any:
         """Inputs or targets split over the mesh's data axis (:func:`place_learner_inputs`)."""
         return place_learner_inputs(entry, tree)
+
+
+def _grad_verdict(paths: Any, xs: Any, weights: Any, put_back: Callable[[], None],
+                  losses: np.ndarray, finite: np.ndarray) -> None:
+    """Reads the flags of an ``etrace_grad`` call on the host: if a loss or a gradient was
+    not finite, puts back the state it started from (``put_back``) and raises."""
+    if np.all(finite) and np.all(np.isfinite(losses)):
+        return
+    put_back()
+    raise_if_grad_not_finite(f"learner.etrace_grad ({CHECKED_LATER})", paths, losses, finite,
+                             xs=xs, weights=weights)

@@ -12,8 +12,8 @@ these, under ``jax.jit`` (:data:`GRAD_PROGRAM`, :data:`TRAIN_PROGRAM`,
 * :func:`train_program`: an optax update after every ``k`` steps, inside the loop;
 * :func:`evolve_program`: hidden state and traces advanced without gradients;
 * :func:`checked_grad_program`, :func:`checked_train_program`: the first two as
-  the stateful shells run them, returning nothing non-finite (they read the
-  flags a call later: ``_deferred.py``).
+  the stateful shells run them, returning no gradient or Params that is not
+  finite (they read the flags a call later: ``_deferred.py``).
 
 Floating-point inputs of another width are cast to the compiled input's dtype
 (:func:`~braintrace._drivers._inputs.cast_inputs`). With a mesh (data parallel)
@@ -382,32 +382,24 @@ def _train_window(entry: Entry, tx: optax.GradientTransformationExtraArgs,
                           value=value.astype(carry.value.dtype), pending=scored), losses
 
 
-def _kept_where(ok: jax.Array, new: Any, old: Any) -> Any:
-    """``new`` where ``ok``, else ``old`` (leaf by leaf; one select per leaf)."""
-    return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
-
-
 @_on_its_mesh
 def checked_grad_program(entry: Entry, loss_fn: Callable[[Any, Any], jax.Array], spec: LoopSpec,
                          params, hidden, other, traces, xs, ys, weights,
                          signal_inputs=None, masked: bool = False) -> GradResult:
-    """:func:`grad_program` that returns nothing non-finite, for ``learner.etrace_grad``.
+    """:func:`grad_program` that returns no gradient that is not finite, for
+    ``learner.etrace_grad``.
 
     Where a loss or a gradient is not finite (``losses`` and ``finite`` say
-    so), the gradients are zeros and the hidden state, other Variables and
-    traces those given: an optimiser that applies the gradients before the
+    so), the gradients are zeros: an optimiser that applies them before the
     driver reads the flags (a call later, ``_deferred.py``) adds nothing
-    non-finite to the Params, and the learner keeps its state.
+    non-finite to the Params. The hidden state and traces are returned as
+    computed: the driver puts back those it gave when it reads the flags (a
+    selection here would cost a pass over the traces at every call).
     """
     out = grad_program(entry, loss_fn, spec, params, hidden, other, traces, xs, ys, weights,
                        signal_inputs, masked)
     ok = jnp.all(out.finite) & jnp.all(jnp.isfinite(out.losses))
-    grads = [jnp.where(ok, g, jnp.zeros_like(g)) for g in out.grads]
-    hidden, other, traces = (_kept_where(ok, out.hidden, hidden), _kept_where(ok, out.other, other),
-                             _kept_where(ok, out.traces, traces))
-    if entry.layout is not None:
-        grads, hidden, other, traces = _constrain_state(entry.layout, grads, hidden, other, traces)
-    return GradResult(grads, hidden, other, traces, out.losses, out.finite)
+    return out._replace(grads=[jnp.where(ok, g, jnp.zeros_like(g)) for g in out.grads])
 
 
 @_on_its_mesh
@@ -416,29 +408,28 @@ def checked_train_program(entry: Entry, tx: optax.GradientTransformationExtraArg
                           spec: LoopSpec, params_def: Any, params, opt_state, hidden, other,
                           traces, xs, ys, weights, signal_inputs=None,
                           masked: bool = False) -> TrainResult:
-    """:func:`train_program` (every update applied) that returns nothing non-finite, for
-    ``OnlineTrainer.step``.
+    """:func:`train_program` (every update applied) that returns no Params that are not
+    finite, for ``OnlineTrainer.step``.
 
     Where a loss or the Params after the last update are not finite
-    (``losses`` and ``bad_update_at`` say so), the whole call is discarded on
-    the device: it returns the Params, optimiser state, hidden state, other
-    Variables and traces it was given. To name the first update that went
-    wrong, the driver runs the call again with ``skip_non_finite=True``.
+    (``losses`` and ``bad_update_at`` say so), it returns the Params and the
+    optimiser state it was given: the model never holds Params a discarded call
+    made. The hidden state and traces are returned as computed (the driver puts
+    back those it gave when it reads the flags, ``_deferred.py``). To name the
+    first update that went wrong, the driver runs the call again with
+    ``skip_non_finite=True``.
     """
     out = train_program(entry, tx, loss_fn, update_every, spec, params_def, params, opt_state,
                         hidden, other, traces, xs, ys, weights, signal_inputs,
                         skip_non_finite=False, masked=masked)
     ok = (out.bad_update_at < 0) & jnp.all(jnp.isfinite(out.losses))
-    params, hidden, other, traces = (
-        _kept_where(ok, out.params, list(params)), _kept_where(ok, out.hidden, list(hidden)),
-        _kept_where(ok, out.other, list(other)), _kept_where(ok, out.traces, traces))
-    opt_state = _kept_where(ok, out.opt_state, opt_state)
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+    params, opt_state = keep(out.params, list(params)), keep(out.opt_state, opt_state)
     lay = entry.layout
     if lay is not None:
-        params, hidden, other, traces = _constrain_state(lay, params, hidden, other, traces)
+        params = constrain(params, lay.params)
         opt_state = constrain(opt_state, _opt_shardings(lay, tx, opt_state, params_def))
-    return out._replace(params=params, opt_state=opt_state, hidden=hidden, other=other,
-                        traces=traces)
+    return out._replace(params=params, opt_state=opt_state)
 
 
 GRAD_PROGRAM = jax.jit(grad_program, static_argnames=("entry", "loss_fn", "spec", "masked"))

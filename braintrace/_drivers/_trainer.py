@@ -5,7 +5,8 @@ A thin shell over ``_programs.train_program`` (the program the pure
 runs the program under ``jax.jit`` and writes the results back; a call that
 fails changes nothing. It never waits for the device: a call's finiteness check
 is read by the next call of the trainer or its learner, or by :meth:`sync`
-(``_deferred.py``), and a call that went wrong was discarded on the device.
+(``_deferred.py``); a call that went wrong kept the Params and optimiser state on
+the device, and its hidden state and traces are put back when its check is read.
 """
 
 from __future__ import annotations
@@ -59,11 +60,12 @@ class OnlineTrainer(Checkpointable):
     momentum and AdamW's weight decay would turn into drift).
 
     No call waits for the device (as :class:`~braintrace.OnlineLearner`'s): a
-    call whose loss, or whose Params after an update, are not finite is
-    discarded on the device (Params, optimiser state, hidden state and traces
-    stay as they were before it), and its ``FloatingPointError`` is raised by
-    the next call of the trainer or its learner (which then changes nothing),
-    or by :meth:`sync` or a save, whichever comes first.
+    call whose loss, or whose Params after an update, are not finite keeps the
+    Params and optimiser state it started from (on the device: the model never
+    holds Params it made), and when its check is read — by the next call of the
+    trainer or its learner (which then changes nothing), or by :meth:`sync` or
+    a save, whichever comes first — the hidden state and traces it started
+    from are put back and its ``FloatingPointError`` is raised.
 
     Args:
         learner: A learner from :func:`braintrace.compile`.
@@ -158,7 +160,7 @@ class OnlineTrainer(Checkpointable):
                 ``update_every``, a bad shape, or ``mask`` is invalid.
             FloatingPointError: The *last* call's loss at a step, or its Params after
                 an update, were not finite: that call was discarded (Params,
-                optimiser state, hidden state and traces stay as they were before
+                optimiser state, hidden state and traces are as they were before
                 it); the message names its first offending step, and the first
                 non-finite input that reaches a scored step, if any. This call
                 then changes nothing. The error of this call itself is raised by
@@ -198,8 +200,9 @@ class OnlineTrainer(Checkpointable):
         view.write_state(out.hidden, out.other)
         learner.traces = out.traces
         self.opt_state = out.opt_state
+        put_back = functools.partial(learner._put_back, out.traces, hidden, other, args[10])
         deferred.defer((out.losses, out.bad_update_at, out.bad_params), functools.partial(
-            _update_verdict, args, mask is not None))
+            _update_verdict, args, mask is not None, put_back))
         return out.losses
 
     def sync(self) -> None:
@@ -370,10 +373,13 @@ class OnlineTrainer(Checkpointable):
                    reset_each_batch=reset_each_batch, progress=progress)
 
 
-def _update_verdict(args: tuple[Any, ...], masked: bool, losses: np.ndarray,
-                    bad_update_at: np.ndarray, bad_params: np.ndarray) -> None:
-    """Raises the error of a trainer's call of ``args`` whose flags (read on the host:
-    ``losses``, ``bad_update_at``, ``bad_params``) say it was discarded.
+def _update_verdict(args: tuple[Any, ...], masked: bool, put_back: Callable[[], None],
+                    losses: np.ndarray, bad_update_at: np.ndarray,
+                    bad_params: np.ndarray) -> None:
+    """Reads the flags of a trainer's call of ``args`` on the host (``losses``,
+    ``bad_update_at``, ``bad_params``): if it was discarded, puts back the hidden state and
+    traces it started from (``put_back``; its program kept the Params and optimiser state)
+    and raises.
 
     Its program applied every update and checked the Params after the last one
     only; to name the first update that made a Param not finite, the call runs
@@ -382,6 +388,7 @@ def _update_verdict(args: tuple[Any, ...], masked: bool, losses: np.ndarray,
     bad_update_at = int(bad_update_at)
     if bad_update_at < 0 and np.all(np.isfinite(losses)):
         return
+    put_back()
     if bad_update_at >= 0:
         checked: TrainResult = TRAIN_PROGRAM(*args, skip_non_finite=True, masked=masked)
         at, checked_bad_params = host_arrays(checked.bad_update_at, checked.bad_params)
