@@ -56,6 +56,7 @@ from braintrace._drivers._programs import (
     GradArgs,
     GradResult,
 )
+from braintrace._drivers._sharding import host_arrays
 from braintrace._drivers._states import KEEP
 from braintrace._loops import LoopSpec
 
@@ -83,7 +84,6 @@ class OnlineLearner(Checkpointable):
     Attributes:
         model: The model.
         compiled: The analysis of the model (one compiled graph per mode and batch size).
-        traces: The algorithm's current trace state.
 
     Example:
         >>> import jax.numpy as jnp
@@ -112,12 +112,26 @@ class OnlineLearner(Checkpointable):
         self._views = ViewCache()
         self._bound: tuple[ModelView, int | None, Entry] | None = None
         self._checked = CheckedCalls()
+        self._fitting: Entry | None = None  # the entry the traces are known to fit
         self._deferred = DeferredCheck()
         self._resets: tuple[ModelView | None, dict[int | None, Reset | None]] = (None, {})
         place_model(model, self._entry())
         self.traces = fresh_traces(self.compiled, self._entry(), model)
 
     # -- what was compiled ---------------------------------------------------------------
+
+    @property
+    def traces(self) -> Any:
+        """The algorithm's current trace state."""
+        return self._traces
+
+    @traces.setter
+    def traces(self, traces: Any) -> None:
+        self._traces, self._fitting = traces, None
+
+    def _set_traces(self, traces: Any, entry: Entry) -> None:
+        """Sets traces that a program of ``entry`` returned (they fit it: not checked again)."""
+        self._traces, self._fitting = traces, entry
 
     @property
     def algorithm(self) -> AbstractAlgorithm:
@@ -179,8 +193,12 @@ class OnlineLearner(Checkpointable):
         return view, bound[2]
 
     def _checked_traces(self, entry: Entry) -> Any:
-        """The traces, after checking they fit ``entry`` (a mode may change what is traced)."""
-        return checked_traces(self.compiled, entry, self.traces)
+        """The traces, after checking they fit ``entry`` (a mode may change what is traced;
+        traces a program of ``entry`` returned fit it: not checked again)."""
+        if self._fitting is not entry:
+            checked_traces(self.compiled, entry, self._traces)
+            self._fitting = entry
+        return self._traces
 
     # -- state ---------------------------------------------------------------
 
@@ -374,7 +392,7 @@ class OnlineLearner(Checkpointable):
         ys, hidden, other, traces = EVOLVE_PROGRAM(entry, params, hidden, other, traces, xs)
         self._deferred.settle()
         view.write_state(hidden, other)
-        self.traces = traces
+        self._set_traces(traces, entry)
         return ys
 
     def evaluate(self, xs: Any) -> Any:
@@ -489,11 +507,12 @@ class OnlineLearner(Checkpointable):
                                                   masked=mask is not None)
         self._deferred.settle()  # else now, while the device runs this call
         view.write_state(result.hidden, result.other)
-        self.traces = result.traces
+        self._set_traces(result.traces, entry)
         put_back = functools.partial(self._put_back, result.traces, args.hidden, args.other,
                                      args.traces)
-        self._deferred.defer((result.losses, result.finite), functools.partial(
-            _grad_verdict, entry.graph.param_paths, args.xs, args.weights, put_back))
+        self._deferred.defer((result.finite,), functools.partial(
+            _grad_verdict, entry.graph.param_paths, args.xs, args.weights, result.losses,
+            put_back))
         state = view.param_state(result.grads)
         return (state, result.losses) if return_losses else state
 
@@ -519,8 +538,8 @@ class OnlineLearner(Checkpointable):
         Given to the compiled :meth:`lower_etrace_grad`, they run the very
         program that was lowered (and measured) without compiling it again; it
         returns a ``GradResult`` (gradients per Param leaf, final hidden and
-        other state and traces, losses, finiteness per Param; zero gradients and
-        the state given where a loss or gradient is not finite). Nothing is
+        other state and traces, losses, and per Param whether its gradient and
+        every loss are finite; zero gradients where one is not). Nothing is
         written back to the model or the learner.
 
         Raises:
@@ -572,12 +591,14 @@ class OnlineLearner(Checkpointable):
         return place_learner_inputs(entry, tree)
 
 
-def _grad_verdict(paths: Any, xs: Any, weights: Any, put_back: Callable[[], None],
-                  losses: np.ndarray, finite: np.ndarray) -> None:
-    """Reads the flags of an ``etrace_grad`` call on the host: if a loss or a gradient was
-    not finite, puts back the state it started from (``put_back``) and raises."""
-    if np.all(finite) and np.all(np.isfinite(losses)):
+def _grad_verdict(paths: Any, xs: Any, weights: Any, losses: jax.Array,
+                  put_back: Callable[[], None], finite: np.ndarray) -> None:
+    """Reads the flag of an ``etrace_grad`` call on the host (``finite``: per Param, its
+    gradient and every loss finite): if one was not, puts back the state the call started
+    from (``put_back``) and raises, naming the step or the Param (``losses`` read then)."""
+    if np.all(finite):
         return
     put_back()
+    losses = host_arrays(losses)[0]
     raise_if_grad_not_finite(f"learner.etrace_grad ({CHECKED_LATER})", paths, losses, finite,
                              xs=xs, weights=weights)

@@ -389,17 +389,20 @@ def checked_grad_program(entry: Entry, loss_fn: Callable[[Any, Any], jax.Array],
     """:func:`grad_program` that returns no gradient that is not finite, for
     ``learner.etrace_grad``.
 
-    Where a loss or a gradient is not finite (``losses`` and ``finite`` say
-    so), the gradients are zeros: an optimiser that applies them before the
-    driver reads the flags (a call later, ``_deferred.py``) adds nothing
-    non-finite to the Params. The hidden state and traces are returned as
-    computed: the driver puts back those it gave when it reads the flags (a
-    selection here would cost a pass over the traces at every call).
+    Its ``finite`` says, per Param, whether its gradient *and every loss* are
+    finite (the one flag the driver reads, a call later: ``_deferred.py``).
+    Where one is not, the gradients are zeros: an optimiser that applies them
+    before the driver reads the flag adds nothing non-finite to the Params. The
+    hidden state and traces are returned as computed: the driver puts back
+    those it gave when it reads the flag (a selection here would cost a pass
+    over the traces at every call).
     """
     out = grad_program(entry, loss_fn, spec, params, hidden, other, traces, xs, ys, weights,
                        signal_inputs, masked)
-    ok = jnp.all(out.finite) & jnp.all(jnp.isfinite(out.losses))
-    return out._replace(grads=[jnp.where(ok, g, jnp.zeros_like(g)) for g in out.grads])
+    finite = out.finite & jnp.all(jnp.isfinite(out.losses))
+    ok = jnp.all(finite)
+    return out._replace(grads=[jnp.where(ok, g, jnp.zeros_like(g)) for g in out.grads],
+                        finite=finite)
 
 
 @_on_its_mesh

@@ -198,7 +198,7 @@ class OnlineTrainer(Checkpointable):
         deferred.settle()  # else now, while the device runs this call
         view.write_params(out.params)  # on the mesh already, as the program returns them
         view.write_state(out.hidden, out.other)
-        learner.traces = out.traces
+        learner._set_traces(out.traces, entry)
         self.opt_state = out.opt_state
         put_back = functools.partial(learner._put_back, out.traces, hidden, other, args[10])
         deferred.defer((out.losses, out.bad_update_at, out.bad_params), functools.partial(
