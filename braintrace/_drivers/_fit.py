@@ -224,6 +224,8 @@ class _Loop:
 
     def _show(self) -> None:
         """The progress bar's figures: the last loss read, the last evaluation's metrics."""
+        if self.bar.disable:
+            return
         history = self.run.history
         shown = {}
         loss = next((r["loss"] for r in reversed(history.steps) if "loss" in r), None)

@@ -596,7 +596,7 @@ def _grad_verdict(paths: Any, xs: Any, weights: Any, losses: jax.Array,
     """Reads the flag of an ``etrace_grad`` call on the host (``finite``: per Param, its
     gradient and every loss finite): if one was not, puts back the state the call started
     from (``put_back``) and raises, naming the step or the Param (``losses`` read then)."""
-    if np.all(finite):
+    if finite.all():
         return
     put_back()
     losses = host_arrays(losses)[0]

@@ -201,8 +201,8 @@ class OnlineTrainer(Checkpointable):
         learner._set_traces(out.traces, entry)
         self.opt_state = out.opt_state
         put_back = functools.partial(learner._put_back, out.traces, hidden, other, args[10])
-        deferred.defer((out.losses, out.bad_update_at, out.bad_params), functools.partial(
-            _update_verdict, args, mask is not None, put_back))
+        deferred.defer((out.losses, out.bad_update_at), functools.partial(
+            _update_verdict, args, mask is not None, out.bad_params, put_back))
         return out.losses
 
     def sync(self) -> None:
@@ -373,22 +373,23 @@ class OnlineTrainer(Checkpointable):
                    reset_each_batch=reset_each_batch, progress=progress)
 
 
-def _update_verdict(args: tuple[Any, ...], masked: bool, put_back: Callable[[], None],
-                    losses: np.ndarray, bad_update_at: np.ndarray,
-                    bad_params: np.ndarray) -> None:
+def _update_verdict(args: tuple[Any, ...], masked: bool, bad_params: jax.Array,
+                    put_back: Callable[[], None], losses: np.ndarray,
+                    bad_update_at: np.ndarray) -> None:
     """Reads the flags of a trainer's call of ``args`` on the host (``losses``,
-    ``bad_update_at``, ``bad_params``): if it was discarded, puts back the hidden state and
-    traces it started from (``put_back``; its program kept the Params and optimiser state)
-    and raises.
+    ``bad_update_at``; ``bad_params`` read only then): if it was discarded, puts back the
+    hidden state and traces it started from (``put_back``; its program kept the Params and
+    optimiser state) and raises.
 
     Its program applied every update and checked the Params after the last one
     only; to name the first update that made a Param not finite, the call runs
     again on its own arguments (``args``), checked after every update.
     """
     bad_update_at = int(bad_update_at)
-    if bad_update_at < 0 and np.all(np.isfinite(losses)):
+    if bad_update_at < 0 and np.isfinite(losses).all():
         return
     put_back()
+    bad_params = host_arrays(bad_params)[0]
     if bad_update_at >= 0:
         checked: TrainResult = TRAIN_PROGRAM(*args, skip_non_finite=True, masked=masked)
         at, checked_bad_params = host_arrays(checked.bad_update_at, checked.bad_params)
