@@ -249,8 +249,9 @@ class ModelCheckpoint(Callback):
         if latest is not None and latest > now:
             raise ValueError(
                 f"ModelCheckpoint: {self.manager.directory} holds step {latest}, later than "
-                f"this fit's step {now}: restore it first to resume that run "
-                "(manager.restore(trainer), then the same fit), or give a new run a new "
+                f"this fit's step {now}. To resume the run it holds, restore it "
+                "(manager.restore(trainer)) and call the same fit; a run that had ended "
+                "(stopped early, or its budget used up) is not resumed: give a new run a new "
                 "directory. Nothing was trained.")
 
     def on_batch_end(self, trainer: Any, step: int) -> None:

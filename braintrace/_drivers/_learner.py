@@ -326,7 +326,7 @@ class OnlineLearner(Checkpointable):
             FloatingPointError: learner.etrace_grad (the last call, ...): the loss at time step 3 is nan, not finite. ...
         """
         self._deferred.settle()
-        jax.block_until_ready((self.traces, model_leaves(self.model)))
+        jax.block_until_ready((self._traces, self._views(self.model).leaves()))
 
     def state(self) -> dict[str, Any]:
         """Everything a resumed run needs: Params, hidden and other state, traces.
