@@ -24,7 +24,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from braintrace._algorithms import AbstractAlgorithm, GraphRules
@@ -49,14 +48,13 @@ from braintrace._drivers._learner_state import (
     restored_state,
 )
 from braintrace._drivers._model_state import Leaves, ModelView, ViewCache, model_leaves
-from braintrace._drivers._not_finite import raise_if_grad_not_finite
+from braintrace._drivers._not_finite import grad_verdict
 from braintrace._drivers._programs import (
     CHECKED_GRAD_PROGRAM,
     EVOLVE_PROGRAM,
     GradArgs,
     GradResult,
 )
-from braintrace._drivers._sharding import host_arrays
 from braintrace._drivers._states import KEEP
 from braintrace._loops import LoopSpec
 
@@ -73,13 +71,8 @@ class OnlineLearner(Checkpointable):
     raises leaves the model and the learner as they were before it.
 
     No call waits for the device: each returns once its program is dispatched,
-    so the host prepares the next call while the device runs this one, and its
-    finiteness check is read later. A call whose loss or gradient is not finite
-    returns zero gradients; when its check is read — by the learner's next call
-    (``etrace_grad``, ``etrace_evolve``, a step; it then changes nothing), or
-    by :meth:`sync`, :meth:`save` or :meth:`state`, whichever comes first — the
-    hidden state and traces it started from are put back and its
-    ``FloatingPointError`` is raised.
+    and its finiteness check is read by the next call or :meth:`sync`
+    (:meth:`etrace_grad` says what happens then).
 
     Attributes:
         model: The model.
@@ -450,9 +443,10 @@ class OnlineLearner(Checkpointable):
         returns without waiting for the device, and if its loss or gradient is
         not finite it returns zero gradients (so an optimiser that applies them
         adds nothing non-finite to the Params). Its check is read by the
-        learner's next call (which then changes nothing) or by :meth:`sync`:
-        the hidden state and traces it started from are then put back and its
-        ``FloatingPointError`` is raised.
+        learner's next call (``etrace_grad``, ``etrace_evolve``, a trainer's
+        step; it then changes nothing), or by :meth:`sync`, :meth:`save` or
+        :meth:`state`, whichever comes first: the hidden state and traces it
+        started from are then put back and its ``FloatingPointError`` is raised.
 
         Args:
             xs: Inputs, time axis leading (any pytree), at least one step.
@@ -519,8 +513,8 @@ class OnlineLearner(Checkpointable):
         put_back = functools.partial(self._put_back, result.traces, args.hidden, args.other,
                                      args.traces)
         self._deferred.defer((result.finite,), functools.partial(
-            _grad_verdict, entry.graph.param_paths, args.xs, args.weights, result.losses,
-            put_back))
+            grad_verdict, f"learner.etrace_grad ({CHECKED_LATER})", entry.graph.param_paths,
+            args.xs, args.weights, result.losses, put_back))
         state = view.param_state(result.grads)
         return (state, result.losses) if return_losses else state
 
@@ -598,15 +592,3 @@ class OnlineLearner(Checkpointable):
         """Inputs or targets split over the mesh's data axis (:func:`place_learner_inputs`)."""
         return place_learner_inputs(entry, tree)
 
-
-def _grad_verdict(paths: Any, xs: Any, weights: Any, losses: jax.Array,
-                  put_back: Callable[[], None], finite: np.ndarray) -> None:
-    """Reads the flag of an ``etrace_grad`` call on the host (``finite``: per Param, its
-    gradient and every loss finite): if one was not, puts back the state the call started
-    from (``put_back``) and raises, naming the step or the Param (``losses`` read then)."""
-    if finite.all():
-        return
-    put_back()
-    losses = host_arrays(losses)[0]
-    raise_if_grad_not_finite(f"learner.etrace_grad ({CHECKED_LATER})", paths, losses, finite,
-                             xs=xs, weights=weights)

@@ -12,7 +12,7 @@ learning rate or the inputs' scale, is then the cause.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -21,9 +21,8 @@ import numpy as np
 from braintrace._drivers._sharding import host_array
 from braintrace._loops import reaches_scored
 
-__all__ = ["NonFiniteInput", "first_non_finite_input", "raise_if_grad_not_finite",
+__all__ = ["NonFiniteInput", "first_non_finite_input", "grad_verdict", "raise_if_grad_not_finite",
            "raise_if_update_not_finite"]
-
 
 
 class NonFiniteInput(NamedTuple):
@@ -118,6 +117,19 @@ def raise_if_grad_not_finite(call: str, param_paths: Sequence[str], losses: np.n
             f"{call}: the gradient of Param {names} is not finite although every loss is. "
             f"{returned} A hidden state or trace overflowed: check the inputs' scale, use "
             "float64, or shorten the sequences.")
+
+
+def grad_verdict(call: str, param_paths: Sequence[str], xs: Any, weights: Any,
+                 losses: jax.Array, put_back: Callable[[], None], finite: np.ndarray) -> None:
+    """Reads the flag of a learner's gradient call on the host (``finite``: per Param, its
+    gradient and every loss finite): if one was not, puts back the state the call started
+    from (``put_back``) and raises (:func:`raise_if_grad_not_finite`; ``losses`` read then).
+    """
+    if finite.all():
+        return
+    put_back()
+    raise_if_grad_not_finite(call, param_paths, host_array(losses), finite, xs=xs,
+                             weights=weights)
 
 
 def raise_if_update_not_finite(call: str, param_paths: Sequence[str], losses: np.ndarray,
