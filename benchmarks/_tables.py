@@ -158,7 +158,8 @@ def training_spiking(results: Results) -> str:
         f"{source(results, 'tasks_lif2.json')}: SpikingDigits, test accuracy at the last step "
         f"after {config['steps']} Adam updates of batch {config['batch']} at rate "
         f"{' or '.join(f'{r:g}' for r in config['lrs'])}; hidden {config['hidden']}; "
-        f"{config['seeds']} seeds (initialisation and batches).",
+        f"{config['seeds']} seeds (initialisation and batches). Training time: one run's "
+        "updates, their compilation included.",
         *table(("network", "method", f"test accuracy, seed {seeds}", "mean ± std",
                 "training time per run"), rows))
 

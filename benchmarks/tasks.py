@@ -140,9 +140,9 @@ EVAL_CHUNK = 500  # validation and test run in chunks of this many sequences: on
 # --quick: one task per model, BPTT or one online rule each (the LRU under an MLP readout
 # both: D-RTRL is exact there)
 QUICK_TASKS = {"mnist1d": ("gru", "lru_mlp"), "digits": ("mingru2",),
-               "spiking_digits": ("alif", "lif2")}
+               "spiking_digits": ("alif",)}
 QUICK_METHODS = {"gru": ("bptt", "d_rtrl@8"), "lru_mlp": ("bptt", "d_rtrl"),
-                 "mingru2": ("es_d_rtrl",), "alif": ("eprop",), "lif2": ("ottt",)}
+                 "mingru2": ("es_d_rtrl",), "alif": ("eprop",)}
 
 
 class GRUNet(nnx.Module):
