@@ -1,4 +1,4 @@
-"""Spike function, LIF/ALIF dynamics, synapse, readout and the recurrent spiking layer."""
+"""Spike function, LIF/ALIF/IF/CuBaLIF dynamics, synapse, readouts and the recurrent spiking layer."""
 
 import math
 
@@ -19,6 +19,9 @@ SURROGATE_DERIVATIVES = {
     "superspike": lambda x, a: 1 / (1 + a * np.abs(x)) ** 2,
     "triangle": lambda x, a: a * np.maximum(0, 1 - a * np.abs(x)),
     "arctan": lambda x, a: a / 2 / (1 + (np.pi / 2 * a * x) ** 2),
+    "tanh": lambda x, a: a / 2 / np.cosh(a * x) ** 2,
+    "boxcar": lambda x, a: np.where(np.abs(x) < 1 / a, a / 2, 0.0),
+    "rectangular": lambda x, a: np.where(np.abs(x) < 1 / a, a / 2, 0.0),
 }
 
 
@@ -83,6 +86,35 @@ def _alif_reference(xs, tau, tau_a, beta, v_th, v_reset, reset):
     return np.array(zs), v, a
 
 
+@pytest.mark.parametrize(("reset", "refractory"), [("soft", 0), ("hard", 0), ("soft", 2)])
+def test_a_detached_reset_leaves_the_membrane_jacobian_the_docstring_states(reset, refractory):
+    """``∂v_t/∂v_{t-1}`` by ``jax.jacobian``: ``α`` (soft), ``α (1 - z_{t-1})`` (hard: 0 after
+    a spike), ``∂ṽ/∂v_{t-1} = 1`` where a refractory neuron holds; the reset's derivative
+    (not detached) is the control."""
+    v0 = jnp.array([0.2, 0.9, -0.4, 1.3])  # neurons 1 and 3 spiked at t-1 (v_th 0.5)
+    z = np.array([0.0, 1.0, 0.0, 1.0])
+    alpha = math.exp(-1 / 4.0)
+    want = {"soft": alpha * np.ones(4), "hard": alpha * (1 - z)}[reset]
+    if refractory:
+        want = np.where(z > 0, 1.0, alpha)
+
+    def jacobian(detach_reset):
+        lif = layers.LIF(4, tau=4.0, v_th=0.5, reset=reset, refractory_steps=refractory,
+                         detach_reset=detach_reset)
+        graphdef, state = nnx.split(lif)
+
+        def step(v):
+            cell = nnx.merge(graphdef, state, copy=True)
+            cell.v.set_value(v)
+            cell(jnp.full(4, 0.1))
+            return cell.v[...]
+
+        return np.asarray(jax.jacobian(step)(v0))
+
+    np.testing.assert_allclose(jacobian(True), np.diag(want), rtol=1e-6, atol=1e-7)
+    assert np.max(np.abs(jacobian(False) - np.diag(want))) > 1e-2
+
+
 @pytest.mark.parametrize("reset", ["soft", "hard"])
 def test_alif_matches_a_plain_reference_and_adapts_its_threshold(reset):
     xs = np.concatenate([np.full(12, 0.45), np.zeros(3), np.full(10, 0.6)])
@@ -106,7 +138,14 @@ def test_alif_matches_a_plain_reference_and_adapts_its_threshold(reset):
     (lambda: layers.LeakyReadout(3, 4, rngs=nnx.Rngs(0)), {"y"}),
     (lambda: layers.RecurrentSpiking(3, layers.ALIF(4), rngs=nnx.Rngs(0)),
      {"neuron.v", "neuron.a"}),
-], ids=["LIF", "LIF-refractory", "ALIF", "ExpSynapse", "LeakyReadout", "RecurrentSpiking"])
+    (lambda: layers.IF(4), {"v"}),
+    (lambda: layers.CuBaLIF(4), {"v", "i"}),
+    (lambda: layers.RecurrentSpiking(3, layers.CuBaLIF(4), rngs=nnx.Rngs(0)),
+     {"neuron.v", "neuron.i"}),
+    (lambda: layers.SumOverTime(4), {"c"}),
+    (lambda: layers.MaxOverTime(4), {"m"}),
+], ids=["LIF", "LIF-refractory", "ALIF", "ExpSynapse", "LeakyReadout", "RecurrentSpiking", "IF",
+        "CuBaLIF", "RecurrentCuBaLIF", "SumOverTime", "MaxOverTime"])
 def test_hidden_states_of_one_layer_share_the_per_sample_shape(make, states):
     layer = make()
     flat = nnx.to_flat_state(nnx.state(layer, braintrace.HiddenState))
@@ -133,6 +172,7 @@ def test_leaky_readout_integrates_the_linear_map():
     (lambda: layers.ALIF(3, learn_tau_a=True), "tau_a"),
     (lambda: layers.ExpSynapse(3, learn_tau=True), "tau"),
     (lambda: layers.LeakyReadout(3, 3, learn_tau=True, rngs=nnx.Rngs(0)), "tau"),
+    (lambda: layers.CuBaLIF(3, learn_tau_syn=True), "tau_syn"),
 ])
 def test_learnable_time_constant_is_a_param_read_through_the_elementwise_primitive(make, attr):
     layer = make()
@@ -164,6 +204,8 @@ def test_recurrent_spiking_feeds_back_the_previous_spikes():
 
 @pytest.mark.parametrize("make", [
     lambda: layers.LIF(3), lambda: layers.ALIF(3), lambda: layers.ExpSynapse(3),
+    lambda: layers.IF(3), lambda: layers.CuBaLIF(3), lambda: layers.SumOverTime(3),
+    lambda: layers.MaxOverTime(3),
     lambda: layers.LeakyReadout(5, 3, rngs=nnx.Rngs(0)),
     lambda: layers.RecurrentSpiking(5, layers.LIF(3), rngs=nnx.Rngs(0)),
 ])
