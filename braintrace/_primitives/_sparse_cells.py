@@ -6,17 +6,17 @@ in blocks of ``block`` rows. The connections are cut once, with NumPy, into **ce
 ``(source chunk c, target block b)``, in that order (``cell = c·blocks + b``); within a
 cell the targets it reaches are sorted by their number of connections there (largest
 first) and taken eight at a time (a **group**, summed in lockstep), each group as wide
-as its first target's count. A cell's **slots** are its groups one after another, each
-group slot-major: slot ``offset_g + 8·j + u`` is the ``j``-th connection of the group's
-``u``-th target, or padding (a zero source row, weight 0) past that target's count.
+as its first target's count ``W_g``. A cell's **slots** are its groups one after another,
+each group target by target: slot ``offset_g + u·W_g + j`` is the ``j``-th connection of the
+group's ``u``-th target, or padding (a zero source row, weight 0) past that target's count.
 Every cell has the same number of slots, ``slots`` (a multiple of 128, padding at the
 end), so that one grid step streams one cell's tables through the scalar memory.
 
 When the connections are in target order with one count ``F`` for all and the sources
-fit one chunk, every group is ``F`` wide and slot ``(b, g, j, u)`` is connection
-``(b·block + 8g + u)·F + j`` (targets past the last padded with zero weights): the weights
-reach the slots by a transpose, and the pullback's values come back by one
-(:attr:`Cells.uniform`). Otherwise by a gather of ``slot`` and of ``position``.
+fit one chunk, every group is ``F`` wide and the slots of block ``b`` are its connections
+in order, ``b·block·F`` on (targets past the last padded with zero weights): the weights
+are the slots as they are, and so are the pullback's values (:attr:`Cells.uniform`).
+Otherwise they go through a gather of ``slot`` and of ``position``.
 
 Cut only while the padding stays small: ``cells · slots ≤ MAX_FILL · nnz + SLACK``
 (:func:`cells` returns ``None`` otherwise, and the sums keep the XLA formulation).
@@ -66,7 +66,7 @@ class Cells(NamedTuple):
             when :attr:`uniform`.
         position: ``(nnz,)`` each connection's flat slot ``cell·slots + s``; ``None`` when
             :attr:`uniform`.
-        uniform: The fan-in ``F`` when the slots are the connections transposed per group
+        uniform: The fan-in ``F`` when each block's slots are its connections in order
             (module docstring), else 0.
     """
 
@@ -119,9 +119,8 @@ def _uniform(sources: np.ndarray, targets: np.ndarray, num_sources: int, num_tar
     slots = -(-used // SLOT_ALIGN) * SLOT_ALIGN
     padded = np.full(blocks * block * fan_in, num_sources, np.int64)
     padded[:nnz] = sources
-    table = padded.reshape(blocks, block // GROUP, GROUP, fan_in).transpose(0, 1, 3, 2)
     source = np.full((blocks, slots), num_sources, np.int64)
-    source[:, :used] = table.reshape(blocks, used)
+    source[:, :used] = padded.reshape(blocks, used)
     rows = np.broadcast_to(np.arange(block), (blocks, block))
     return Cells(num_sources, num_targets, num_sources, block,
                  groups=np.full(blocks, block // GROUP, np.int32),
@@ -152,8 +151,8 @@ def cells(sources: np.ndarray, targets: np.ndarray, num_sources: int, num_target
         >>> c = cells(np.array([0, 2, 1]), np.array([1, 1, 0]), 3, 2, chunk=3, block=8)
         >>> c.groups.tolist(), c.widths[0, :1].tolist(), c.rows[0, :2].tolist()
         ([1], [2], [1, 0])
-        >>> c.source[0, :16].tolist()  # target 1's sources, then target 0's (one, then padding)
-        [0, 1, 3, 3, 3, 3, 3, 3, 2, 3, 3, 3, 3, 3, 3, 3]
+        >>> c.source[0, :6].tolist()  # target 1's sources, target 0's (one, padding), padding
+        [0, 2, 1, 3, 3, 3]
     """
     if block % GROUP or block <= 0 or chunk <= 0:
         raise ValueError(f"block must be a positive multiple of {GROUP} and chunk positive, "
@@ -194,8 +193,9 @@ def cells(sources: np.ndarray, targets: np.ndarray, num_sources: int, num_target
     slots = max(int(-(-used.max(initial=0) // SLOT_ALIGN) * SLOT_ALIGN), SLOT_ALIGN)
     if num_cells * slots > MAX_FILL * nnz + SLACK:
         return None
-    flat = (pair_cell[pair_of] * slots + offsets[pair_cell[pair_of], group[pair_of]]
-            + GROUP * rank + lane[pair_of])  # each connection's flat slot, in `order`
+    cell_of, group_of = pair_cell[pair_of], group[pair_of]
+    flat = (cell_of * slots + offsets[cell_of, group_of]
+            + lane[pair_of] * group_width[cell_of, group_of] + rank)  # in `order`
     position = np.empty(nnz, np.int64)
     position[order] = flat
     source = np.full(num_cells * slots, chunk, np.int64)

@@ -87,7 +87,7 @@ def _chunked(values: jax.Array, cells: Cells) -> jax.Array:
 
 
 def stream_weights(weight: jax.Array, cells: Cells) -> jax.Array:
-    """The weights in slot order, ``(cells, slots)``, padding 0: a transpose for
+    """The weights in slot order, ``(cells, slots)``, padding 0: as they are for
     :attr:`Cells.uniform`, else a gather.
 
     Example:
@@ -95,8 +95,8 @@ def stream_weights(weight: jax.Array, cells: Cells) -> jax.Array:
         >>> from braintrace._primitives._sparse_cells import cells
         >>> from braintrace._primitives._sparse_pallas import stream_weights
         >>> c = cells(np.array([0, 2, 1]), np.array([1, 1, 0]), 3, 2, chunk=3, block=8)
-        >>> stream_weights(jnp.array([1.0, 2.0, 3.0]), c)[0, :9].tolist()
-        [1.0, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 2.0]
+        >>> stream_weights(jnp.array([1.0, 2.0, 3.0]), c)[0, :5].tolist()
+        [1.0, 2.0, 3.0, 0.0, 0.0]
     """
     if cells.uniform:
         return _uniform_stream(weight, cells)
@@ -105,24 +105,19 @@ def stream_weights(weight: jax.Array, cells: Cells) -> jax.Array:
 
 
 def _uniform_stream(values: jax.Array, cells: Cells) -> jax.Array:
-    """Connection-ordered ``values (nnz,)`` as slots ``(blocks, slots)``: ``(b, g, j, u)`` from
-    connection ``(b·block + 8g + u)·F + j``."""
-    fan_in, blocks, block = cells.uniform, cells.blocks, cells.block
-    used = block * fan_in
-    padded = jnp.pad(values, (0, blocks * used - values.shape[0]))
-    table = padded.reshape(blocks, block // GROUP, GROUP, fan_in).transpose(0, 1, 3, 2)
-    return jnp.pad(table.reshape(blocks, used), ((0, 0), (0, cells.slots - used)))
+    """Connection-ordered ``values (nnz,)`` as slots ``(blocks, slots)``: block ``b``'s
+    connections in order, zeros after."""
+    used = cells.block * cells.uniform
+    padded = jnp.pad(values, (0, cells.blocks * used - values.shape[0]))
+    return jnp.pad(padded.reshape(cells.blocks, used), ((0, 0), (0, cells.slots - used)))
 
 
 def _connection_order(flat: jax.Array, cells: Cells, nnz: int) -> jax.Array:
     """Slot-ordered ``flat (cells·slots,)`` back in connection order ``(nnz,)``."""
     if not cells.uniform:
         return jnp.take(flat, jnp.asarray(cells.position), mode="clip")
-    fan_in, blocks, block = cells.uniform, cells.blocks, cells.block
-    used = block * fan_in
-    table = flat.reshape(blocks, cells.slots)[:, :used]
-    table = table.reshape(blocks, block // GROUP, fan_in, GROUP).transpose(0, 1, 3, 2)
-    return table.reshape(-1)[:nnz]
+    used = cells.block * cells.uniform
+    return flat.reshape(cells.blocks, cells.slots)[:, :used].reshape(-1)[:nnz]
 
 
 def _vmem_limit(*buffers: int) -> int:
@@ -152,7 +147,8 @@ def _tables(cells: Cells) -> tuple[list[jax.Array], list[int]]:
 
 def _gather_kernel(groups_ref, widths_ref, rows_ref, source_ref, weight_ref, values_ref,
                    *refs, cell0: int, accumulate: bool):
-    """One cell of the gather-sum: ``out[rows[g,u]] += Σ_j w[s]·v[source[s]]``."""
+    """One cell of the gather-sum: ``out[rows[g,u]] += Σ_j w[s]·v[source[s]]`` over the slots
+    ``s = offset_g + u·W_g + j`` of group ``g``."""
     out_ref = refs[-1]
     lanes = out_ref.shape[-1]
     if accumulate:
@@ -161,13 +157,14 @@ def _gather_kernel(groups_ref, widths_ref, rows_ref, source_ref, weight_ref, val
         out_ref[...] = jnp.zeros(out_ref.shape, out_ref.dtype)
 
     def group(g, offset):
+        width = widths_ref[g]
+
         def slot(j, sums):
-            base = offset + GROUP * j
-            return tuple(total + values_ref[pl.ds(source_ref[base + u], 1), :]
-                         * weight_ref[base + u] for u, total in enumerate(sums))
+            at = [offset + u * width + j for u in range(GROUP)]
+            return tuple(total + values_ref[pl.ds(source_ref[at[u]], 1), :] * weight_ref[at[u]]
+                         for u, total in enumerate(sums))
 
         zero = jnp.zeros((1, lanes), out_ref.dtype)
-        width = widths_ref[g]
         sums = jax.lax.fori_loop(0, width, slot, (zero,) * GROUP)
         for u in range(GROUP):
             row = rows_ref[g * GROUP + u]
@@ -179,21 +176,21 @@ def _gather_kernel(groups_ref, widths_ref, rows_ref, source_ref, weight_ref, val
 
 def _pair_kernel(groups_ref, widths_ref, rows_ref, source_ref, values_ref, d_ref, *refs,
                  cell0: int, accumulate: bool):
-    """One cell of the pair-sum: ``stage[s] = v[source[s]]·d[rows[g,u]]``, then each 128
-    staged rows summed over their values into one row of the output."""
+    """One cell of the pair-sum: ``stage[s] = v[source[s]]·d[rows[g,u]]`` for the slots
+    ``s = offset_g + u·W_g + j`` of group ``g``, then each 128 staged rows summed over their
+    values into one row of the output."""
     out_ref, stage_ref = refs[-2], refs[-1]
 
     def group(g, offset):
         targets = [d_ref[pl.ds(rows_ref[g * GROUP + u], 1), :] for u in range(GROUP)]
+        width = widths_ref[g]
 
         def slot(j, carry):
-            base = offset + GROUP * j
             for u in range(GROUP):
-                stage_ref[pl.ds(base + u, 1), :] = (
-                    values_ref[pl.ds(source_ref[base + u], 1), :] * targets[u])
+                at = offset + u * width + j
+                stage_ref[pl.ds(at, 1), :] = values_ref[pl.ds(source_ref[at], 1), :] * targets[u]
             return carry
 
-        width = widths_ref[g]
         jax.lax.fori_loop(0, width, slot, 0)
         return offset + GROUP * width
 
