@@ -17,7 +17,9 @@ synapse and per group of 128 values, ``nnz · ⌈rows / 128⌉ · ROW_NS`` (a VM
 load measured at 1.2–1.5 ns on a v5e). A formulation that does not compile or run is
 recorded with its error and the rest go on; when the kernels fail with the default sizes
 they are tried again with smaller ones (``fallback``: blocks of 256 targets, chunks of half
-the VMEM budget), recorded as ``pallas_small``.
+the VMEM budget), recorded as ``pallas_small``. Where the cells are not uniform, the
+kernels' call includes an XLA gather of the weights into slot order (or of the pullback's
+values back into connection order): ``tables`` times it alone.
 
 Usage (one TPU v5e: under 4 minutes; ``--aot``: compile only, for a v5e, on a CPU host with
 ``libtpu`` installed, no chip needed)::
@@ -94,6 +96,20 @@ def _compile(fn, args, aot_device):
     return compiled, time.perf_counter() - start
 
 
+def _tables_fn(name: str, conn: Connectivity):
+    """The XLA gather that the kernels' call of sum ``name`` makes around them (the weights
+    into slot order, or the pullback's values back into connection order), or ``None``
+    where the cells are uniform (no gather)."""
+    cells = tpu.cut(conn, "outgoing" if name == "x_bar" else "incoming")
+    if cells is None or cells.uniform:
+        return None
+    if name in ("forward", "x_bar"):
+        return lambda x, d, w: pallas.stream_weights(w, cells)
+    flat = cells.chunks * cells.blocks * cells.slots
+    return lambda x, d, w: pallas._connection_order(jnp.pad(w, (0, flat - conn.nnz)), cells,
+                                                    conn.nnz)
+
+
 def _cells_record(conn: Connectivity) -> dict:
     out = {}
     for side in ("incoming", "outgoing"):
@@ -137,15 +153,24 @@ def measure_sum(name: str, conn: Connectivity, rows: int, repeats: int, aot_devi
         return entry
     reference = np.asarray(compiled["xla"](*args))
     scale = float(np.max(np.abs(reference))) or 1.0
-    for label, fn in compiled.items():
+    checked = dict(compiled)
+    tables = _tables_fn(name, conn)
+    if tables is not None and "pallas" in compiled:
+        try:
+            compiled["tables"], seconds = _compile(tables, args, None)
+            entry["tables"] = {"compile_s": seconds}
+        except Exception as e:  # noqa: BLE001
+            entry["tables"] = {"error": _error(e)}
+    for label, fn in checked.items():
         value = np.asarray(fn(*args))
         difference = float(np.max(np.abs(value - reference)))
         entry[label].update(max_abs_error=difference, max_rel_error=difference / scale)
     for label, times in time_round_robin(compiled, args, repeats).items():
         median = float(np.median(times))
-        entry[label].update(ms_median=median, ms_min=float(np.min(times)),
-                            over_floor=median / floor_ms,
-                            ns_per_synapse=median * 1e6 / conn.nnz)
+        entry[label].update(ms_median=median, ms_min=float(np.min(times)))
+        if label != "tables":
+            entry[label].update(over_floor=median / floor_ms,
+                                ns_per_synapse=median * 1e6 / conn.nnz)
     kernels = next((k for k in ("pallas", "pallas_small") if k in compiled), None)
     if kernels:
         entry["xla_over_pallas"] = entry["xla"]["ms_median"] / entry[kernels]["ms_median"]
@@ -155,9 +180,12 @@ def measure_sum(name: str, conn: Connectivity, rows: int, repeats: int, aot_devi
 def _line(n: int, batch: int, name: str, entry: dict) -> str:
     parts = [f"N={n:8d} B={batch:4d} {name:9s} rows={entry['rows']:4d} "
              f"floor={entry['floor_ms']:8.3f}ms"]
-    for label in ("xla", "pallas", "pallas_small"):
+    for label in ("xla", "pallas", "pallas_small", "tables"):
         e = entry.get(label)
         if e is None:
+            continue
+        if label == "tables" and "ms_median" in e:
+            parts.append(f"(of which XLA's gather of the tables {e['ms_median']:.3f}ms)")
             continue
         if "error" in e:
             parts.append(f"{label}=ERROR({e['error'].splitlines()[-1][:120]})")
@@ -171,7 +199,9 @@ def _line(n: int, batch: int, name: str, entry: dict) -> str:
     return "  ".join(parts)
 
 
-def measure(cfg: dict, aot_device) -> list[dict]:
+def measure(cfg: dict, aot_device, save) -> list[dict]:
+    """Every size, batch and sum of ``cfg``; ``save(records)`` after each sum (a run cut short
+    keeps what it measured)."""
     from scale import connectivity
 
     records = []
@@ -181,11 +211,12 @@ def measure(cfg: dict, aot_device) -> list[dict]:
         print(f"N={n}: cells {cells}", flush=True)
         for batch in cfg["batches"]:
             record = {"neurons": n, "batch": batch, "nnz": conn.nnz, "cells": cells}
+            records.append(record)
             for name in SUMS:
                 rows = batch * (cfg["block"] + 1 if name == "dw_block" else 1)
                 record[name] = measure_sum(name, conn, rows, cfg["repeats"], aot_device)
                 print(_line(n, batch, name, record[name]), flush=True)
-            records.append(record)
+                save(records)
     return records
 
 
@@ -222,13 +253,16 @@ def main(argv: list[str] | None = None) -> dict:
         cfg["repeats"] = args.repeats
     device = _aot_device() if args.aot else None
     start = time.perf_counter()
+    payload = {"benchmark": NAME, "aot": args.aot, "quick": args.quick,
+               "environment": environment(), "config": {**cfg, "row_ns": ROW_NS}}
+
+    def save(records: list[dict]) -> None:
+        payload.update(results=records, total_wall_s=time.perf_counter() - start)
+        write_json(os.path.join(args.out, f"{args.name}.json"), payload)
+
     context = formulation("pallas") if args.quick else contextlib.nullcontext()
     with context:
-        records = measure(cfg, device)
-    payload = {"benchmark": NAME, "aot": args.aot, "quick": args.quick,
-               "environment": environment(), "config": {**cfg, "row_ns": ROW_NS},
-               "results": records, "total_wall_s": time.perf_counter() - start}
-    write_json(os.path.join(args.out, f"{args.name}.json"), payload)
+        save(measure(cfg, device, save))
     print(f"total {payload['total_wall_s']:.0f} s", flush=True)
     return payload
 

@@ -17,7 +17,7 @@ in VMEM for its whole grid; each grid step is one cell: its index tables arrive 
 (one block per step, double-buffered by the pipeline), its target block in VMEM. A group
 of eight targets is summed in lockstep: each slot reads one row of ``v`` by
 ``v[pl.ds(i, 1), :]`` and adds it, times its weight (a scalar from SMEM), to the target's
-running row; the pair-sum multiplies the row by its target's row of ``d`` into a staging
+running row (the loop over a group's width unrolled where all groups have one width); the pair-sum multiplies the row by its target's row of ``d`` into a staging
 buffer that is summed over the values 128 slots at a time (a transpose and a sublane sum).
 No matrix unit: float32 stays float32.
 
@@ -145,8 +145,15 @@ def _tables(cells: Cells) -> tuple[list[jax.Array], list[int]]:
     return [f[0] for f in flat], [f[1] for f in flat]
 
 
+def _slot_loop(width, body, carry, fixed: int):
+    """``body(j, carry)`` for ``j < width``: unrolled when every group is ``fixed`` wide."""
+    if fixed:
+        return jax.lax.fori_loop(0, fixed, body, carry, unroll=True)
+    return jax.lax.fori_loop(0, width, body, carry)
+
+
 def _gather_kernel(groups_ref, widths_ref, rows_ref, source_ref, weight_ref, values_ref,
-                   *refs, cell0: int, accumulate: bool):
+                   *refs, cell0: int, accumulate: bool, fixed: int):
     """One cell of the gather-sum: ``out[rows[g,u]] += Σ_j w[s]·v[source[s]]`` over the slots
     ``s = offset_g + u·W_g + j`` of group ``g``."""
     out_ref = refs[-1]
@@ -165,7 +172,7 @@ def _gather_kernel(groups_ref, widths_ref, rows_ref, source_ref, weight_ref, val
                          for u, total in enumerate(sums))
 
         zero = jnp.zeros((1, lanes), out_ref.dtype)
-        sums = jax.lax.fori_loop(0, width, slot, (zero,) * GROUP)
+        sums = _slot_loop(width, slot, (zero,) * GROUP, fixed)
         for u in range(GROUP):
             row = rows_ref[g * GROUP + u]
             out_ref[pl.ds(row, 1), :] = out_ref[pl.ds(row, 1), :] + sums[u]
@@ -175,7 +182,7 @@ def _gather_kernel(groups_ref, widths_ref, rows_ref, source_ref, weight_ref, val
 
 
 def _pair_kernel(groups_ref, widths_ref, rows_ref, source_ref, values_ref, d_ref, *refs,
-                 cell0: int, accumulate: bool):
+                 cell0: int, accumulate: bool, fixed: int):
     """One cell of the pair-sum: ``stage[s] = v[source[s]]·d[rows[g,u]]`` for the slots
     ``s = offset_g + u·W_g + j`` of group ``g``, then each 128 staged rows summed over their
     values into one row of the output."""
@@ -191,7 +198,7 @@ def _pair_kernel(groups_ref, widths_ref, rows_ref, source_ref, values_ref, d_ref
                 stage_ref[pl.ds(at, 1), :] = values_ref[pl.ds(source_ref[at], 1), :] * targets[u]
             return carry
 
-        jax.lax.fori_loop(0, width, slot, 0)
+        _slot_loop(width, slot, 0, fixed)
         return offset + GROUP * width
 
     used = jax.lax.fori_loop(0, groups_ref[cell0 + pl.program_id(0)], group, jnp.int32(0))
@@ -259,7 +266,8 @@ def gather_sum(values: jax.Array, weight: jax.Array, cells: Cells, *,
     for c, lane in calls:
         specs = [*(_smem_block(w, c, blocks) for w in widths),
                  _smem_block(widths[2], c, blocks), _resident(cells, lanes, c, lane)]
-        kernel = functools.partial(_gather_kernel, cell0=c * blocks, accumulate=out is not None)
+        kernel = functools.partial(_gather_kernel, cell0=c * blocks, accumulate=out is not None,
+                                   fixed=cells.uniform)
         call = _call(kernel, cells, specs, (block, lanes),
                      lambda b, groups, lane=lane: (b, lane), (blocks * block, table.shape[-1]),
                      [], vmem, out is not None, interpret)
@@ -299,7 +307,8 @@ def pair_sum(values: jax.Array, d: jax.Array, cells: Cells, nnz: int, *,
     for c, lane in calls:
         specs = [*(_smem_block(w, c, blocks) for w in widths), _resident(cells, lanes, c, lane),
                  pl.BlockSpec((block, lanes), lambda b, groups, lane=lane: (b, lane))]
-        kernel = functools.partial(_pair_kernel, cell0=c * blocks, accumulate=out is not None)
+        kernel = functools.partial(_pair_kernel, cell0=c * blocks, accumulate=out is not None,
+                                   fixed=cells.uniform)
         call = _call(kernel, cells, specs, (None, rows_out, SLOT_ALIGN),
                      lambda b, groups, c=c: (c * blocks + b, 0, 0), shape,
                      [pltpu.VMEM((slots, lanes), jnp.float32)], vmem, out is not None,
