@@ -25,13 +25,14 @@ Usage (one TPU v5e: under 4 minutes; ``--aot``: compile only, for a v5e, on a CP
 ``libtpu`` installed, no chip needed)::
 
     python benchmarks/sparse_kernels_tpu.py --out $OUT
-    python benchmarks/sparse_kernels_tpu.py --aot --sizes 131072 --out /tmp
+    python benchmarks/sparse_kernels_tpu.py --aot --kernels-only --out /tmp
     python benchmarks/sparse_kernels_tpu.py --quick --out /tmp   # CPU, interpret mode
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import os
 import sys
@@ -84,16 +85,59 @@ def _error(e: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(e), e)).strip()[-3000:]
 
 
-def _compile(fn, args, aot_device):
-    """``(compiled, seconds)``; for ``--aot``, compiled for the topology's device."""
-    start = time.perf_counter()
-    if aot_device is not None:
-        sharding = jax.sharding.SingleDeviceSharding(aot_device)
-        specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in args]
-        compiled = jax.jit(fn).trace(*specs).lower(lowering_platforms=("tpu",)).compile()
-    else:
-        compiled = jax.jit(fn).lower(*args).compile()
-    return compiled, time.perf_counter() - start
+def _lowered(fn, rows: int, conn: Connectivity, aot_device):
+    """``fn(x, d, w)`` lowered for shapes of ``rows`` rows (for ``--aot``, for the topology's
+    device)."""
+    kwargs = {} if aot_device is None else {
+        "sharding": jax.sharding.SingleDeviceSharding(aot_device)}
+    specs = [jax.ShapeDtypeStruct(shape, jnp.float32, **kwargs)
+             for shape in ((rows, conn.num_in), (rows, conn.num_out), (conn.nnz,))]
+    traced = jax.jit(fn).trace(*specs)
+    return traced.lower(lowering_platforms=("tpu",)) if aot_device else traced.lower()
+
+
+def compile_all(conn: Connectivity, rows_of: dict, aot_device, workers: int = 8,
+                kernels_only: bool = False) -> dict:
+    """``{sum: {label: compiled or error text, label + '_s': seconds}}`` for each sum's XLA
+    formulation, kernels and tables: lowered here one after another (the module's sizes are
+    read while tracing), compiled in ``workers`` threads at once (``rows_of``: the sums and
+    their rows); the kernels whose default
+    sizes fail, lowered and compiled again with the small ones (``pallas_small``)."""
+    lowered = {}
+    for name in rows_of:
+        jobs = {"xla": _fns(accelerator, conn)[name], "pallas": _fns(tpu, conn)[name],
+                "tables": _tables_fn(name, conn)}
+        for label, fn in jobs.items():
+            if fn is None or (kernels_only and label == "xla"):
+                continue
+            try:
+                lowered[name, label] = _lowered(fn, rows_of[name], conn, aot_device)
+            except Exception as e:  # noqa: BLE001 - a kernel that fails is a result
+                lowered[name, label] = _error(e)
+
+    def compile_one(item):
+        start = time.perf_counter()
+        if isinstance(item, str):
+            return item, 0.0
+        try:
+            return item.compile(), time.perf_counter() - start
+        except Exception as e:  # noqa: BLE001
+            return _error(e), time.perf_counter() - start
+
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        done = dict(zip(lowered, pool.map(compile_one, lowered.values()), strict=True))
+    out = {name: {} for name in rows_of}
+    for (name, label), (result, seconds) in done.items():
+        out[name][label], out[name][f"{label}_s"] = result, seconds
+    for name in rows_of:
+        if isinstance(out[name]["pallas"], str):
+            with _small_sizes():
+                try:
+                    item = _lowered(_fns(tpu, conn)[name], rows_of[name], conn, aot_device)
+                except Exception as e:  # noqa: BLE001
+                    item = _error(e)
+                out[name]["pallas_small"], out[name]["pallas_small_s"] = compile_one(item)
+    return out
 
 
 def _tables_fn(name: str, conn: Connectivity):
@@ -124,47 +168,41 @@ def _cells_record(conn: Connectivity) -> dict:
     return out
 
 
-def measure_sum(name: str, conn: Connectivity, rows: int, repeats: int, aot_device) -> dict:
-    """One sum: both formulations (and the kernels' fallback sizes if they fail)."""
-    rng = np.random.default_rng(0)
-    normal = lambda *shape: rng.standard_normal(shape, np.float32)
-    args = (normal(rows, conn.num_in), normal(rows, conn.num_out), normal(conn.nnz))
-    if aot_device is None:  # compile-only: shapes alone, nothing on a device
-        args = tuple(jnp.asarray(a) for a in args)
+def measure_sum(name: str, conn: Connectivity, rows: int, repeats: int, programs: dict,
+                timed: bool = True) -> dict:
+    """One sum from its compiled ``programs`` (:func:`compile_all`): each formulation's error
+    against XLA's values and its times (``timed``; else what compiled)."""
     floor_ms = conn.nnz * -(-rows // 128) * ROW_NS * 1e-6
     entry = {"rows": rows, "floor_ms": floor_ms}
     compiled = {}
-    for label, module, context in (("xla", accelerator, contextlib.nullcontext),
-                                   ("pallas", tpu, contextlib.nullcontext),
-                                   ("pallas_small", tpu, _small_sizes)):
-        if label == "pallas_small" and "pallas" in compiled:
-            continue  # the fallback only where the default sizes failed
-        try:
-            with context():
-                fn, seconds = _compile(_fns(module, conn)[name], args, aot_device)
-                if aot_device is None:
-                    jax.block_until_ready(fn(*args))
-            compiled[label] = fn
-            entry[label] = {"compile_s": seconds,
-                            "temp_bytes": int(fn.memory_analysis().temp_size_in_bytes)}
-        except Exception as e:  # noqa: BLE001 - a kernel that fails is a result
-            entry[label] = {"error": _error(e)}
-    if aot_device is not None or "xla" not in compiled:
+    for label in ("xla", "pallas", "pallas_small", "tables"):
+        if label not in programs:
+            continue
+        program = programs[label]
+        if isinstance(program, str):
+            entry[label] = {"error": program}
+            continue
+        entry[label] = {"compile_s": programs[f"{label}_s"],
+                        "temp_bytes": int(program.memory_analysis().temp_size_in_bytes)}
+        compiled[label] = program
+    if not timed or "xla" not in compiled:
         return entry
+    rng = np.random.default_rng(0)
+    normal = lambda *shape: jnp.asarray(rng.standard_normal(shape, np.float32))
+    args = (normal(rows, conn.num_in), normal(rows, conn.num_out), normal(conn.nnz))
     reference = np.asarray(compiled["xla"](*args))
     scale = float(np.max(np.abs(reference))) or 1.0
-    checked = dict(compiled)
-    tables = _tables_fn(name, conn)
-    if tables is not None and "pallas" in compiled:
+    for label in [k for k in compiled if k != "tables"]:
         try:
-            compiled["tables"], seconds = _compile(tables, args, None)
-            entry["tables"] = {"compile_s": seconds}
-        except Exception as e:  # noqa: BLE001
-            entry["tables"] = {"error": _error(e)}
-    for label, fn in checked.items():
-        value = np.asarray(fn(*args))
+            value = np.asarray(compiled[label](*args))
+        except Exception as e:  # noqa: BLE001 - a kernel that fails at run time is a result
+            entry[label] = {"error": _error(e)}
+            del compiled[label]
+            continue
         difference = float(np.max(np.abs(value - reference)))
         entry[label].update(max_abs_error=difference, max_rel_error=difference / scale)
+    if not any(k in compiled for k in ("pallas", "pallas_small")):
+        compiled.pop("tables", None)
     for label, times in time_round_robin(compiled, args, repeats).items():
         median = float(np.median(times))
         entry[label].update(ms_median=median, ms_min=float(np.min(times)))
@@ -212,11 +250,18 @@ def measure(cfg: dict, aot_device, save) -> list[dict]:
         for batch in cfg["batches"]:
             record = {"neurons": n, "batch": batch, "nnz": conn.nnz, "cells": cells}
             records.append(record)
+            rows_of = {name: batch * (cfg["block"] + 1 if name == "dw_block" else 1)
+                       for name in SUMS}
+            start = time.perf_counter()
+            programs = compile_all(conn, rows_of, aot_device,
+                                   kernels_only=cfg.get("kernels_only", False))
+            record["compile_all_s"] = time.perf_counter() - start
             for name in SUMS:
-                rows = batch * (cfg["block"] + 1 if name == "dw_block" else 1)
-                record[name] = measure_sum(name, conn, rows, cfg["repeats"], aot_device)
+                record[name] = measure_sum(name, conn, rows_of[name], cfg["repeats"],
+                                           programs[name], timed=aot_device is None)
                 print(_line(n, batch, name, record[name]), flush=True)
                 save(records)
+            programs = None
     return records
 
 
@@ -238,6 +283,8 @@ def main(argv: list[str] | None = None) -> dict:
                    help="1,024 neurons, kernels in interpret mode (CPU): seconds")
     p.add_argument("--aot", action="store_true",
                    help="compile for a TPU v5e only (needs libtpu; no chip), time nothing")
+    p.add_argument("--kernels-only", action="store_true",
+                   help="compile (and with --aot only compile) the kernels, not XLA's sums")
     p.add_argument("--sizes", default=None, help="comma-separated neuron counts")
     p.add_argument("--batches", default=None, help="comma-separated batch sizes")
     p.add_argument("--repeats", type=int, default=None)
@@ -251,6 +298,7 @@ def main(argv: list[str] | None = None) -> dict:
         cfg["batches"] = tuple(int(b) for b in args.batches.split(","))
     if args.repeats:
         cfg["repeats"] = args.repeats
+    cfg["kernels_only"] = args.kernels_only
     device = _aot_device() if args.aot else None
     start = time.perf_counter()
     payload = {"benchmark": NAME, "aot": args.aot, "quick": args.quick,

@@ -147,13 +147,16 @@ def _w_transpose(ct: jax.Array, x: jax.Array, weight: Any, *, connectivity: Any)
 
 
 def _batch(args: Any, dims: Any, *, connectivity: Any) -> tuple[jax.Array, int]:
-    """Mapped ``x`` alone: more rows. A mapped weight: the plain product, vmapped."""
+    """Mapped ``x`` alone: more rows. A mapped weight: the plain product's pure-JAX
+    formulations, vmapped (the TPU kernels take one weight vector)."""
     (x, weight), (x_dim, w_dim) = args, dims
     if w_dim is None:
         x = jnp.moveaxis(x, x_dim, 0)
         y = sparse_product_p.bind(x.reshape(-1, x.shape[-1]), weight, connectivity=connectivity)
         return y.reshape(*x.shape[:2], y.shape[-1]), 0
-    one = lambda a, w: product(a, w, connectivity)
+    one = by_platform(cpu=functools.partial(_cpu_product, connectivity=connectivity),
+                      accelerator=functools.partial(accelerator.product,
+                                                    connectivity=connectivity))
     return jax.vmap(one, in_axes=(x_dim, w_dim))(x, weight), 0
 
 
