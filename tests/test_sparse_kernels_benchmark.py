@@ -69,18 +69,21 @@ def _connectivity(n: int = 48) -> Connectivity:
 def test_the_device_script_measures_a_sum_both_ways_and_survives_a_kernel_that_fails(
         monkeypatch):
     conn = _connectivity()
+    assert tpu.cut(conn, "incoming").uniform  # each group writes its eight rows at once
     with formulation("pallas"):  # the kernels in interpret mode
-        entry = kernels_run.measure_sum("dw_block", conn, 6, 1, None)
+        programs = kernels_run.compile_all(conn, {"forward": 6}, None)
+        entry = kernels_run.measure_sum("forward", conn, 6, 1, programs["forward"])
     assert entry["xla"]["max_abs_error"] == 0.0 and entry["pallas"]["max_rel_error"] < 1e-6
     assert entry["pallas"]["ms_median"] > 0 and entry["xla_over_pallas"] > 0
     assert entry["floor_ms"] == pytest.approx(conn.nnz * kernels_run.ROW_NS * 1e-6)
-    assert "pallas_small" not in entry  # the fallback only where the kernels failed
+    assert "pallas_small" not in entry and "tables" not in entry  # the fallback only where the kernels failed
 
     def broken(*args):
         raise RuntimeError("Mosaic failed to compile the kernel")
 
     monkeypatch.setattr(tpu, "product", broken)
-    entry = kernels_run.measure_sum("forward", conn, 3, 1, None)
+    programs = kernels_run.compile_all(conn, {"forward": 3}, None)
+    entry = kernels_run.measure_sum("forward", conn, 3, 1, programs["forward"])
     assert "Mosaic failed" in entry["pallas"]["error"]
     assert "Mosaic failed" in entry["pallas_small"]["error"]
     assert entry["xla"]["ms_median"] > 0 and "xla_over_pallas" not in entry

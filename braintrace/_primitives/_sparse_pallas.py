@@ -158,9 +158,10 @@ def _gather_kernel(groups_ref, widths_ref, rows_ref, source_ref, weight_ref, val
     ``s = offset_g + u·W_g + j`` of group ``g``."""
     out_ref = refs[-1]
     lanes = out_ref.shape[-1]
+    direct = fixed and not accumulate  # every group fills its own eight rows, in order
     if accumulate:
         out_ref[...] = refs[0][...]
-    else:
+    elif not direct:
         out_ref[...] = jnp.zeros(out_ref.shape, out_ref.dtype)
 
     def group(g, offset):
@@ -173,6 +174,9 @@ def _gather_kernel(groups_ref, widths_ref, rows_ref, source_ref, weight_ref, val
 
         zero = jnp.zeros((1, lanes), out_ref.dtype)
         sums = _slot_loop(width, slot, (zero,) * GROUP, fixed)
+        if direct:
+            out_ref[pl.ds(pl.multiple_of(g * GROUP, GROUP), GROUP), :] = jnp.concatenate(sums)
+            return offset + GROUP * width
         for u in range(GROUP):
             row = rows_ref[g * GROUP + u]
             out_ref[pl.ds(row, 1), :] = out_ref[pl.ds(row, 1), :] + sums[u]
