@@ -212,7 +212,12 @@ def measure(cfg: dict) -> None:
 
 
 def child(cfg: dict) -> None:
-    """Measures one configuration (module docstring), under ``cfg['formulation']`` if set."""
+    """Measures one configuration (module docstring), under ``cfg['formulation']`` if set
+    (and with ``cfg['sparse_staged']``, the staged form of the TPU's uniform sparse forward)."""
+    if cfg.get("sparse_staged"):
+        from braintrace._primitives import _sparse_pallas
+
+        _sparse_pallas.STAGED = True
     if cfg.get("formulation"):
         from braintrace._platform import formulation
 

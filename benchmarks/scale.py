@@ -397,6 +397,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--formulation", choices=("cpu", "accelerator", "pallas"), default=None,
                    help="force the sums' formulation (the accelerators' on the CPU; XLA's "
                         "instead of the Pallas kernels on a TPU)")
+    p.add_argument("--sparse-staged", action="store_true",
+                   help="on a TPU, the uniform sparse forward in its staged form "
+                        "(braintrace._primitives._sparse_pallas.STAGED)")
     p.add_argument("--timeout", type=float, default=4 * 3600.0, help="seconds per configuration")
     p.add_argument("--memory-report", action="store_true",
                    help="dump XLA's buffer assignment; record each program's largest buffers")
@@ -442,7 +445,8 @@ def main(argv: list[str] | None = None) -> dict:
                                           "batch_auto": auto, "max_batch": args.max_batch,
                                           "compile_only": args.compile_only,
                                           "host_fallback": args.host_fallback,
-                                          "formulation": args.formulation}
+                                          "formulation": args.formulation,
+                                          "sparse_staged": args.sparse_staged}
     batches = [cfg["batch"]] if args.batch is None or auto else args.batch
     cfg["batch"] = batches[0]
     skip = set(filter(None, args.skip.split(",")))

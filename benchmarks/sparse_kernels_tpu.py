@@ -19,7 +19,8 @@ recorded with its error and the rest go on; when the kernels fail with the defau
 they are tried again with smaller ones (``fallback``: blocks of 256 targets, chunks of half
 the VMEM budget), recorded as ``pallas_small``. Where the cells are not uniform, the
 kernels' call includes an XLA gather of the weights into slot order (or of the pullback's
-values back into connection order): ``tables`` times it alone.
+values back into connection order): ``tables`` times it alone. The forward over uniform cells
+is also timed in its staged form (``pallas_staged``, ``_sparse_pallas.STAGED``).
 
 Usage (one TPU v5e: under 4 minutes; ``--aot``: compile only, for a v5e, on a CPU host with
 ``libtpu`` installed, no chip needed)::
@@ -81,6 +82,16 @@ def _small_sizes():
         tpu.BLOCK_ROWS, pallas.VMEM_BUDGET = saved
 
 
+@contextlib.contextmanager
+def _staged():
+    """The uniform gather-sum in its staged form (``_sparse_pallas.STAGED``)."""
+    pallas.STAGED = True
+    try:
+        yield
+    finally:
+        pallas.STAGED = False
+
+
 def _error(e: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(e), e)).strip()[-3000:]
 
@@ -107,11 +118,15 @@ def compile_all(conn: Connectivity, rows_of: dict, aot_device, workers: int = 8,
     for name in rows_of:
         jobs = {"xla": _fns(accelerator, conn)[name], "pallas": _fns(tpu, conn)[name],
                 "tables": _tables_fn(name, conn)}
+        cells = tpu.cut(conn, "incoming")
+        if name == "forward" and cells is not None and cells.uniform:
+            jobs["pallas_staged"] = jobs["pallas"]
         for label, fn in jobs.items():
             if fn is None or (kernels_only and label == "xla"):
                 continue
             try:
-                lowered[name, label] = _lowered(fn, rows_of[name], conn, aot_device)
+                with _staged() if label == "pallas_staged" else contextlib.nullcontext():
+                    lowered[name, label] = _lowered(fn, rows_of[name], conn, aot_device)
             except Exception as e:  # noqa: BLE001 - a kernel that fails is a result
                 lowered[name, label] = _error(e)
 
@@ -175,7 +190,7 @@ def measure_sum(name: str, conn: Connectivity, rows: int, repeats: int, programs
     floor_ms = conn.nnz * -(-rows // 128) * ROW_NS * 1e-6
     entry = {"rows": rows, "floor_ms": floor_ms}
     compiled = {}
-    for label in ("xla", "pallas", "pallas_small", "tables"):
+    for label in ("xla", "pallas", "pallas_small", "pallas_staged", "tables"):
         if label not in programs:
             continue
         program = programs[label]
@@ -218,7 +233,7 @@ def measure_sum(name: str, conn: Connectivity, rows: int, repeats: int, programs
 def _line(n: int, batch: int, name: str, entry: dict) -> str:
     parts = [f"N={n:8d} B={batch:4d} {name:9s} rows={entry['rows']:4d} "
              f"floor={entry['floor_ms']:8.3f}ms"]
-    for label in ("xla", "pallas", "pallas_small", "tables"):
+    for label in ("xla", "pallas", "pallas_small", "pallas_staged", "tables"):
         e = entry.get(label)
         if e is None:
             continue

@@ -56,6 +56,14 @@ default, raised per call)."""
 ZERO_ROWS = 8
 """Zero rows below each chunk; padding slots read the first."""
 
+STAGED = False
+"""Uniform cells' gather-sum staged: each slot's row copied into a buffer, then the block's
+weighted sum dense, ``F`` products of ``(64, L)`` tiles by weight columns (the form a probe
+timed on a v5e), instead of the rows added into registers times scalar weights."""
+
+STAGE_TILE = 64
+"""Rows per tile of the staged dense sum."""
+
 
 def chunk_rows(lanes: int = LANES, budget: int = VMEM_BUDGET) -> int:
     """The most source rows of ``lanes`` float32 values a chunk holds within ``budget``
@@ -185,6 +193,35 @@ def _gather_kernel(groups_ref, widths_ref, rows_ref, source_ref, weight_ref, val
     jax.lax.fori_loop(0, groups_ref[cell0 + pl.program_id(0)], group, jnp.int32(0))
 
 
+def _staged_kernel(groups_ref, widths_ref, rows_ref, source_ref, weight_ref, values_ref, *refs,
+                   accumulate: bool, fan_in: int):
+    """One block of a uniform gather-sum, staged: ``stage[j·B + r] = v[source[r·F + j]]``,
+    then ``out = Σ_j stage[j·B : (j+1)·B]·w[:, j]`` a tile at a time."""
+    del groups_ref, widths_ref, rows_ref
+    out_ref, stage_ref = refs[-2], refs[-1]
+    block = out_ref.shape[0]
+
+    def row(r, carry):
+        for j in range(fan_in):
+            stage_ref[pl.ds(j * block + r, 1), :] = values_ref[
+                pl.ds(source_ref[r * fan_in + j], 1), :]
+        return carry
+
+    jax.lax.fori_loop(0, block, row, 0, unroll=GROUP)
+    tile = min(STAGE_TILE, block)
+
+    def dense(t, carry):
+        start = pl.multiple_of(t * tile, tile)
+        total = refs[0][pl.ds(start, tile), :] if accumulate else 0.0
+        for j in range(fan_in):
+            total = total + (stage_ref[pl.ds(j * block + start, tile), :]
+                             * weight_ref[pl.ds(start, tile), pl.ds(j, 1)])
+        out_ref[pl.ds(start, tile), :] = total
+        return carry
+
+    jax.lax.fori_loop(0, block // tile, dense, 0)
+
+
 def _pair_kernel(groups_ref, widths_ref, rows_ref, source_ref, values_ref, d_ref, *refs,
                  cell0: int, accumulate: bool, fixed: int):
     """One cell of the pair-sum: ``stage[s] = v[source[s]]·d[rows[g,u]]`` for the slots
@@ -267,14 +304,26 @@ def gather_sum(values: jax.Array, weight: jax.Array, cells: Cells, *,
     calls = [(c, lane) for lane in range(table.shape[-1] // lanes) for c in range(cells.chunks)]
     if len(calls) > 1:
         out = jnp.zeros((blocks * block, table.shape[-1]), jnp.float32)
+    staged = STAGED and cells.uniform and block % min(STAGE_TILE, block) == 0
+    if staged:  # the weights as columns: (targets, F), a block's rows per step
+        fan_in = cells.uniform
+        weights = jnp.pad(weight.astype(jnp.float32), (0, blocks * block * fan_in - weight.size))
+        weights = weights.reshape(blocks * block, fan_in)
+        vmem += block * fan_in * lanes * 4 + 2 * block * LANES * 4
     for c, lane in calls:
-        specs = [*(_smem_block(w, c, blocks) for w in widths),
-                 _smem_block(widths[2], c, blocks), _resident(cells, lanes, c, lane)]
+        specs = [*(_smem_block(w, c, blocks) for w in widths), _smem_block(widths[2], c, blocks),
+                 _resident(cells, lanes, c, lane)]
         kernel = functools.partial(_gather_kernel, cell0=c * blocks, accumulate=out is not None,
                                    fixed=cells.uniform)
+        scratch = []
+        if staged:
+            specs[3] = pl.BlockSpec((block, cells.uniform), lambda b, groups: (b, 0))
+            kernel = functools.partial(_staged_kernel, accumulate=out is not None,
+                                       fan_in=cells.uniform)
+            scratch = [pltpu.VMEM((block * cells.uniform, lanes), jnp.float32)]
         call = _call(kernel, cells, specs, (block, lanes),
                      lambda b, groups, lane=lane: (b, lane), (blocks * block, table.shape[-1]),
-                     [], vmem, out is not None, interpret)
+                     scratch, vmem, out is not None, interpret)
         operands = [groups, *tables, weights, table] + ([out] if out is not None else [])
         out = call(*operands)
     return out[:cells.num_targets, :width].astype(values.dtype)
