@@ -7,7 +7,8 @@ must give the XLA formulation's float32 values (``_sparse_accelerator.py``, the 
 on hostile connectivity: every synapse into one neuron, inputs and outputs that no
 connection touches, repeated pairs, sizes that are multiples of neither 128 nor the chunk
 or block, sources cut into several chunks, rows cut into several groups of 128 lanes,
-batch 1 and batches that are not multiples of 8. The cells' index arithmetic is checked
+batch 1 and batches that are not multiples of 8 (and the uniform forward's staged form). The
+cells' index arithmetic is checked
 on a million-neuron table without running a kernel; a layer's forward, BPTT and online
 gradients (BPTT and ES-D-RTRL, whose block product is the weight pullback over the stacked
 steps) through the kernels equal those through the XLA formulation.
@@ -65,6 +66,15 @@ def _sums(module, conn):
                             module.weight_pullback(x, d, conn))
 
 
+def _staged_product(x, w, conn):
+    """The forward over uniform cells in its staged form (``_sparse_pallas.STAGED``)."""
+    pallas.STAGED = True
+    try:
+        return tpu.product(x, w, conn)
+    finally:
+        pallas.STAGED = False
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_kernels_equal_the_xla_formulation_on_hostile_connectivity(monkeypatch, case):
     make, rows, chunk, block, lanes = CASES[case]
@@ -87,6 +97,9 @@ def test_kernels_equal_the_xla_formulation_on_hostile_connectivity(monkeypatch, 
     want = jax.jit(_sums(accelerator, conn))(x, d, w)
     with formulation("pallas"):
         got = jax.jit(_sums(tpu, conn))(x, d, w)
+        if incoming.uniform:
+            got, want = (*got, jax.jit(_staged_product, static_argnums=2)(x, w, conn)), (
+                *want, want[0])
     for a, b in zip(got, want, strict=True):
         assert a.shape == b.shape and a.dtype == jnp.float32
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL * float(jnp.max(jnp.abs(b))))
