@@ -123,7 +123,8 @@ ALGORITHMS = (
     Algorithm("sltt", "`SLTT()`, `'sltt'`", "no state carries credit from step to step",
               "none"),
     Algorithm("otpe", "`OTPE(decay)`, `'otpe'`",
-              "one LIF/ALIF layer under a `LeakyReadout` of leak `decay`",
+              "one LIF/ALIF layer read by `LeakyReadout`s of leak `decay` (memoryless "
+              "readouts beside them)",
               "D-RTRL's + `O(B·\\|θ\\|)` per reader"),
     Algorithm("osttp", "`OSTTP()`, `'osttp'`",
               "no ETP operation reads a layer's new state (it is then OSTL)",

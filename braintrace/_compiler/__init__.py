@@ -6,7 +6,7 @@ Jacobians, the operands of the traced operations), which operations read a
 group's new state unit by unit (``readers``), the structural unit
 patterns (``reach``, ``unit_patterns``), the jaxpr walks and phrases an
 algorithm uses to describe what it approximates (``feeding``, ``reached``,
-``eqn_names``, ``operations``, ``params_phrase``), what keeps the fast learning
+``eqn_names``, ``operations``, ``params_phrase``, ``states_phrase``), what keeps the fast learning
 signal from being exact (``fast_signal_obstacles``), which operations' outputs are
 added before anything reads them (``summed_outputs``) and the model split helpers.
 """
@@ -24,6 +24,7 @@ from braintrace._compiler._patterns import unit_patterns as unit_patterns
 from braintrace._compiler._phrases import eqn_names as eqn_names
 from braintrace._compiler._phrases import operations as operations
 from braintrace._compiler._phrases import params_phrase as params_phrase
+from braintrace._compiler._phrases import states_phrase as states_phrase
 from braintrace._compiler._readers import reader_list as reader_list
 from braintrace._compiler._readers import readers as readers
 from braintrace._compiler._records import Approximation as Approximation
@@ -48,4 +49,4 @@ __all__ = ["Approximation", "ETraceGraph", "ElementwiseRelation", "Exclusion", "
            "InputRelation", "Relation", "SignalObstacle", "StepLeaves", "batch_shards",
            "compile_graph",
            "eqn_names", "fast_signal_obstacles", "feeding", "is_var", "leaf_paths", "operations", "params_phrase", "programs", "reach", "reached", "reader_list", "readers",
-           "split_model", "splitting_batch", "summed_outputs", "unit_patterns"]
+           "split_model", "splitting_batch", "states_phrase", "summed_outputs", "unit_patterns"]

@@ -360,7 +360,13 @@ class OnlineLearner(Checkpointable):
         Args:
             xs: Inputs, time axis leading (any pytree), at least one step.
             ys: Targets, time axis leading (any pytree).
-            loss_fn: ``loss_fn(y_pred, y_target) -> scalar`` for one step.
+            loss_fn: ``loss_fn(y_pred, y_target) -> scalar`` for one step. Traced once
+                per function object (and shapes), as ``jax.jit`` traces a static
+                function: a value it reads from outside (a global, a closure, an
+                attribute) keeps the value it had at the first call. Pass a value that
+                changes with the targets, e.g. ``ys=(targets, weights)`` with ``weights``
+                ``(T,)`` and ``loss_fn(y, (t, w)) = w * ...`` (one program for all
+                values), or give a new function object.
             mask: Optional finite weights (a concrete array): ``(T,)`` per step, or
                 ``(T, batch)`` per step and sample (``'mean'`` then averages over
                 the scored pairs).
