@@ -86,8 +86,9 @@ def test_the_device_script_measures_a_sum_both_ways_and_survives_a_kernel_that_f
     entry = kernels_run.measure_sum("forward", conn, 3, 1, programs["forward"])
     assert "Mosaic failed" in entry["pallas"]["error"]
     assert "Mosaic failed" in entry["pallas_small"]["error"]
+    assert "Mosaic failed" in entry["pallas_staged"]["error"]
     assert entry["xla"]["ms_median"] > 0 and "xla_over_pallas" not in entry
-    assert kernels_run._line(48, 3, "forward", entry).count("ERROR") == 2
+    assert kernels_run._line(48, 3, "forward", entry).count("ERROR") == 3
 
 
 def test_the_kernels_table_shows_each_sum_its_fallback_and_a_failure(tmp_path):
