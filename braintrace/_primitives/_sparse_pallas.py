@@ -257,13 +257,17 @@ def _pair_kernel(groups_ref, widths_ref, rows_ref, source_ref, values_ref, d_ref
 
 
 def _call(kernel, cells: Cells, in_specs: list, out_block: tuple,
-          out_index, out_shape: tuple, scratch: list, vmem: int, accumulate: bool,
+          out_index, out_shape: tuple, scratch: list, vmem: int, chain: str,
           interpret: bool):
-    accumulate_spec = [pl.BlockSpec(out_block, out_index)] if accumulate else []
+    """The ``pallas_call`` of one chunk (and group of lanes). ``chain``: ``'new'``, a fresh
+    output; ``'write'``, the last call's output (aliased, left in HBM) with this call's blocks
+    written into it; ``'add'``, the same with this call's blocks added to its."""
+    chained = {"new": [], "write": [pl.BlockSpec(memory_space=pl.ANY)],
+               "add": [pl.BlockSpec(out_block, out_index)]}[chain]
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=1, grid=(cells.blocks,), in_specs=in_specs + accumulate_spec,
+        num_scalar_prefetch=1, grid=(cells.blocks,), in_specs=in_specs + chained,
         out_specs=pl.BlockSpec(out_block, out_index), scratch_shapes=scratch)
-    aliases = {1 + len(in_specs): 0} if accumulate else {}
+    aliases = {1 + len(in_specs): 0} if chained else {}
     return pl.pallas_call(
         kernel, grid_spec=grid_spec, out_shape=jax.ShapeDtypeStruct(out_shape, jnp.float32),
         input_output_aliases=aliases, interpret=interpret,
@@ -302,8 +306,6 @@ def gather_sum(values: jax.Array, weight: jax.Array, cells: Cells, *,
     vmem = _vmem_limit((cells.chunk + ZERO_ROWS) * lanes * 4, 4 * block * lanes * 4)
     out = None
     calls = [(c, lane) for lane in range(table.shape[-1] // lanes) for c in range(cells.chunks)]
-    if len(calls) > 1:
-        out = jnp.zeros((blocks * block, table.shape[-1]), jnp.float32)
     staged = STAGED and cells.uniform and block % min(STAGE_TILE, block) == 0
     if staged:  # the weights as columns: (targets, F), a block's rows per step
         fan_in = cells.uniform
@@ -311,19 +313,20 @@ def gather_sum(values: jax.Array, weight: jax.Array, cells: Cells, *,
         weights = weights.reshape(blocks * block, fan_in)
         vmem += block * fan_in * lanes * 4 + 2 * block * LANES * 4
     for c, lane in calls:
+        chain = "new" if out is None else "add" if c else "write"  # chunks add, lanes write
         specs = [*(_smem_block(w, c, blocks) for w in widths), _smem_block(widths[2], c, blocks),
                  _resident(cells, lanes, c, lane)]
-        kernel = functools.partial(_gather_kernel, cell0=c * blocks, accumulate=out is not None,
+        kernel = functools.partial(_gather_kernel, cell0=c * blocks, accumulate=chain == "add",
                                    fixed=cells.uniform)
         scratch = []
         if staged:
             specs[3] = pl.BlockSpec((block, cells.uniform), lambda b, groups: (b, 0))
-            kernel = functools.partial(_staged_kernel, accumulate=out is not None,
+            kernel = functools.partial(_staged_kernel, accumulate=chain == "add",
                                        fan_in=cells.uniform)
             scratch = [pltpu.VMEM((block * cells.uniform, lanes), jnp.float32)]
         call = _call(kernel, cells, specs, (block, lanes),
                      lambda b, groups, lane=lane: (b, lane), (blocks * block, table.shape[-1]),
-                     scratch, vmem, out is not None, interpret)
+                     scratch, vmem, chain, interpret)
         operands = [groups, *tables, weights, table] + ([out] if out is not None else [])
         out = call(*operands)
     return out[:cells.num_targets, :width].astype(values.dtype)
@@ -356,15 +359,16 @@ def pair_sum(values: jax.Array, d: jax.Array, cells: Cells, nnz: int, *,
                        slots * lanes * 4, 4 * rows_out * SLOT_ALIGN * 4)
     calls = [(c, lane) for lane in range(full // lanes) for c in range(cells.chunks)]
     shape = (cells.chunks * blocks, rows_out, SLOT_ALIGN)
-    out = jnp.zeros(shape, jnp.float32) if len(calls) > 1 else None
+    out = None
     for c, lane in calls:
+        chain = "new" if out is None else "add" if lane else "write"  # chunks: other cells
         specs = [*(_smem_block(w, c, blocks) for w in widths), _resident(cells, lanes, c, lane),
                  pl.BlockSpec((block, lanes), lambda b, groups, lane=lane: (b, lane))]
-        kernel = functools.partial(_pair_kernel, cell0=c * blocks, accumulate=out is not None,
+        kernel = functools.partial(_pair_kernel, cell0=c * blocks, accumulate=chain == "add",
                                    fixed=cells.uniform)
         call = _call(kernel, cells, specs, (None, rows_out, SLOT_ALIGN),
                      lambda b, groups, c=c: (c * blocks + b, 0, 0), shape,
-                     [pltpu.VMEM((slots, lanes), jnp.float32)], vmem, out is not None,
+                     [pltpu.VMEM((slots, lanes), jnp.float32)], vmem, chain,
                      interpret)
         out = call(groups, *tables, table, targets, *([] if out is None else [out]))
     return _connection_order(out.reshape(-1), cells, nnz).astype(values.dtype)
