@@ -81,6 +81,16 @@ def _float32(*arrays: jax.Array) -> bool:
     return all(a.dtype == jnp.float32 for a in arrays)
 
 
+def _row_major(a: jax.Array) -> jax.Array:
+    """``a (R, N)`` laid out row-major. The kernels read ``aᵀ`` and write a transposed result;
+    left to itself XLA:TPU makes those transposes free by laying ``a`` out column-major, where
+    its minor axis of ``R`` values fills whole 128-lane tiles: 4× the memory at ``R = 32``, in
+    every step a time loop stores (BPTT at 131,072 neurons: 6.7 GiB of temporaries, not 2.8)."""
+    from jax.experimental.layout import Layout, with_layout_constraint
+
+    return with_layout_constraint(a, Layout(major_to_minor=(0, 1)))
+
+
 def _kernels():
     """``_sparse_pallas`` (imported on first use: Pallas is not needed off a TPU) and the
     ``interpret`` argument of its calls (:data:`INTERPRET` off a TPU)."""
@@ -95,7 +105,7 @@ def product(x: jax.Array, weight: jax.Array, connectivity: Any) -> jax.Array:
     if cells is None or not _float32(x, weight):
         return accelerator.product(x, weight, connectivity)
     kernels, interpret = _kernels()
-    return kernels.gather_sum(x.T, weight, cells, interpret=interpret).T
+    return _row_major(kernels.gather_sum(_row_major(x).T, weight, cells, interpret=interpret).T)
 
 
 def transposed_product(ct: jax.Array, weight: jax.Array, connectivity: Any) -> jax.Array:
@@ -105,7 +115,7 @@ def transposed_product(ct: jax.Array, weight: jax.Array, connectivity: Any) -> j
     if cells is None or not _float32(ct, weight):
         return accelerator.transposed_product(ct, weight, connectivity)
     kernels, interpret = _kernels()
-    return kernels.gather_sum(ct.T, weight, cells, interpret=interpret).T
+    return _row_major(kernels.gather_sum(_row_major(ct).T, weight, cells, interpret=interpret).T)
 
 
 def weight_pullback(x: jax.Array, d: jax.Array, connectivity: Any) -> jax.Array:
@@ -114,4 +124,5 @@ def weight_pullback(x: jax.Array, d: jax.Array, connectivity: Any) -> jax.Array:
     if cells is None or not _float32(x, d):
         return accelerator.weight_pullback(x, d, connectivity)
     kernels, interpret = _kernels()
-    return kernels.pair_sum(x.T, d.T, cells, connectivity.nnz, interpret=interpret)
+    return kernels.pair_sum(_row_major(x).T, _row_major(d).T, cells, connectivity.nnz,
+                            interpret=interpret)
