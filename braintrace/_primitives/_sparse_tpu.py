@@ -85,7 +85,8 @@ def _row_major(a: jax.Array) -> jax.Array:
     """``a (R, N)`` laid out row-major. The kernels read ``aᵀ`` and write a transposed result;
     left to itself XLA:TPU makes those transposes free by laying ``a`` out column-major, where
     its minor axis of ``R`` values fills whole 128-lane tiles: 4× the memory at ``R = 32``, in
-    every step a time loop stores (BPTT at 131,072 neurons: 6.7 GiB of temporaries, not 2.8)."""
+    every step a time loop stores (BPTT at 131,072 neurons, batch 32, compiled for a v5e:
+    6.7 GiB of temporaries, 2.2 GiB row-major)."""
     from jax.experimental.layout import Layout, with_layout_constraint
 
     return with_layout_constraint(a, Layout(major_to_minor=(0, 1)))
