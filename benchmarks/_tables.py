@@ -216,13 +216,18 @@ def _scale(results: Results, names: Sequence[str]) -> str:
     for name in names:
         run = results(name)
         for r in run["results"]:
-            summary = run["summary"].get(f"N={r['neurons']},T={r['T']}", {}).get(r["method"], {})
+            key = f"N={r['neurons']},T={r['T']}"
+            summaries = run["summary"].get(f"{key},B={r.get('batch')}") or run["summary"].get(key)
+            summary = (summaries or {}).get(r["method"], {})
             figures = _scale_figures(r, summary)
             floors |= summary.get("measured_over_floor") is not None
             if r.get("executed") and name not in ran:
                 ran.append(name)
             loop = r.get("loop") or MISSING
-            rows.append((f"{r['neurons']:,}", str(r["T"]), f"`{r['method']}`", loop, *figures))
+            batch = r.get("batch")
+            method = f"`{r['method']}`" + (f" (batch {batch})" if batch and batch !=
+                                          run["config"]["batch"] else "")
+            rows.append((f"{r['neurons']:,}", str(r["T"]), method, loop, *figures))
     if not floors:
         rows = [row[:-1] for row in rows]
     config = results(names[0])["config"]
