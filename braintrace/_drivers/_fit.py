@@ -23,6 +23,7 @@ and the trainer's finiteness check of a batch is read by the next batch's step
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -44,6 +45,7 @@ from braintrace._drivers._fit_arguments import (
 from braintrace._drivers._fit_run import FitRun
 from braintrace._drivers._history import History, scored_mean
 from braintrace._drivers._interrupt import DeferredInterrupt
+from braintrace._drivers._spike_rates import log_spike_rates
 
 __all__ = ["fit", "validation_metrics"]
 
@@ -98,7 +100,7 @@ def fit(trainer: Any, batches: Any, *, epochs: int = 1, steps: int | None = None
     validation = validation_batches(validation)
     resumed = trainer._resume if trainer._resume is not None and not trainer._resume.ended \
         else None
-    run = FitRun(History(resumed.history.steps, resumed.history.evaluations)
+    run = FitRun(dataclasses.replace(resumed.history, stopped_early=False, interrupted=False)
                  if resumed is not None else History(), callbacks)
     stream = batch_stream(batches, epochs, steps, run.step,
                           mark_epoch_ends=validation is not None and eval_every is None)
@@ -136,6 +138,7 @@ class _Loop:
         self.reset, self.last = reset, last
         self.reads_on_step = any(type(c).on_step is not Callback.on_step for c in callbacks)
         self.pending: tuple[int, int] | None = None  # (step, epoch) of the unchecked batch
+        self.last_xs: Any = None  # the inputs of the last batch learnt
         self.bar: Any = None
 
     def learn(self, stream: Any) -> bool:
@@ -162,9 +165,11 @@ class _Loop:
             except ValueError as err:
                 err.add_note(self._note(n, epoch))
                 raise
-            self.pending = (n, epoch)
+            self.pending, self.last_xs = (n, epoch), xs
             run.read_losses(ready_only=True)  # the last batch's: checked by this step
             record = run.record(n, epoch, losses, mask)
+            if n == 1:
+                log_spike_rates(trainer, run.history, xs, n, self.bar)
             if self.reads_on_step:
                 trainer.sync()
             stops = [bool(c.on_step(trainer, record)) for c in self.callbacks]  # all of them
@@ -198,6 +203,8 @@ class _Loop:
         if self.validation is not None and history.steps and not evaluated and \
                 not history.stopped_early and not interrupted:
             self._evaluate(run.step)
+        if run.step > 1 and self.last_xs is not None and not interrupted:
+            log_spike_rates(self.trainer, history, self.last_xs, run.step, self.bar)
         history.interrupted, run.ended = interrupted, not interrupted
         for callback in self.callbacks:
             callback.on_end(self.trainer, history)

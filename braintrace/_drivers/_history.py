@@ -29,6 +29,9 @@ class History:
             for classification and ``val_<name>`` for each user metric.
         stopped_early: Whether a callback stopped the training.
         interrupted: Whether a ``KeyboardInterrupt`` (Ctrl+C) stopped it.
+        spike_rates: ``{'step', <layer path>: rate, ...}``: each spiking layer's mean rate
+            on the first batch and on the last, each after its update, for a model with
+            spiking layers (:func:`braintrace.spike_rates`).
 
     Example:
         >>> history = History(steps=[{'step': 1, 'epoch': 0, 'loss': 0.5},
@@ -41,6 +44,7 @@ class History:
     evaluations: list[dict[str, float]] = dataclasses.field(default_factory=list)
     stopped_early: bool = False
     interrupted: bool = False
+    spike_rates: list[dict[str, float]] = dataclasses.field(default_factory=list)
 
     @property
     def losses(self) -> np.ndarray:
