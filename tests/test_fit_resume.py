@@ -103,8 +103,8 @@ def test_a_fit_stopped_by_ctrl_c_resumes_from_its_checkpoint_as_if_never_stopped
                                          r"'EarlyStopping'\]"):
         fit(resumed, tmp_path / "run")
     got = fit(resumed, tmp_path / "run", Ends())
-    assert got.steps == want.steps and got.evaluations == want.evaluations
-    assert got.stopped_early and not got.interrupted
+    assert got == want  # every record: losses, evaluations, spike rates, the early stop
+    assert got.stopped_early and not got.interrupted and got.spike_rates
     for a, b in zip(params(learner), want_params, strict=True):
         np.testing.assert_array_equal(a, b)
     # the negative control: an EarlyStopping that forgets its state does not stop there
