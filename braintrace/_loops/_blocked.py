@@ -127,8 +127,8 @@ def _run_block(ctx: LoopContext, carry: ScanCarry, inputs: Any) -> tuple[ScanCar
             signal, stacked_jac = terms.signal, (list(jac.d), list(jac.df))
         reads = list(jac.reads) if stack_steps and rules.readers else []  # not deferred then
         stacked = (signal, stacked_jac, reads, terms.rel_x, rules.unshared(terms.dy), outs)
-        return (terms.hidden, terms.other, add_same_step(same, terms.same_step_rest),
-                stepped), (stacked, terms.loss)
+        new = (terms.hidden, terms.other, add_same_step(same, terms.same_step_rest), stepped)
+        return jax.tree.map(lambda n, o: n.astype(o.dtype), new, state), (stacked, terms.loss)
 
     # only the block_step relations' states go through the steps
     start = (list(carry.hidden), list(carry.other), list(carry.same_step),
@@ -142,7 +142,7 @@ def _run_block(ctx: LoopContext, carry: ScanCarry, inputs: Any) -> tuple[ScanCar
     traces, term = rules.block_finish(carry.traces, views, ctx.operands)
     summed = jax.tree.map(jnp.add, carry.summed, term)
     return carry._replace(hidden=hidden, other=other, traces=traces, summed=summed,
-                          same_step=same), losses
+                          same_step=same).typed_as(carry), losses
 
 
 STEP_GROUP = 8

@@ -55,7 +55,7 @@ from braintrace._loops._step import (
     step_leaves,
 )
 
-__all__ = ["Pending", "ScanCarry", "evolve", "finish_carry", "init_carry", "param_gradients",
+__all__ = ["Pending", "ScanCarry", "accumulator_dtype", "evolve", "finish_carry", "init_carry", "param_gradients",
            "restart_sums", "run_per_step"]
 
 
@@ -82,6 +82,34 @@ class ScanCarry(NamedTuple):
     same_step: list[jax.Array]
     pending: Pending
     fresh: jax.Array
+
+    def typed_as(self, entering: ScanCarry) -> ScanCarry:
+        """This carry with every leaf in the dtype of ``entering``'s (the carry a loop
+        iteration started from).
+
+        A carry's dtypes are fixed once, by :func:`init_carry` from the state entering the
+        sequence; each loop hands its iteration's result through this, so a writer that
+        computes wider (a step computed in float32 for a bfloat16 state, a block's products
+        in float32 for bfloat16 sums, float64 data into a float32 state) is rounded to the
+        carry's dtype where it is stored, whichever loop or rule wrote it.
+        """
+        return jax.tree.map(lambda new, old: new.astype(old.dtype), self, entering)
+
+
+def accumulator_dtype(dtype: Any) -> Any:
+    """The dtype gradient sums over time are kept in: ``dtype``, at least float32 when it is
+    floating (a bfloat16 model's per-step terms summed over ``T`` steps in bfloat16 would
+    lose about ``T`` of its 8 significant bits' units; the gradient is returned in the
+    Param's dtype).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> accumulator_dtype(jnp.bfloat16), accumulator_dtype(jnp.float64)
+        (dtype('float32'), dtype('float64'))
+    """
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jnp.promote_types(dtype, jnp.float32)
+    return jnp.dtype(dtype)
 
 
 def init_carry(ctx: LoopContext, hidden: Sequence[jax.Array], other: Sequence[jax.Array],
@@ -112,8 +140,8 @@ def init_carry(ctx: LoopContext, hidden: Sequence[jax.Array], other: Sequence[ja
                       *programs.output_probes(ctx.graph)]
         shapes = jax.eval_shape(lambda t, o: rules.contribution(t, delta, o), traces,
                                 ctx.operands)
-    zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-    same = [jnp.zeros_like(p) for p in ctx.params]
+    zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, accumulator_dtype(s.dtype)), shapes)
+    same = [jnp.zeros(jnp.shape(p), accumulator_dtype(jnp.result_type(p))) for p in ctx.params]
     room = _zero_pending(ctx, hidden, other) if pending else _NOTHING_PENDING
     return ScanCarry(list(hidden), list(other), traces, zero_sums, same, room,
                      jnp.ones((), bool))
@@ -197,7 +225,8 @@ def _step(ctx: LoopContext, keep: Sequence[bool], carry: ScanCarry,
         term = rules.contribution(traces, signal.signal(terms.signal, inputs_t, w_t),
                                   ctx.operands)
     summed = jax.tree.map(jnp.add, carry.summed, term)
-    return ScanCarry(terms.hidden, terms.other, traces, summed, same, pending, fresh), terms.loss
+    return (ScanCarry(terms.hidden, terms.other, traces, summed, same, pending, fresh)
+            .typed_as(carry), terms.loss)
 
 
 def run_per_step(ctx: LoopContext, carry: ScanCarry, xs: Any, ys: Any, weights: jax.Array,
@@ -223,13 +252,14 @@ def run_per_step(ctx: LoopContext, carry: ScanCarry, xs: Any, ys: Any, weights: 
 
 
 def param_gradients(ctx: LoopContext, carry: ScanCarry) -> list[jax.Array]:
-    """Gradients per Param leaf: same-step sums plus the traced sums, finalised and mapped
-    through the weight programs."""
+    """Gradients per Param leaf, in its dtype: same-step sums plus the traced sums, finalised
+    and mapped through the weight programs."""
     if not ctx.rules.traced:
-        return list(carry.same_step)
+        return [s.astype(jnp.result_type(p)) for s, p in zip(carry.same_step, ctx.params)]
     operand_grads = ctx.rules.finalize(carry.summed, ctx.operands)
     traced = programs.operand_pullback(ctx.graph, ctx.params, operand_grads)
-    return [s + t.astype(s.dtype) for s, t in zip(carry.same_step, traced)]
+    return [(s + t.astype(s.dtype)).astype(jnp.result_type(p))
+            for s, t, p in zip(carry.same_step, traced, ctx.params)]
 
 
 def evolve(rules: GraphRules, params: Sequence[jax.Array], hidden: Sequence[jax.Array],
