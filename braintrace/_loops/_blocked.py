@@ -24,7 +24,7 @@ import numpy as np
 from braintrace._algorithms import BlockSteps, GraphRules
 from braintrace._compiler import programs
 from braintrace._loops._context import LoopContext
-from braintrace._loops._per_step import ScanCarry
+from braintrace._loops._per_step import ScanCarry, keep_dtype
 from braintrace._loops._step import add_same_step, probed_loss_terms, step_jacobians, step_leaves
 
 __all__ = ["STEP_GROUP", "run_blocked", "stacked_bytes_per_step", "step_group"]
@@ -128,7 +128,7 @@ def _run_block(ctx: LoopContext, carry: ScanCarry, inputs: Any) -> tuple[ScanCar
         reads = list(jac.reads) if stack_steps and rules.readers else []  # not deferred then
         stacked = (signal, stacked_jac, reads, terms.rel_x, rules.unshared(terms.dy), outs)
         new = (terms.hidden, terms.other, add_same_step(same, terms.same_step_rest), stepped)
-        return jax.tree.map(lambda n, o: n.astype(o.dtype), new, state), (stacked, terms.loss)
+        return jax.tree.map(keep_dtype, new, state), (stacked, terms.loss)
 
     # only the block_step relations' states go through the steps
     start = (list(carry.hidden), list(carry.other), list(carry.same_step),

