@@ -33,6 +33,7 @@ learning signal at ``h^t`` and whose loop carries lost their dtype before.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -114,12 +115,11 @@ def relative_errors(got: Any, want: Any) -> dict[str, float]:
     return {k: float(np.max(np.abs(g[k] - w[k])) / np.max(np.abs(w[k]))) for k in w}
 
 
-def assert_close(got: Any, want: Any, rounding: float, what: str) -> dict[str, float]:
+def assert_close(got: Any, want: Any, rounding: float, what: str) -> None:
     for k, v in flat(got).items():
         assert np.all(np.isfinite(v)), (what, k)
     errors = relative_errors(got, want)
     assert max(errors.values()) <= rounding, (what, errors)
-    return errors
 
 
 # -- references ---------------------------------------------------------------------
@@ -190,22 +190,41 @@ def sweep_algorithms() -> dict[str, Any]:
     return found
 
 
+def failures(checks: dict[str, Any]) -> str:
+    """Runs every check; one line per check that failed, with what it raised (an assertion,
+    or a JAX error): every failure of the sweep at once."""
+    found = []
+    for name, check in checks.items():
+        try:
+            check()
+        except Exception as error:  # noqa: BLE001
+            first = (str(error).splitlines() or [""])[0]
+            found.append(f"{name}: {type(error).__name__}: {first[:400]}")
+    return "\n".join(found)
+
+
+def first_step(setup: Setup, name: str, make: Any, xs: jax.Array, ys: jax.Array,
+               bptt: Any) -> None:
+    """One algorithm at ``T = 1`` against its oracle (module docstring)."""
+    model = build(setup.param)
+    learner = braintrace.compile(model, make(), xs[0])
+    inputs = {}
+    if name == "three_factor":
+        inputs["modulators"] = first_step_signal(model, xs, ys)
+    got = learner.etrace_grad(xs, ys, mse, **inputs)
+    want = projected_oracle(build(setup.param), learner, xs, ys) if name == "osttp" else bptt
+    assert_close(got, want, setup.rounding, name)
+
+
 @pytest.mark.parametrize("setup_name", SETUPS)
 def test_every_algorithm_equals_bptt_at_t1_in_every_precision(setup_name):
     setup = SETUPS[setup_name]
     with precision(setup):
         xs, ys = data(setup, 1)
         bptt = oracle(build(setup.param), xs, ys)
-        for name, make in sweep_algorithms().items():
-            model = build(setup.param)
-            learner = braintrace.compile(model, make(), xs[0])
-            inputs = {}
-            if name == "three_factor":
-                inputs["modulators"] = first_step_signal(model, xs, ys)
-            got = learner.etrace_grad(xs, ys, mse, **inputs)
-            want = projected_oracle(build(setup.param), learner, xs, ys) if name == "osttp" \
-                else bptt
-            assert_close(got, want, setup.rounding, name)
+        found = failures({name: functools.partial(first_step, setup, name, make, xs, ys, bptt)
+                          for name, make in sweep_algorithms().items()})
+    assert not found, "\n" + found
 
 
 def accumulated_gradient() -> optax.GradientTransformation:
@@ -217,7 +236,7 @@ def accumulated_gradient() -> optax.GradientTransformation:
                                            jax.tree.map(jnp.add, total, grads)))
 
 
-def long_run(setup: Setup, name: str, xs: jax.Array, ys: jax.Array, bptt: Any) -> dict:
+def long_run(setup: Setup, name: str, xs: jax.Array, ys: jax.Array, bptt: Any) -> None:
     """One algorithm and loop over ``T_LONG`` steps (module docstring)."""
     model = build(setup.param)
     if name == "trainer":  # an update every two steps, each window's mean gradient
@@ -226,7 +245,8 @@ def long_run(setup: Setup, name: str, xs: jax.Array, ys: jax.Array, bptt: Any) -
                                            update_every=2)
         trainer.step(xs, ys)
         got = jax.tree.map(lambda g: g / (T_LONG // 2), trainer.opt_state)  # Σ/k per T
-        return assert_close(got, bptt, setup.rounding_long, name)
+        assert_close(got, bptt, setup.rounding_long, name)
+        return
     algorithm, loop = {
         "d_rtrl": ("d_rtrl", {}), "otpe": ("otpe", {}), "rtrl": ("rtrl", {}),
         "es_d_rtrl": ("es_d_rtrl", {}), "osttp": ("osttp", {}),
@@ -240,7 +260,7 @@ def long_run(setup: Setup, name: str, xs: jax.Array, ys: jax.Array, bptt: Any) -
         want = per_step.etrace_grad(xs, ys, mse, block_size=1)
     else:
         want = bptt
-    return assert_close(got, want, setup.rounding_long, name)
+    assert_close(got, want, setup.rounding_long, name)
 
 
 LOOPS = ("d_rtrl", "es_d_rtrl", "otpe", "osttp", "rtrl", "d_rtrl-windowed", "trainer")
@@ -252,9 +272,10 @@ def test_every_loop_over_two_time_blocks_in_mixed_precision(setup_name):
     with precision(setup):
         xs, ys = data(setup, T_LONG)
         bptt = oracle(build(setup.param), xs, ys,
-                          weights=jnp.full((T_LONG,), 1.0 / T_LONG, setup.data))
-        for name in LOOPS:
-            long_run(setup, name, xs, ys, bptt)
+                      weights=jnp.full((T_LONG,), 1.0 / T_LONG, setup.data))
+        found = failures({name: functools.partial(long_run, setup, name, xs, ys, bptt)
+                          for name in LOOPS})
+    assert not found, "\n" + found
 
 
 def test_float64_data_into_a_float32_model_through_the_pure_api_and_fit():
