@@ -48,8 +48,8 @@ RULES = (
     Rule("SLTT", "sltt", "each step's spatial gradient", "none",
          "no state carries credit across steps"),
     Rule("OTPE", "otpe", "D-RTRL's traces and a leaky estimate of their effect on the "
-         "reading neurons", "`B·P·(S + readers)`", "one layer under a leaky readout of leak "
-         "`λ`"),
+         "reading neurons", "`B·P·(S + readers)`", "one layer read by leaky readouts of leak `λ` "
+         "(memoryless paths beside them)"),
     Rule("OSTTP", "osttp", "D-RTRL's traces in each layer; a hidden layer learns from a fixed "
          "random projection of the target", "`B·P·S` + the projections",
          "no ETP operation reads a layer's new state (then it is OSTL)"),

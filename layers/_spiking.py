@@ -16,8 +16,10 @@ recurrent input (:meth:`LIF.spikes`). For one step with input current ``x_t``:
 with ``α = exp(-dt/τ)`` (the leak is towards 0) and ``A_t = v_th`` for LIF.
 With ``detach_reset=True`` the reset's ``z_{t-1}`` passes through
 ``lax.stop_gradient`` (OTTT's and SLTT's neurons): the values are the same, and
-no derivative flows through the reset, so a neuron's Jacobian
-``∂v_t/∂v_{t-1}`` is the leak ``α`` alone.
+no derivative flows through the spike that resets, so ``∂v_t/∂v_{t-1}`` is the
+leak ``α`` with the soft reset, and ``α (1 - z_{t-1})`` with the hard one: 0
+after a spike, whose reset sets ``ṽ = v_reset`` whatever ``v_{t-1}`` was (while
+a refractory neuron holds ``ṽ``, ``∂ṽ/∂v_{t-1}``: 1, or ``1 - z_{t-1}``).
 With ``refractory_steps = R > 0`` a neuron that spiked holds ``ṽ`` and cannot
 spike for the next ``R`` steps (a counter state ``ref_steps`` tracks this).
 ``H`` is :func:`spike`: a Heaviside step with a surrogate derivative.

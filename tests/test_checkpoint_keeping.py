@@ -153,3 +153,65 @@ def test_saving_an_abstract_state_is_an_error_naming_it_and_nothing_is_written(t
             saving.save(0, model=nnx.eval_shape(make_model))
         assert saving.all_steps() == [] and listing(tmp_path) == before
         assert saving.save(0, model=model, state=functions.init(model))
+
+
+FAILED = object()
+"""A save that fails before its manifest (as a full disk would), in a sequence below."""
+
+SEQUENCE = [(0.5, FAILED), (1.0,), (0.2, FAILED), (0.1, FAILED), (2.0,), (3.0,), (0.05, FAILED)]
+"""``(loss,)`` saved, or ``(loss, FAILED)``: the first save fails, then the best one so far,
+twice in a row, before two worse complete saves, and the last save fails."""
+
+
+def expected_kept(kept, step, loss, max_to_keep):
+    """The complete steps ``{step: loss}`` left after ``step`` completes: the last
+    ``max_to_keep`` and the best (lowest loss), among the complete steps alone."""
+    kept = {**kept, step: loss}
+    latest = sorted(kept)[-max_to_keep:]
+    return {s: kept[s] for s in {*latest, min(kept, key=kept.get)}}
+
+
+@pytest.mark.parametrize("max_to_keep", [1, 2])
+@pytest.mark.parametrize("mode", ["min", "max"])
+def test_a_save_that_fails_midway_is_never_best_nor_counted_and_never_deletes_the_best(
+        tmp_path, monkeypatch, mode, max_to_keep):
+    """After every save of ``SEQUENCE``, a reopened manager lists exactly the complete steps
+    the rules keep among the complete ones, its best step restores the kernel saved there,
+    and the directory holds no failed save older than the newest complete step; the last
+    step's failed save is replaced when that step is saved again."""
+    write_manifest = manager_module.write_manifest
+
+    def manifest(where):
+        if int(os.path.basename(where)) in failing:
+            raise OSError(f"disk full while writing the manifest of {where}")
+        write_manifest(where)
+
+    monkeypatch.setattr(manager_module, "write_manifest", manifest)
+    sign = 1.0 if mode == "min" else -1.0  # the same steps are best in both modes
+    options = {"max_to_keep": max_to_keep, **loss_best(best_mode=mode)}
+    model, kernels, kept, failing = make_model(), {}, {}, set()
+    for step, (loss, *failed) in enumerate(SEQUENCE):
+        model.layers[0].kernel[...] = jnp.full((2, 3), float(step))
+        kernels[step] = kernel(model)
+        with manager(tmp_path, **options) as saving:
+            if failed:
+                failing.add(step)
+                with pytest.raises(OSError, match="disk full"):
+                    saving.save(step, model=model, metrics={"loss": sign * loss})
+            else:
+                assert saving.save(step, model=model, metrics={"loss": sign * loss})
+                kept = expected_kept(kept, step, loss, max_to_keep)
+        best = min(kept, key=kept.get) if kept else None
+        with manager(tmp_path, **options) as reopened:
+            assert reopened.all_steps() == sorted(kept) and reopened.best_step() == best
+            if best is not None:
+                restored = make_model(1)
+                assert reopened.restore(best, model=restored) == best
+                np.testing.assert_array_equal(kernel(restored), kernels[best])
+        left = sorted(int(name) for name in os.listdir(tmp_path) if name.isdigit())
+        assert left == sorted(kept) + [s for s in failing if s > max(kept, default=-1)]
+    failing.clear()
+    with manager(tmp_path, **options) as saving:  # the failed last step, saved again
+        assert saving.save(step, model=model, metrics={"loss": sign * loss})
+        assert saving.all_steps() == sorted(expected_kept(kept, step, loss, max_to_keep))
+        assert saving.best_step() == step

@@ -14,6 +14,8 @@ import io
 import pathlib
 import re
 import runpy
+import sys
+import tomllib
 
 import jax
 import jax.numpy as jnp
@@ -451,3 +453,29 @@ def test_every_page_with_python_code_is_run_by_a_test():
 def test_page_code_runs_and_does_what_the_page_says(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     PAGE_CHECKS[page](_run_page(DOCS / page))
+
+
+def test_the_dev_install_opens_and_runs_the_notebooks_as_the_readme_says():
+    readme = " ".join((ROOT / "README.md").read_text().split())  # lines joined
+    bin_dir = pathlib.Path(sys.executable).parent
+    for command in ("lab notebooks/", "nbconvert --execute --to notebook"):
+        assert f"`.venv/bin/jupyter {command}" in readme
+        assert (bin_dir / f"jupyter-{command.split()[0]}").exists(), (
+            f"`jupyter {command.split()[0]}` is not installed: pip install -e '.[dev]'")
+    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["dev"]
+    assert {"jupyterlab", "nbconvert"} <= {re.split(r"[<>=\[ ]", d)[0] for d in dev}
+
+
+EARLIER_NAMES = ("braintrace.D_RTRL", "braintrace.ES_D_RTRL", "braintrace.pp_prop",
+                 ".etrace_evolve(")
+"""What the notebooks once called and the README does not: the aliases of ``DRTRL`` and
+``ESDRTRL``, and running a test sequence through the learner instead of ``evaluate``."""
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_uses_the_readmes_names(path):
+    code = "\n".join(cell.source for cell in nbformat.read(path, as_version=4).cells
+                     if cell.cell_type == "code")
+    for name in EARLIER_NAMES:
+        assert name not in code, f"{path.name}: {name}"

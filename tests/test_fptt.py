@@ -125,10 +125,16 @@ def test_lambda_is_the_previous_gradient_where_each_update_solves_its_step():
 
 
 def test_fptt_regularizer_refuses_bad_arguments():
-    with pytest.raises(ValueError, match="alpha must be > 0"):
-        braintrace.fptt_regularizer(0.0)
-    with pytest.raises(ValueError, match=r"beta must lie in \(0, 1\]"):
-        braintrace.fptt_regularizer(0.1, beta=1.5)
+    for alpha in (0.0, -1.0, float("inf"), float("nan"), np.float32("inf")):
+        with pytest.raises(ValueError, match="alpha must be a finite number > 0"):
+            braintrace.fptt_regularizer(alpha)
+    for beta in (0.0, 1.5, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match=r"beta must lie in \(0, 1\]"):
+            braintrace.fptt_regularizer(0.1, beta=beta)
+    for bad in ("0.5", True, None, np.ones(2)):
+        with pytest.raises(TypeError, match="alpha must be a real number"):
+            braintrace.fptt_regularizer(bad)
+    assert braintrace.fptt_regularizer(np.float32(0.5)) is not None  # a NumPy scalar is one
     tx = braintrace.fptt_regularizer(0.1)
     with pytest.raises(ValueError, match="needs the Params"):
         tx.update({"w": jnp.ones(2)}, tx.init({"w": jnp.ones(2)}))

@@ -83,6 +83,35 @@ def _alif_reference(xs, tau, tau_a, beta, v_th, v_reset, reset):
     return np.array(zs), v, a
 
 
+@pytest.mark.parametrize(("reset", "refractory"), [("soft", 0), ("hard", 0), ("soft", 2)])
+def test_a_detached_reset_leaves_the_membrane_jacobian_the_docstring_states(reset, refractory):
+    """``∂v_t/∂v_{t-1}`` by ``jax.jacobian``: ``α`` (soft), ``α (1 - z_{t-1})`` (hard: 0 after
+    a spike), ``∂ṽ/∂v_{t-1} = 1`` where a refractory neuron holds; the reset's derivative
+    (not detached) is the control."""
+    v0 = jnp.array([0.2, 0.9, -0.4, 1.3])  # neurons 1 and 3 spiked at t-1 (v_th 0.5)
+    z = np.array([0.0, 1.0, 0.0, 1.0])
+    alpha = math.exp(-1 / 4.0)
+    want = {"soft": alpha * np.ones(4), "hard": alpha * (1 - z)}[reset]
+    if refractory:
+        want = np.where(z > 0, 1.0, alpha)
+
+    def jacobian(detach_reset):
+        lif = layers.LIF(4, tau=4.0, v_th=0.5, reset=reset, refractory_steps=refractory,
+                         detach_reset=detach_reset)
+        graphdef, state = nnx.split(lif)
+
+        def step(v):
+            cell = nnx.merge(graphdef, state, copy=True)
+            cell.v.set_value(v)
+            cell(jnp.full(4, 0.1))
+            return cell.v[...]
+
+        return np.asarray(jax.jacobian(step)(v0))
+
+    np.testing.assert_allclose(jacobian(True), np.diag(want), rtol=1e-6, atol=1e-7)
+    assert np.max(np.abs(jacobian(False) - np.diag(want))) > 1e-2
+
+
 @pytest.mark.parametrize("reset", ["soft", "hard"])
 def test_alif_matches_a_plain_reference_and_adapts_its_threshold(reset):
     xs = np.concatenate([np.full(12, 0.45), np.zeros(3), np.full(10, 0.6)])

@@ -48,6 +48,7 @@ with :class:`~braintrace.BPTT` (truncated to each window) and the regulariser in
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -115,6 +116,16 @@ class FPTT(AbstractAlgorithm):
                    "fptt_regularizer, stands in for it)")
 
 
+def _number(name: str, value: Any) -> float:
+    """``value`` as a float; a ``TypeError`` naming ``name`` where it is not a real number."""
+    real = isinstance(value, (int, float)) or (hasattr(value, "__float__")
+                                               and jnp.ndim(value) == 0)  # a NumPy scalar
+    if isinstance(value, bool) or not real:
+        raise TypeError(f"fptt_regularizer: {name} must be a real number, got "
+                        f"{type(value).__name__} {value!r}.")
+    return float(value)
+
+
 class FPTTState(NamedTuple):
     """The state of :func:`fptt_regularizer`, shaped like the Params.
 
@@ -143,13 +154,14 @@ def fptt_regularizer(alpha: float, beta: float = 0.5) -> optax.GradientTransform
     the mask scores nothing of) leaves the state as it is.
 
     Args:
-        alpha: ``α > 0``, the weight of the regulariser (the paper's ``α``).
+        alpha: ``α > 0``, finite, the weight of the regulariser (the paper's ``α``).
         beta: ``β`` in ``(0, 1]``, the weight of the new Params in the running average (the
             paper's ``1/2``).
 
     Raises:
-        ValueError: ``alpha`` or ``beta`` is out of range; ``update`` is called without
-            ``params``.
+        TypeError: ``alpha`` or ``beta`` is not a real number.
+        ValueError: ``alpha`` or ``beta`` is out of range (``alpha`` infinite or NaN
+            included); ``update`` is called without ``params``.
 
     Example:
         >>> import jax.numpy as jnp
@@ -167,9 +179,10 @@ def fptt_regularizer(alpha: float, beta: float = 0.5) -> optax.GradientTransform
         >>> updates['w'].tolist()  # 0.2 + 1.0·(0.5 - 0.5) - 0.5
         [-0.3]
     """
-    alpha, beta = float(alpha), float(beta)
-    if not alpha > 0:
-        raise ValueError(f"fptt_regularizer: alpha must be > 0, got {alpha}.")
+    alpha, beta = _number("alpha", alpha), _number("beta", beta)
+    if not (math.isfinite(alpha) and alpha > 0):
+        raise ValueError(f"fptt_regularizer: alpha must be a finite number > 0, got {alpha} "
+                         "(an infinite or NaN weight makes the first update NaN).")
     if not 0 < beta <= 1:
         raise ValueError(f"fptt_regularizer: beta must lie in (0, 1], got {beta}.")
 

@@ -24,8 +24,10 @@ supplies.
 In braintrace's terms, for a relation ``y = f(x, θ)`` feeding group ``g``, the
 layer's spikes are the inputs ``x'_j`` of the operations that read ``g``'s new
 state unit by unit (``braintrace._compiler.readers``: ``x'_j[v]`` depends on
-``h_g^t[v]`` only), ``ψ_j = ∂x'_j/∂h_g^t`` and ``g_j = ∂L_t/∂x'_j`` (every read of
-``x'_j``). With ``δ^t = ∂L_t/∂h_g^t`` (the new state's signal, which holds the
+``h_g^t[v]`` only; one per reading operation), ``ψ_j = ∂x'_j/∂h_g^t`` and
+``g_j = ∂L_t/∂x'_j`` through that operation's read of ``x'_j`` alone (not through
+another operation, a second reader or a direct path reading the same value: those
+are in ``δ`` and not in ``g_j``, or they would be counted twice). With ``δ^t = ∂L_t/∂h_g^t`` (the new state's signal, which holds the
 readers' path at step ``t``), per step
 
 .. math::
@@ -35,17 +37,21 @@ readers' path at step ``t``), per step
         + \\sum_j g^t_j \\cdot \\hat R^t_j,
 
 which is the paper's ``g·R̂`` where the spikes are the layer's only way to the
-loss, and keeps any other path (a loss that reads the state directly) at
-OSTL's same-step credit. An elementwise operation (a learnable time constant)
+loss, and keeps any other path (a memoryless readout of the spikes, a direct term
+of the output, a loss that reads the state) at OSTL's same-step credit. An elementwise operation (a learnable time constant)
 keeps its D-RTRL trace ``E`` the same way. Memory ``O(B·|θ|·(S + readers))``:
 D-RTRL's, plus one parameter-shaped ``R̂`` per reader.
 
 Exact (equal to BPTT) where the postsynaptic estimate is the reading neurons'
-real dynamics: a layer whose traces are exact, read through position-by-position
-spikes by neurons whose ``D`` is ``λ·I`` at every step, with a fixed ``Df``, that
-no further state reads (one spiking layer under ``LeakyReadout`` whose leak is
-``λ``: the classifiers of the paper). With several layers the estimate of each
-layer's effect stops at the next layer's membrane (the paper's approximation).
+real dynamics (``_otpe_exact``): a layer whose traces are exact, read through
+position-by-position spikes by any number of operations, each feeding neurons
+whose ``D`` is ``λ·I`` at every step, with a fixed ``Df``, that no further state
+reads (one spiking layer under one or several ``LeakyReadout`` of leak ``λ``: the
+classifiers of the paper), beside which any other path from the spikes to the
+output (a memoryless readout, a direct term) is exact at its own step. With
+several layers the estimate of each layer's effect stops at the next layer's
+membrane (the paper's approximation); ``strict=True`` refuses that, and a reader
+of another leak, and ``report()`` says which state stands in the way.
 
 Where this differs from the authors' code: the spatial signal sent to lower
 layers is the exact one of the step (the model's own surrogate derivative at
@@ -82,10 +88,10 @@ import jax.numpy as jnp
 from braintrace._algorithms._approximations import algorithm_approximation
 from braintrace._algorithms._base import AbstractAlgorithm, BlockSteps, RelationRule
 from braintrace._algorithms._block_algebra import block_coefficients, decay_weights, decayed_sums
-from braintrace._algorithms._constant_jacobians import constant_jacobians
 from braintrace._algorithms._d_rtrl import DRTRL_ELEMENTWISE, DRTRL_INPUT, contract_y
 from braintrace._algorithms._fast_signal import after_update_block
 from braintrace._algorithms._graph_rules import GraphRules
+from braintrace._algorithms._otpe_exact import otpe_exact, otpe_obstacles
 from braintrace._algorithms._ottt import check_decay
 from braintrace._algorithms._signals import NEW_STATE_SIGNAL
 from braintrace._algorithms._trace_algebra import group_signal, per_sample, tree_sum
@@ -95,9 +101,6 @@ from braintrace._compiler import (
     ETraceGraph,
     InputRelation,
     Relation,
-    fast_signal_obstacles,
-    is_var,
-    reached,
     reader_list,
     readers,
 )
@@ -292,64 +295,6 @@ def _elementwise_rule(decay: float) -> RelationRule:
                         block_finish=block_finish)
 
 
-def _covered(graph: ETraceGraph, found: tuple[tuple[int, ...], ...], decay: float) -> bool:
-    """Whether every new state computed from another group's new state is a reading group
-    whose dynamics the postsynaptic estimate is: reached only through the readers' inputs,
-    ``D = decay·I`` at every step, the readers' ``Df`` fixed, and read by no further state."""
-    jaxpr, layout = graph.jaxpr, graph.layout
-    outs = layout.hidden_outvars(jaxpr)
-    constant = constant_jacobians(graph)
-
-    def later(g: int, blocked=()) -> set[int]:
-        values, _ = reached(jaxpr, [outs[k] for k in graph.groups[g].leaves], blocked)
-        return {h.index for h in graph.groups if h.index != g
-                and any(outs[k] in values for k in h.leaves)}
-
-    for g in graph.groups:
-        reading = later(g.index)
-        if not reading:
-            continue
-        ports = {(graph.relations[r].eqn_index, graph.relations[r].primitive.x_invar_index)
-                 for r in found[g.index]}
-        feeding = {graph.relations[r].group: r for r in found[g.index]}
-        if later(g.index, ports):
-            return False
-        for h in reading:
-            decay_h = constant.decays[h]
-            if (decay_h is None or abs(decay_h - decay) > 1e-6 * max(decay, 1e-12)
-                    or h not in feeding or not constant.fixed_df[feeding[h]] or later(h)):
-                return False
-    return True
-
-
-def _couples_previous_state(graph: ETraceGraph) -> bool:
-    """Whether an operation that ``D`` does not follow (a traced one, or a cut mixing one)
-    reads the previous hidden state other than through the new one: a recurrence across
-    units (recurrent weights), which no estimate here follows."""
-    jaxpr = graph.jaxpr
-    new = {v for v in graph.layout.hidden_outvars(jaxpr) if is_var(v)}
-    through_new = {(i, k) for i, eqn in enumerate(jaxpr.eqns)
-                   for k, v in enumerate(eqn.invars) if is_var(v) and v in new}
-    old, _ = reached(jaxpr, graph.layout.hidden_invars(jaxpr), through_new)
-    unfollowed = graph.cut_eqns | {r.eqn_index for r in graph.relations}
-    return any(is_var(v) and v in old for i in unfollowed for v in jaxpr.eqns[i].invars)
-
-
-def otpe_exact(graph: ETraceGraph, decay: float) -> bool:
-    """Whether OTPE with postsynaptic leak ``decay`` equals BPTT on ``graph`` (module
-    docstring): the graph's only approximation is the coupling of one group into the
-    reading ones (no recurrence across units), no output reads a previous state, and every
-    new state computed from another's belongs to reading neurons whose dynamics the
-    estimate is."""
-    if any(a.kind != "hidden-coupling" for a in graph.approximations):
-        return False
-    if _couples_previous_state(graph):
-        return False
-    if any(o.kind == "reads-before-update" for o in fast_signal_obstacles(graph)):
-        return False
-    return _covered(graph, readers(graph), decay)
-
-
 class OTPE(AbstractAlgorithm):
     """Online training with postsynaptic estimates: D-RTRL's traces and a leaky estimate
     of their effect on the neurons that read them.
@@ -360,9 +305,10 @@ class OTPE(AbstractAlgorithm):
         \\nabla_\\theta L = \\sum_t \\frac{\\partial L_t}{\\partial s^t}\\cdot\\hat R^t
 
     (module docstring). Exact where a layer is read only by neurons whose leak
-    is ``decay`` and that nothing further reads (one spiking layer under a
-    leaky readout); ``strict=True`` checks it, ``report()`` names the Params
-    it approximates elsewhere. Single-step (no ``chunk_size``); per step or
+    is ``decay`` and that nothing further reads (one spiking layer under one or
+    several leaky readouts of that leak, with memoryless readouts or direct paths
+    to the output beside them); ``strict=True`` checks it, ``report()`` names
+    the Params it approximates elsewhere and the state that stands in the way. Single-step (no ``chunk_size``); per step or
     time-blocked (``block_size``, by default blocks of up to 32 steps), with
     the same gradients.
 
@@ -434,16 +380,18 @@ class OTPE(AbstractAlgorithm):
             >>> [a.kind for a in braintrace.OTPE(0.5).approximations(graph)]
             ['postsynaptic-estimate']
         """
-        if otpe_exact(graph, self.decay):
+        obstacles = otpe_obstacles(graph, self.decay)
+        if not obstacles:
             return ()
-        obstacles = "; ".join(o.detail for o in fast_signal_obstacles(graph))
         return algorithm_approximation(
             graph, graph.relations, kind="postsynaptic-estimate",
             label=f"OTPE(decay={self.decay:g})",
             what=("keeps the exact per-layer traces and estimates their effect on the neurons "
                   f"that read them as a leak of {self.decay:g} for"),
-            detail=("R̂ = λ R̂ + ψ E stands for the reading neurons' membrane; exact where they "
-                    "leak by λ, with a fixed Df, and nothing reads them further"
-                    + (f"; here {obstacles}" if obstacles else "")),
-            remedy=("it is exact on one layer of neurons under a leaky readout whose leak is "
-                    "decay; RTRL() is exact at O(B·N²·|θ|) cost per step"))
+            detail=("R̂ = λ R̂ + ψ E stands for the reading neurons' membrane; here "
+                    + "; ".join(obstacles)),
+            remedy=(f"here {'; '.join(obstacles)}. It is exact where a layer's spikes are read "
+                    "only by neurons that leak by decay at every step and that nothing further "
+                    "reads (any number of leaky readouts of that leak, beside memoryless "
+                    "readouts and direct paths to the output); RTRL() is exact at "
+                    "O(B·N²·|θ|) cost per step"))

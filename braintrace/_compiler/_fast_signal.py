@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+from braintrace._compiler._phrases import operations
 from braintrace._compiler._walk import is_var, reached
 
 if TYPE_CHECKING:
@@ -102,8 +103,8 @@ def _reads_before_update(graph: ETraceGraph) -> list[SignalObstacle]:
                    for k, v in enumerate(eqn.invars) if is_var(v) and v in new}
     previous = [(v, path) for v, path in zip(graph.layout.hidden_invars(jaxpr),
                                              graph.hidden_paths) if v not in new]
-    traced = [(graph.relation_output_var(r.eqn_index), f"'{r.primitive.name}' (eqn {r.eqn_index})")
-              for r in graph.relations]
+    traced = [(graph.relation_output_var(e), operations(jaxpr, graph.modules, [e]))
+              for e in dict.fromkeys(r.eqn_index for r in graph.relations)]
     outputs = [v for v in graph.layout.split_outputs(jaxpr.outvars).y
                if is_var(v) and v not in new]
     found = []

@@ -66,7 +66,7 @@ from jax.extend import source_info_util
 
 from braintrace._compiler._modules import SCOPE_PREFIX
 
-__all__ = ["FlatJaxpr", "flatten_jaxpr"]
+__all__ = ["FlatJaxpr", "flatten_jaxpr", "walk_eqns"]
 
 INLINE_PRIMITIVES = frozenset(
     {"pjit", "jit", "closed_call", "call", "core_call", "remat", "remat2", "checkpoint"})
@@ -199,12 +199,12 @@ def _union(taints: Sequence[frozenset[int]]) -> frozenset[int]:
     return out
 
 
-def _walk_eqns(jaxpr: jex_core.Jaxpr) -> Iterator[jex_core.JaxprEqn]:
+def walk_eqns(jaxpr: jex_core.Jaxpr) -> Iterator[jex_core.JaxprEqn]:
     """All equations of ``jaxpr``, recursing into every sub-jaxpr."""
     for eqn in jaxpr.eqns:
         yield eqn
         for sub in jex_core.jaxprs_in_params(eqn.params):
-            yield from _walk_eqns(sub)
+            yield from walk_eqns(sub)
 
 
 def _writes_whole_operand(eqn: jex_core.JaxprEqn) -> bool:
@@ -223,7 +223,7 @@ def _writes_whole_operand(eqn: jex_core.JaxprEqn) -> bool:
 
 
 def _contains_inlinable(jaxpr: jex_core.Jaxpr) -> bool:
-    return any(eqn.primitive.name in INLINE_PRIMITIVES for eqn in _walk_eqns(jaxpr))
+    return any(eqn.primitive.name in INLINE_PRIMITIVES for eqn in walk_eqns(jaxpr))
 
 
 def _where(path: tuple[str, ...], index: int) -> str:
@@ -355,7 +355,7 @@ class _Flattener:
         from braintrace._primitives import ETPPrimitive  # local: avoid import cycles
 
         seen: list[str] = []
-        for inner in _walk_eqns(body):
+        for inner in walk_eqns(body):
             if isinstance(inner.primitive, ETPPrimitive) and inner.primitive.name not in seen:
                 seen.append(inner.primitive.name)
         for prim_name in seen:

@@ -28,7 +28,7 @@ from braintrace._compiler._walk import cast_source, producers
 __all__ = ["ETraceGraph"]
 
 
-REPORTER: list[Callable[[Any, Any], str]] = []
+REPORTER: list[Callable[[Any, Any, bool], str]] = []
 """The report writer (``_report.graph_report``, set by the package): the report compiles the
 model in other scopes (``_alternatives``), which builds graphs, so this module does not import
 it; the package's face joins the two."""
@@ -89,17 +89,22 @@ class ETraceGraph:
     notes: tuple[str, ...]
     warnings: tuple[str, ...]
 
-    def report(self, algorithm: Any = None) -> str:
-        """A person-readable report in the model's module terms: a summary (one sentence per
-        approximation, what to do), then the details (groups, traced operations, same-step
-        Params and why, equations).
+    def report(self, algorithm: Any = None, verbose: bool = False) -> str:
+        """A person-readable report in the model's module terms.
+
+        Short by default: the hidden groups, which Params learn by eligibility traces
+        and which by their same-step gradient only, one sentence per approximation
+        (what is approximate, what to do), the exact alternatives once, warnings.
 
         Args:
             algorithm: The algorithm the graph is compiled for (e.g.
                 ``braintrace.UORO()``): the report then also lists what it
                 approximates by construction on this model.
+            verbose: The summary (each approximation with all its advice), then
+                the details: groups, traced operations, every Param and why,
+                equations, what the normalisation pass changed.
         """
-        return REPORTER[0](self, algorithm)
+        return REPORTER[0](self, algorithm, verbose)
 
     def __str__(self) -> str:
         return self.report()

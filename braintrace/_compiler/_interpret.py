@@ -33,6 +33,7 @@ def evaluate(
     feedback: Mapping[int, Mapping[int, Any]] | None = None,
     stop_operands: Mapping[int, Sequence[int]] | None = None,
     var_injections: Mapping[Any, Any] | None = None,
+    operand_injections: Mapping[int, Mapping[int, Any]] | None = None,
     record: Sequence[Any] = (),
     forward_mode: bool = False,
     x_pullbacks: Mapping[int, tuple[Callable[[Any, Any], Any], Any]] | None = None,
@@ -55,6 +56,9 @@ def evaluate(
             them through this equation; their other uses are unaffected).
         var_injections: ``{variable: value}`` added to that variable where it is
             defined (an equation's output or an input), so every read sees it.
+        operand_injections: ``{eqn_index: {operand position: value}}`` added to
+            that operand of that equation alone (one read of a variable: its other
+            reads do not see it).
         record: Variables (or literals) whose values to return as well.
         forward_mode: Make ``custom_vjp`` functions forward-differentiable
             (see :func:`bind_forward_differentiable`), for ``jax.linearize``.
@@ -72,6 +76,7 @@ def evaluate(
     x_pullbacks = x_pullbacks or {}
     stop_operands = stop_operands or {}
     var_injections = var_injections or {}
+    operand_injections = operand_injections or {}
     env: dict[jex_core.Var, Any] = {}
 
     def read(v: Any) -> Any:
@@ -87,6 +92,8 @@ def evaluate(
         write(v, value)
     for index, eqn in enumerate(jaxpr.eqns):
         invals = [read(v) for v in eqn.invars]
+        for position, value in operand_injections.get(index, {}).items():
+            invals[position] = invals[position] + value
         for position in stop_operands.get(index, ()):
             invals[position] = jax.lax.stop_gradient(invals[position])
         if index in feedback:

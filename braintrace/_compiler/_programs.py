@@ -104,8 +104,11 @@ def forward(graph: ETraceGraph, leaves: StepLeaves,
             input's derivative back through a kernel transposed in advance
             (the same derivatives; reverse mode only).
         input_probes: ``{relation index: zeros shaped like its input x}``, added
-            where ``x`` is defined: differentiating with respect to a probe gives
-            ``∂L_t/∂x`` (every read of ``x``), OTPE's signal at a group's readers.
+            to ``x`` where the relation's equation reads it, and there alone:
+            differentiating with respect to a probe gives ``∂L_t/∂x`` through that
+            read (the equation's operand; other reads of the same ``x`` — another
+            operation, a direct path to the output — are not in it), OTPE's signal
+            at a group's readers.
     """
     outs, rel_x, _ = forward_cutting_inputs(graph, leaves, (), feedback, output_probes,
                                             state_probes, x_pullbacks, input_probes)
@@ -142,12 +145,16 @@ def forward_cutting_inputs(graph: ETraceGraph, leaves: StepLeaves, cut_inputs: S
     for var, probe in zip(graph.new_state_vars(), state_probes or ()):
         if not isinstance(var, jex_core.Literal) and var not in probed:
             probed[var] = probe.astype(var.aval.dtype)  # h^t computed wider than stored
+    at_reads: dict[int, dict[int, jax.Array]] = {}
     for index, probe in (input_probes or {}).items():
-        var = graph.relation_input_var(graph.relations[index])
-        probed[var] = probed[var] + probe if var in probed else probe
+        r = graph.relations[index]
+        read = at_reads.setdefault(r.eqn_index, {})
+        position = r.primitive.x_invar_index
+        read[position] = read[position] + probe if position in read else probe
     outs, recorded = evaluate(graph.jaxpr, graph.consts, leaves.args(), feedback=feedback,
                               stop_operands=stops, injections=injections,
-                              var_injections=probed, record=inputs, x_pullbacks=x_pullbacks)
+                              var_injections=probed, operand_injections=at_reads,
+                              record=inputs, x_pullbacks=x_pullbacks)
     count = len(graph.input_relations)
     by_relation = dict(zip((r.index for r in graph.input_relations), recorded[:count]))
     return (graph.layout.split_outputs(outs),

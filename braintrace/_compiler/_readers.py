@@ -7,7 +7,11 @@ on ``h_g^t[v, ·]`` only (a layer's spikes ``z = H(v - A)`` fed to the next
 layer or a readout). Then ``∂x'^t/∂h_g^t`` is diagonal, ``ψ[v, s]``, and the
 pullback of a reader's input cotangent ``∂L_t/∂x'`` lands on ``g``'s units.
 OTPE estimates the effect of ``g``'s weights on the reader's later outputs
-through that path (``braintrace/_algorithms/_otpe.py``).
+through that path (``braintrace/_algorithms/_otpe.py``). A reader is one reading
+*operation*: an equation whose output feeds several groups (several relations)
+is listed once, by its first relation, and its input cotangent ``∂L_t/∂x'`` is
+taken at that equation's operand alone (``programs.forward``'s ``input_probes``),
+not at every read of ``x'``.
 
 Found structurally, by position maps (``_positions.py``): elementwise and
 data-movement operations are followed, a value reached through an operation
@@ -67,11 +71,13 @@ def _read_by(graph: ETraceGraph, starts: list, group: HiddenGroup) -> tuple[int,
     mixed, _ = reached(jaxpr, [v for i in mixing for v in jaxpr.eqns[i].outvars if is_var(v)])
     reach, _ = reached(jaxpr, starts)
     shape = tuple(group.shape)
-    return tuple(
-        r.index for r in graph.relations
-        if isinstance(r, InputRelation) and r.group != group.index
-        and (x := graph.relation_input_var(r)) in reach and x not in mixed and x in env
-        and tuple(x.aval.shape) == shape and _position_by_position(env[x], shape))
+    found: dict[int, int] = {}  # one reader per reading operation: {eqn index: relation}
+    for r in graph.relations:
+        if (isinstance(r, InputRelation) and r.group != group.index
+                and (x := graph.relation_input_var(r)) in reach and x not in mixed and x in env
+                and tuple(x.aval.shape) == shape and _position_by_position(env[x], shape)):
+            found.setdefault(r.eqn_index, r.index)
+    return tuple(found.values())
 
 
 def reader_list(found: tuple[tuple[int, ...], ...]) -> list[tuple[int, int]]:

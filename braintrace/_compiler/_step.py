@@ -11,7 +11,7 @@ import jax
 import jax.extend.core as jex_core
 from flax import nnx
 
-from braintrace._compiler._flatten import flatten_jaxpr
+from braintrace._compiler._flatten import flatten_jaxpr, walk_eqns
 from braintrace._compiler._modules import (
     NO_MODULES,
     ModuleMap,
@@ -20,6 +20,7 @@ from braintrace._compiler._modules import (
     module_scopes,
 )
 from braintrace._hidden import HiddenState
+from braintrace._primitives import decomposed_in, silent_fallback
 
 __all__ = ["TracedStep", "split_model", "trace_function_step", "trace_model_step"]
 
@@ -210,8 +211,8 @@ def _check_hidden_out(name: str, paths: tuple[str, ...], hidden: Any, new_hidden
 def _trace(step, args, name, hidden_paths, hidden):
     """``make_jaxpr`` of ``step``; re-emits its warnings and annotates its errors."""
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with warnings.catch_warnings(record=True) as caught, silent_fallback():
+            warnings.simplefilter("always")  # the fallback's plain ops: _decomposed
             closed, out_shape = jax.make_jaxpr(step, return_shape=True)(*args)
     except Exception as error:
         x_shapes = [tuple(jax.numpy.shape(a)) for a in jax.tree_util.tree_leaves(args[-1])]
@@ -237,7 +238,29 @@ def _flatten(closed, graphdef, param_paths, hidden_paths, other_paths, n_out, ou
     flat = flatten_jaxpr(closed, tracked, invar_names=names, module_label=label)
     modules = NO_MODULES if classes is None else ModuleMap(
         classes=classes, eqn_modules=eqn_module_paths(flat.closed_jaxpr.jaxpr))
+    decomposed = _decomposed(flat.closed_jaxpr.jaxpr, modules)
+    for message in decomposed:
+        warnings.warn(message, UserWarning, stacklevel=2)
     return TracedStep(
         closed_jaxpr=flat.closed_jaxpr, graphdef=graphdef, param_paths=param_paths,
         hidden_paths=hidden_paths, other_paths=other_paths, num_outputs=n_out,
-        out_treedef=out_treedef, notes=flat.notes, warnings=caught_messages, modules=modules)
+        out_treedef=out_treedef, notes=flat.notes,
+        warnings=tuple(dict.fromkeys(caught_messages + decomposed)), modules=modules)
+
+
+def _decomposed(jaxpr: jex_core.Jaxpr, modules: ModuleMap) -> tuple[str, ...]:
+    """A warning for each ETP primitive that the step holds as plain ops, decomposed by
+    ``vmap`` (:func:`~braintrace._primitives.decomposed_in`): the compiler cannot see it, so
+    its weights get no trace. Only here is that true: a ``vmap`` outside a compiled step
+    (of ``online_grad`` over stacked states) loses nothing and warns nothing."""
+    where: dict[str, str] = {}
+    for index, eqn in enumerate(jaxpr.eqns):
+        inner = [e for sub in jex_core.jaxprs_in_params(eqn.params) for e in walk_eqns(sub)]
+        for name in (n for e in (eqn, *inner) for n in decomposed_in(e.source_info.name_stack)):
+            where.setdefault(name, modules.eqn_label(index, ""))
+    return tuple(
+        f"ETP primitive '{name}' is vmapped{f' in {label}' if label else ''} with no batched "
+        "counterpart for these mapped operands, so it is decomposed into plain JAX ops: its "
+        "weights drop out of eligibility-trace learning. Register a counterpart with "
+        "braintrace.register_batched_counterpart, or map only x."
+        for name, label in where.items())

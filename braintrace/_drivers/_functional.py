@@ -51,6 +51,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from braintrace._drivers._buffers import own_buffers
 from braintrace._drivers._compiled import Entry
 from braintrace._drivers._inputs import (
     REDUCTIONS,
@@ -211,7 +212,12 @@ def online_grad(learner: Any, loss_fn: Callable[[Any, Any], jax.Array], *,
     Args:
         learner: The :class:`~braintrace.OnlineLearner` from :func:`braintrace.compile`
             (its analysis of the model is used; its own state is not touched).
-        loss_fn: ``loss_fn(y_pred, y_target) -> scalar`` for one step.
+        loss_fn: ``loss_fn(y_pred, y_target) -> scalar`` for one step. Traced when
+            ``grad`` is: inside your ``jit``-ed step once per compilation of the step, so
+            a value it reads from outside (a global, a closure, an attribute) keeps the
+            value it had then (``jax.jit``'s rule). Pass a value that changes as an
+            argument of the step, e.g. with the targets: ``ys=(targets, weights)``,
+            ``weights`` ``(T,)``, ``loss_fn(y, (t, w)) = w * ...``.
         reduction: ``'mean'`` (divide by the mask's sum, or ``T``) or ``'sum'`` over time.
         chunk_size: Windowed mode with windows of this many steps; ``None``: not windowed.
         block_size: Time blocks of the traces (``None``: where the algorithm has a
@@ -320,7 +326,12 @@ def online_update(learner: Any, loss_fn: Callable[[Any, Any], jax.Array],
 
     Args:
         learner: The :class:`~braintrace.OnlineLearner` from :func:`braintrace.compile`.
-        loss_fn: ``loss_fn(y_pred, y_target) -> scalar`` for one step.
+        loss_fn: ``loss_fn(y_pred, y_target) -> scalar`` for one step. Traced when
+            ``grad`` is: inside your ``jit``-ed step once per compilation of the step, so
+            a value it reads from outside (a global, a closure, an attribute) keeps the
+            value it had then (``jax.jit``'s rule). Pass a value that changes as an
+            argument of the step, e.g. with the targets: ``ys=(targets, weights)``,
+            ``weights`` ``(T,)``, ``loss_fn(y, (t, w)) = w * ...``.
         tx: An optax transformation (``value=`` is passed: the window's loss).
         update_every: Steps between updates; sequence lengths must be multiples of it.
         block_size: Time blocks within a window (``None``: at most 64 steps per block
@@ -360,7 +371,9 @@ def online_update(learner: Any, loss_fn: Callable[[Any, Any], jax.Array],
     tx = optax.with_extra_args_support(tx)
 
     def init(model: nnx.Module, *, batch_size: Any = KEEP) -> tuple[Any, OnlineState]:
-        return tx.init(nnx.state(model, nnx.Param)), init_state(compiled, model, batch_size)
+        opt_state = own_buffers(tx.init(nnx.state(model, nnx.Param)),
+                                jax.tree.leaves(nnx.state(model)))  # it may hold the Params
+        return opt_state, init_state(compiled, model, batch_size)
 
     def update(model: nnx.Module, opt_state: Any, state: OnlineState, xs: Any, ys: Any, *,
                mask: Any = None, **signal_inputs: Any

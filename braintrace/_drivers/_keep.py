@@ -1,10 +1,13 @@
 """Which checkpoint steps are kept: orbax's keep rules, with NaN and infinite metrics never best.
 
 :class:`~braintrace.CheckpointManager` lets orbax keep every step and deletes
-the steps these rules do not keep only once a new step is complete. ``best_fn``
-values are ranked by :func:`score`: larger is better whatever ``best_mode``
-says, and a NaN or infinite value (a diverged run) ranks below every finite
-one, so it never displaces the best step.
+the steps these rules do not keep only once a new step is complete
+(:func:`unkept`). The rules see the complete steps only (those whose manifest
+was written, the ones that restore): a step whose save failed midway is never
+best and never counts against ``max_to_keep``. ``best_fn`` values are ranked by
+:func:`score`: larger is better whatever ``best_mode`` says, and a NaN or
+infinite value (a diverged run) ranks below every finite one, so it never
+displaces the best step.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-__all__ = ["Saved", "keep_rule", "score"]
+__all__ = ["Saved", "keep_rule", "score", "unkept"]
 
 
 class Saved(NamedTuple):
@@ -66,3 +69,27 @@ def keep_rule(options: Any) -> Any:
     else:
         policies.append(managers.LatestN(n=options.max_to_keep))
     return managers.AnyPreservationPolicy(policies)
+
+
+def unkept(rule: Any, complete: list[Saved], unfinished: list[int]) -> list[int]:
+    """The steps to delete once a step is complete, oldest first.
+
+    The complete steps (oldest first) that ``rule`` (:func:`keep_rule`) does not
+    keep, judged among the complete steps alone, and the unfinished steps older
+    than the newest complete one: saves that failed before their manifest, which
+    never restore. An unfinished step newer than every complete one is left (a
+    save in progress elsewhere, or the next save replaces it).
+
+    Example:
+        >>> import datetime, orbax.checkpoint as ocp
+        >>> now = datetime.datetime.now()
+        >>> latest = ocp.checkpoint_managers.LatestN(n=1)
+        >>> unkept(latest, [Saved(0, None, now), Saved(2, None, now)], unfinished=[1, 3])
+        [0, 1]
+    """
+    import orbax.checkpoint as ocp
+
+    kept = rule.should_preserve(complete, context=ocp.checkpoint_managers.PreservationContext())
+    newest = complete[-1].step if complete else -1
+    return sorted([s.step for s, keep in zip(complete, kept, strict=True) if not keep]
+                  + [step for step in unfinished if step < newest])

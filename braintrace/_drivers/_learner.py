@@ -280,10 +280,12 @@ class OnlineLearner(Checkpointable):
         if optimizer is not None:
             nnx.update(optimizer, restored["optimizer"])
 
-    def report(self) -> str:
-        """The compiled graph's report for this algorithm: what is approximate (the graph's
-        traces and the algorithm's own approximations) and what to do, then the details."""
-        return self.graph.report(self.algorithm)
+    def report(self, verbose: bool = False) -> str:
+        """The compiled graph's report for this algorithm: which Params learn by traces,
+        what is approximate (the graph's traces and the algorithm's own approximations)
+        and what to do; ``verbose=True`` adds every Param, operation and equation
+        (:meth:`ETraceGraph.report`)."""
+        return self.graph.report(self.algorithm, verbose=verbose)
 
     # -- running -------------------------------------------------------------
 
@@ -360,7 +362,13 @@ class OnlineLearner(Checkpointable):
         Args:
             xs: Inputs, time axis leading (any pytree), at least one step.
             ys: Targets, time axis leading (any pytree).
-            loss_fn: ``loss_fn(y_pred, y_target) -> scalar`` for one step.
+            loss_fn: ``loss_fn(y_pred, y_target) -> scalar`` for one step. Traced once
+                per function object (and shapes), as ``jax.jit`` traces a static
+                function: a value it reads from outside (a global, a closure, an
+                attribute) keeps the value it had at the first call. Pass a value that
+                changes with the targets, e.g. ``ys=(targets, weights)`` with ``weights``
+                ``(T,)`` and ``loss_fn(y, (t, w)) = w * ...`` (one program for all
+                values), or give a new function object.
             mask: Optional finite weights (a concrete array): ``(T,)`` per step, or
                 ``(T, batch)`` per step and sample (``'mean'`` then averages over
                 the scored pairs).

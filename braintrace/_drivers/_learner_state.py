@@ -19,6 +19,7 @@ import jax
 from flax import nnx
 
 from braintrace._compiler import ETraceGraph, split_model
+from braintrace._drivers._buffers import own_buffers
 from braintrace._drivers._checkpoint import Item, leaf_names, optimizer_item
 from braintrace._drivers._compiled import CompiledModel, Entry
 from braintrace._drivers._model_state import (
@@ -76,8 +77,9 @@ def place_model(model: nnx.Module, entry: Entry) -> None:
 
 
 def fresh_traces(compiled: CompiledModel, entry: Entry, model: nnx.Module) -> Any:
-    """Zero traces of ``entry`` for the model's Params, on the mesh."""
-    traces = compiled.zero_traces(entry, model_leaves(model).params)
+    """Zero traces of ``entry`` for the model's Params, on the mesh, each array its own."""
+    params = model_leaves(model).params
+    traces = own_buffers(compiled.zero_traces(entry, params), params)
     return traces if entry.layout is None else place(traces, entry.layout.traces)
 
 

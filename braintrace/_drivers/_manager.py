@@ -11,7 +11,8 @@ items of :meth:`OnlineLearner.save <braintrace.OnlineLearner.save>`
 ``state_traces``; see ``_checkpointable.ModelAndState``), orbax's ``metrics``
 when given, and the SHA-256 manifest. Orbax numbers and lists the
 steps; braintrace deletes the steps that are not kept once a new step is
-complete (``_keep.py``: a NaN or infinite metric is never best), reads the
+complete (``_keep.py``: a NaN or infinite metric is never best; a step whose
+save failed before its manifest is never listed, best or counted), reads the
 directory (not a cached list) where it matters, and adds the integrity checks
 and the all-or-nothing restore.
 """
@@ -41,7 +42,7 @@ from braintrace._drivers._checkpoint import (
 )
 from braintrace._drivers._checkpointable import ModelAndState
 from braintrace._drivers._functional import OnlineState
-from braintrace._drivers._keep import Saved, keep_rule, score
+from braintrace._drivers._keep import Saved, keep_rule, score, unkept
 from braintrace._drivers._learner import OnlineLearner
 from braintrace._drivers._trainer import OnlineTrainer
 
@@ -196,12 +197,15 @@ class CheckpointManager:
         return os.path.join(self.directory, self._names.build_name(step))
 
     def all_steps(self) -> list[int]:
-        """The saved steps, in increasing order, as the directory holds them now."""
-        self._manager.reload()
-        return sorted(self._manager.all_steps())
+        """The saved steps, in increasing order, as the directory holds them now.
+
+        Complete steps only (their manifest written: each restores); a step whose
+        save failed midway is not one, and the next complete save deletes it.
+        """
+        return [step for step in self._orbax_steps() if self._complete(step)]
 
     def latest_step(self) -> int | None:
-        """The newest saved step, or ``None``."""
+        """The newest saved step (the one :meth:`restore` restores by default), or ``None``."""
         steps = self.all_steps()
         return steps[-1] if steps else None
 
@@ -209,7 +213,8 @@ class CheckpointManager:
         """The best saved step by ``best_fn`` (the latest without one), or ``None``.
 
         A step whose ``best_fn`` value is NaN or infinite is never best: with
-        such values only (or no metrics), ``None``.
+        such values only (or no metrics), ``None``. Nor is a step whose save did
+        not complete (it would not restore).
         """
         saved = self._saved()
         if self._best_fn is None:
@@ -224,8 +229,10 @@ class CheckpointManager:
         """Saves ``target`` (or ``model`` and ``state``) and ``optimizer`` as ``step``.
 
         Once the step is complete (its manifest written), deletes the steps that
-        are not kept (``max_to_keep``, ``best_fn``): a save interrupted before
-        then leaves every older step in place.
+        are not kept (``max_to_keep``, ``best_fn``, judged among the complete
+        steps): a save interrupted before then leaves every older step in place,
+        is never best, never counts against ``max_to_keep``, and is deleted by
+        the next complete save (or replaced, if that saves the same step).
 
         Args:
             step: The step number, a non-negative int larger than every saved one
@@ -279,6 +286,9 @@ class CheckpointManager:
                 f"{steps[-1]}) in {self.directory}; orbax numbers checkpoints in increasing "
                 "order (also after restoring an older one). Save it as a later step, or delete "
                 "the later steps first; nothing is written.")
+        for failed in self._unfinished(steps):
+            if failed >= step:  # a failed save of this step or a later one: replaced by this one
+                self._manager.delete(failed)
         saved = self._manager.save(step, args=ocp.args.Composite(**save_args(items)),
                                    metrics=metrics)
         self._manager.wait_until_finished()
@@ -338,17 +348,17 @@ class CheckpointManager:
                                 f"step={step!r}).")
             target, step = None, target
         holder = _checkpointed("CheckpointManager.restore", target, model, state)
-        steps = self.all_steps()
+        steps = self._orbax_steps()  # a failed save too: restoring it says why it cannot
         if step is None:
             if not steps:
                 raise ValueError(f"{self.directory} holds no checkpoint to restore.")
-            complete = [s for s in steps
-                        if os.path.isfile(os.path.join(self.step_directory(s), MANIFEST))]
+            complete = self.all_steps()
             step = complete[-1] if complete else steps[-1]  # the error then says it
         else:
             step = _step("CheckpointManager.restore", step)
             if step not in steps:
-                raise ValueError(f"Step {step} is not saved in {self.directory}; saved: {steps}.")
+                raise ValueError(f"Step {step} is not saved in {self.directory}; saved: "
+                                 f"{self.all_steps()}.")
         where = self.step_directory(step)
         items = holder._checkpoint_items(optimizer)
         args = restore_args(where, items)
@@ -361,23 +371,33 @@ class CheckpointManager:
             return step, holder.state
         return step
 
-    def _saved(self) -> list[Saved]:
-        """The saved steps as the directory holds them now (another manager's too), oldest first."""
+    def _orbax_steps(self) -> list[int]:
+        """Every step orbax lists in the directory now (another manager's too), complete or not."""
         self._manager.reload()
+        return sorted(self._manager.all_steps())
+
+    def _complete(self, step: int) -> bool:
+        """Whether ``step``'s save completed: its manifest, written last, is there."""
+        return os.path.isfile(os.path.join(self.step_directory(step), MANIFEST))
+
+    def _unfinished(self, complete: list[int]) -> list[int]:
+        """The steps orbax lists that are not in ``complete``: saves that failed midway."""
+        return [step for step in self._orbax_steps() if step not in complete]
+
+    def _saved(self) -> list[Saved]:
+        """The complete steps as the directory holds them now (another manager's too), oldest
+        first."""
         committed = {m.step: m.commit_timestamp for m in self._names.find_all(self.directory)}
         return [Saved(step, self._manager.metrics(step), committed[step])
-                for step in sorted(self._manager.all_steps())]
+                for step in self.all_steps()]
 
     def _delete_unkept(self) -> None:
-        """Deletes the saved steps that no keep rule keeps (after a step is complete)."""
-        import orbax.checkpoint as ocp
-
-        saved = self._saved()
-        kept = self._keep.should_preserve(
-            saved, context=ocp.checkpoint_managers.PreservationContext())
-        for info, keep in zip(saved, kept, strict=True):
-            if not keep:
-                self._manager.delete(info.step)
+        """Deletes the steps that no keep rule keeps among the complete ones, and the older
+        failed saves (after a step is complete: ``_keep.unkept``)."""
+        complete = self._saved()
+        for step in unkept(self._keep, complete,
+                           self._unfinished([s.step for s in complete])):
+            self._manager.delete(step)
 
     def _checked_metrics(self, user: str, metrics: Any) -> Any:
         """``metrics`` as JSON values, after checking ``best_fn`` reads a number from them."""

@@ -5,7 +5,8 @@ in the hidden state and the traces: those live in an :class:`OnlineState` that
 the caller carries. This module
 
 * makes one (:func:`init_state`): the model's hidden states as they are, or
-  fresh ones at any batch size (each batch size is compiled once, then reused);
+  fresh ones at any batch size (each batch size is compiled once, then reused),
+  every array its own, so a train step may donate the state;
 * checks one given to a call (:func:`check_state`): a state made by another
   learner, algorithm, batch size or model is a clear error naming what differs,
   not an error from inside the time loop;
@@ -28,6 +29,7 @@ import numpy as np
 from flax import nnx
 
 from braintrace._compiler import leaf_paths, split_model
+from braintrace._drivers._buffers import own_buffers
 from braintrace._drivers._compiled import CompiledModel, Entry
 from braintrace._drivers._model_state import Leaves, check_leaves, runs_at, strong
 from braintrace._drivers._states import KEEP, check_batch_size, init_states
@@ -98,6 +100,10 @@ def init_state(compiled: CompiledModel, model: nnx.Module, batch_size: Any = KEE
                ) -> OnlineState:
     """The state online learning starts from, with zero traces.
 
+    It is a value: every array in it is its own, neither the model's (copied
+    where it would be) nor another leaf's, so a train step may donate it
+    (``nnx.jit(step, donate_argnums=...)``) and the model keeps its arrays.
+
     Args:
         compiled: The learner's analysis of the model.
         model: The model (read, never written).
@@ -111,6 +117,7 @@ def init_state(compiled: CompiledModel, model: nnx.Module, batch_size: Any = KEE
         ValueError: ``batch_size`` is not a positive int or ``None``, or the model
             cannot be compiled at it (the model's error is chained).
     """
+    held = jax.tree.leaves(nnx.state(model))
     if batch_size is not KEEP:
         if batch_size is not None:
             batch_size = check_batch_size("init: batch_size", batch_size)
@@ -119,14 +126,8 @@ def init_state(compiled: CompiledModel, model: nnx.Module, batch_size: Any = KEE
     _, params, hidden, other = split_model(model)
     hidden = jax.tree.map(strong, hidden)
     entry = compiled.entry_of(model, compiled.batch_size_of(jax.tree.leaves(hidden)))
-    return OnlineState(hidden, _own(other), compiled.zero_traces(entry, jax.tree.leaves(params)))
-
-
-def _own(variables: nnx.State) -> nnx.State:
-    """``variables`` in Variables of their own: ``nnx.split`` hands out the model's Variable
-    objects, which a later write into the model (its RNG counters after a call) would change
-    inside a state the caller kept. A state is a value."""
-    return jax.tree.map(lambda value: value, variables)
+    traces = compiled.zero_traces(entry, jax.tree.leaves(params))
+    return own_buffers(OnlineState(hidden, other, traces), held)
 
 
 def check_state(name: str, compiled: CompiledModel, model: nnx.Module, state: Any

@@ -54,7 +54,9 @@ class OnlineTrainer(Checkpointable):
     Args:
         learner: A learner from :func:`braintrace.compile`.
         tx: An optax gradient transformation.
-        loss_fn: ``loss_fn(y_pred, y_target) -> scalar`` for one step.
+        loss_fn: ``loss_fn(y_pred, y_target) -> scalar`` for one step (traced once per
+            function object, as in ``OnlineLearner.etrace_grad``: pass values that change
+            with the targets).
         update_every: Steps between updates (``k``); sequence lengths must be
             multiples of it.
         blocked: Advance the traces of the steps between updates in time

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from braintrace._algorithms import BlockSteps, GraphRules
+from braintrace._arguments import call_loss
 from braintrace._compiler import programs
 from braintrace._loops._context import LoopContext
 from braintrace._loops._per_step import ScanCarry, keep_dtype
@@ -194,7 +195,8 @@ def _loss_dtype(ctx: LoopContext, carry: ScanCarry, xs: Any, ys: Any) -> Any:
     def loss():
         leaves = step_leaves(ctx, carry.hidden, carry.other, first(xs))
         outs, _ = programs.forward(ctx.graph, leaves, ctx.rules.feedback)
-        return ctx.loss_fn(jax.tree.unflatten(ctx.graph.out_treedef, outs.y), first(ys))
+        return call_loss(ctx.loss_fn, jax.tree.unflatten(ctx.graph.out_treedef, outs.y),
+                         first(ys))
 
     return jax.eval_shape(loss).dtype
 

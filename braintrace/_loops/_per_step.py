@@ -54,6 +54,7 @@ from braintrace._loops._step import (
     step_jacobians,
     step_leaves,
 )
+from braintrace._primitives import silent_fallback
 
 __all__ = ["Pending", "ScanCarry", "accumulator_dtype", "evolve", "finish_carry", "init_carry",
            "keep_dtype", "param_gradients", "restart_sums", "run_per_step"]
@@ -287,5 +288,7 @@ def evolve(rules: GraphRules, params: Sequence[jax.Array], hidden: Sequence[jax.
             traces = rules.update(traces, step_jacobians(rules, leaves), rel_x, operands)
         return (outs.hidden, outs.other, traces), jax.tree.unflatten(graph.out_treedef, outs.y)
 
-    (hidden, other, traces), ys = jax.lax.scan(body, (list(hidden), list(other), traces), xs)
+    with silent_fallback():  # a step compiled already: a vmap of it loses nothing
+        (hidden, other, traces), ys = jax.lax.scan(body, (list(hidden), list(other), traces),
+                                                   xs)
     return ys, hidden, other, traces

@@ -11,6 +11,7 @@ from braintrace._loops._context import LoopContext
 from braintrace._loops._per_step import ScanCarry, run_per_step
 from braintrace._loops._spec import Blocked, LoopSpec, PerStep, Windowed
 from braintrace._loops._windowed import run_windowed
+from braintrace._primitives import silent_fallback
 
 __all__ = ["run"]
 
@@ -38,6 +39,12 @@ def run(ctx: LoopContext, spec: LoopSpec, carry: ScanCarry, xs: Any, ys: Any,
     """
     if signal_inputs is not None and not isinstance(spec, PerStep):
         raise ValueError("A learning signal with per-step inputs runs in the per-step loop.")
+    with silent_fallback():  # a step compiled already: a vmap of it loses nothing
+        return _run(ctx, spec, carry, xs, ys, weights, signal_inputs, finish)
+
+
+def _run(ctx, spec, carry, xs, ys, weights, signal_inputs, finish):
+    """:func:`run` (its arguments)."""
     if isinstance(spec, PerStep):
         return run_per_step(ctx, carry, xs, ys, weights, signal_inputs, finish=finish)
     if isinstance(spec, Blocked):

@@ -56,10 +56,12 @@ from ._lora import LORA_RULES as LORA_RULES
 from ._lora import etp_lora_batched_p as etp_lora_batched_p
 from ._lora import etp_lora_p as etp_lora_p
 from ._lora import lora_matmul as lora_matmul
+from ._register import decomposed_in as decomposed_in
 from ._register import etp_primitives as etp_primitives
 from ._register import register_batched_counterpart as register_batched_counterpart
 from ._register import register_pair as register_pair
 from ._register import register_primitive as register_primitive
+from ._register import silent_fallback as silent_fallback
 from ._rules import RULE_NAMES as RULE_NAMES
 from ._rules import ETPRules as ETPRules
 from ._rules import outer_sum as outer_sum
@@ -89,6 +91,7 @@ __all__ = [
     "ETPRules",
     "MissingRuleError",
     "conv",
+    "decomposed_in",
     "einsum",
     "element_wise",
     "embed_lookup",
@@ -117,6 +120,7 @@ __all__ = [
     "register_pair",
     "register_primitive",
     "scale_output_axis",
+    "silent_fallback",
     "sparse_matmul",
     "split_spec",
     "sum_leading",

@@ -151,8 +151,9 @@ class ETPPrimitive(jex_core.Primitive):
         The compiler calls this on every ETP equation of a traced step before
         reading ``x``, ``y`` and the trainable inputs by position. Binding,
         ``jit``, ``grad``, ``jvp`` and ``vmap`` work whatever the layout
-        (``vmap`` falls back to ``jax.vmap`` of the impl, with a warning, when
-        ``x`` is not one of the operands), so they never check it.
+        (``vmap`` falls back to ``jax.vmap`` of the impl when ``x`` is not one of
+        the operands; the compiler warns if a step it compiles holds it), so they
+        never check it.
 
         Args:
             eqn: An equation whose primitive is ``self``.

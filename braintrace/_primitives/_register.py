@@ -9,9 +9,12 @@ identity-preserving batching rule, all from one plain-JAX ``impl_fn``;
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+import re
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -21,13 +24,48 @@ from braintrace._primitives._core import ETPPrimitive, shape_struct
 from braintrace._primitives._rules import ETPRules
 
 __all__ = [
+    "FALLBACK_SCOPE",
+    "decomposed_in",
     "etp_primitives",
     "register_batched_counterpart",
     "register_pair",
     "register_primitive",
+    "silent_fallback",
 ]
 
 _REGISTRY: dict[str, ETPPrimitive] = {}
+
+FALLBACK_SCOPE = "etp_fallback:"
+"""The named scope (``jax.named_scope``) of the plain ops that a vmapped ETP primitive
+without a batched counterpart is decomposed into, followed by the primitive's name."""
+
+_SILENT_FALLBACK = contextvars.ContextVar("etp_silent_fallback", default=False)
+"""Whether a vmapped ETP primitive's fallback warns nothing (:func:`silent_fallback`)."""
+
+
+@contextlib.contextmanager
+def silent_fallback() -> Iterator[None]:
+    """Within the block, a vmapped ETP primitive's fallback does not warn by itself.
+
+    Two places know better than the fallback whether its warning is true: the drivers'
+    loops, which evaluate a step whose eligibility traces are compiled already (a
+    ``jax.vmap`` of ``online_grad`` over stacked states or models loses nothing there),
+    and the compiler, which finds the fallback's plain ops in the step it compiles by their
+    named scope (:func:`decomposed_in`) and warns once, naming the module.
+
+    Example:
+        >>> import warnings, jax, jax.numpy as jnp
+        >>> from braintrace._primitives import matmul, silent_fallback
+        >>> with silent_fallback(), warnings.catch_warnings():
+        ...     warnings.simplefilter("error")
+        ...     jax.vmap(matmul)(jnp.ones((2, 3)), jnp.ones((2, 3, 4))).shape
+        (2, 4)
+    """
+    token = _SILENT_FALLBACK.set(True)
+    try:
+        yield
+    finally:
+        _SILENT_FALLBACK.reset(token)
 
 
 def register_primitive(
@@ -233,6 +271,34 @@ def _jvp(prim: ETPPrimitive, primals: Any, tangents: Any, **params: Any) -> Any:
     return primal_out, tangent_out
 
 
+def decomposed_in(name_stack: Any) -> tuple[str, ...]:
+    """The ETP primitives whose batching fallback an equation of ``name_stack`` belongs to.
+
+    Vmapped with more than ``x`` mapped, or with no batched counterpart, an ETP
+    primitive is computed as ``jax.vmap`` of its impl, inside the named scope
+    :data:`FALLBACK_SCOPE` + its name: the same values and derivatives, but
+    plain ops, and a ``UserWarning`` that the weights drop out of
+    eligibility-trace compilation. The compiler reads ``name_stack`` of the
+    step it compiles and warns once per primitive, naming the module, also when
+    an inner ``jit`` reused a trace made before (the fallback did not run
+    then); the drivers' loops, which evaluate steps compiled already, and the
+    compiler's own tracing keep the fallback silent (:func:`silent_fallback`).
+
+    Args:
+        name_stack: An equation's ``source_info.name_stack`` (or its string).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from braintrace._primitives import decomposed_in, matmul, silent_fallback
+        >>> per_weight = jax.vmap(matmul)          # the weight mapped too: the fallback
+        >>> with silent_fallback():                # (which would warn here)
+        ...     jaxpr = jax.make_jaxpr(per_weight)(jnp.ones((2, 3)), jnp.ones((2, 3, 4)))
+        >>> [decomposed_in(eqn.source_info.name_stack) for eqn in jaxpr.eqns]
+        [('etp_dense',)]
+    """
+    return tuple(re.findall(re.escape(FALLBACK_SCOPE) + r"([^/()]+)", str(name_stack)))
+
+
 def _batch(prim: ETPPrimitive, args: Any, dims: Any, **params: Any) -> Any:
     x_index = prim.x_invar_index
     has_x = x_index is not None and x_index < len(args)
@@ -247,16 +313,19 @@ def _batch(prim: ETPPrimitive, args: Any, dims: Any, **params: Any) -> Any:
         out = counterpart.bind(*args, **params)
         out_dims = [0] * len(out) if counterpart.multiple_results else 0
         return out, out_dims
-    warnings.warn(
-        f"ETP primitive '{prim.name}' is vmapped with no batched counterpart for these "
-        "mapped operands, so it is decomposed into plain JAX ops: its weights drop out "
-        "of eligibility-trace learning. Register a counterpart with "
-        "braintrace.register_batched_counterpart, or map only x.",
-        UserWarning,
-        stacklevel=2,
-    )
-    in_axes = tuple(dims)
-    out = jax.vmap(functools.partial(prim.impl_fn, **params), in_axes=in_axes)(*args)
+    if not _SILENT_FALLBACK.get():
+        warnings.warn(
+            f"ETP primitive '{prim.name}' is vmapped with no batched counterpart for these "
+            "mapped operands, so it is decomposed into plain JAX ops: its weights drop out "
+            "of eligibility-trace learning. Register a counterpart with "
+            "braintrace.register_batched_counterpart, or map only x.",
+            UserWarning,
+            stacklevel=2,
+        )
+    # The scope lets the compiler find the plain ops in a step it compiles, also when the
+    # fallback ran before (an inner ``jit`` reusing its trace), and warn then too.
+    with jax.named_scope(FALLBACK_SCOPE + prim.name):
+        out = jax.vmap(functools.partial(prim.impl_fn, **params), in_axes=tuple(dims))(*args)
     if prim.multiple_results:
         return list(out), [0] * len(out)
     return out, 0

@@ -1,0 +1,142 @@
+"""Where the device's time of one training pass goes, op by op (for accelerators).
+
+For each configuration ``model:hidden:batch:T:method[,method...]`` the pass is compiled as
+``benchmarks/throughput.py`` compiles it (BPTT's grad, the online methods' ``online_grad`` in a
+jitted step), run once to warm, then once under ``jax.profiler.trace``; the device's ops
+(the Perfetto trace's ``XLA Ops`` lanes) are summed by name and divided by ``T``:
+
+* ``device_us_per_step``: the whole programs' device time per step (``XLA Modules``);
+* ``ops``: the ops with the most device time, each with its µs and calls per step;
+* the optimised HLO of every program, in ``hlo.tar.gz`` (fusions, layouts, copies).
+
+Usage (on a TPU; on the CPU there is no device lane and only the HLO is written)::
+
+    python benchmarks/device_profile.py --out /tmp/prof \\
+        gru:1024:64:100:bptt,es_d_rtrl snn:256:16:200:bptt,es_d_rtrl@1
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import sys
+import tarfile
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import jax
+from _models import block, bptt_grad_fn, build, data, environment, mse
+from flax import nnx
+from throughput import method_parts
+
+import braintrace
+
+
+def compiled_pass(model_name: str, method: str, cfg: dict, xs, ys):
+    """``(compiled, args)``: one training pass over ``xs`` as a compiled program and its
+    arguments (BPTT's grad; an online method's ``online_grad`` in a jitted step)."""
+    model = build(model_name, cfg["inputs"], cfg["hidden"], cfg["outputs"], cfg["batch"])
+    if method == "bptt":
+        grad_fn, params, hidden = bptt_grad_fn(model)
+        args = (params, hidden, xs, ys)
+        return grad_fn.lower(*args).compile(), args
+    name, block_size, trace_dtype = method_parts(method)
+    learner = braintrace.compile(model, name, xs[0], batch_size=cfg["batch"],
+                                 trace_dtype=trace_dtype)
+    online = braintrace.online_grad(learner, mse, block_size=block_size)
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def step(state, carried, xs, ys):
+        grads, carried, stats = online.grad(nnx.merge(graphdef, state), carried, xs, ys)
+        return grads, carried, stats.losses
+
+    args = (state, online.init(model), xs, ys)
+    return step.lower(*args).compile(), args
+
+
+def op_times(fn, steps: int, top: int) -> dict:
+    """``fn()`` once under the profiler: the device's time per step, whole and by op."""
+    with tempfile.TemporaryDirectory() as logdir:
+        with jax.profiler.trace(logdir, create_perfetto_trace=True):
+            block(fn())
+        files = glob.glob(f"{logdir}/**/perfetto_trace.json.gz", recursive=True)
+        if not files:
+            return {"device_us_per_step": None, "ops": []}
+        with gzip.open(files[0]) as f:
+            trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    lanes = {(e["pid"], e.get("tid")): e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+               and "/device:" in e["args"]["name"]}
+    modules, ops, calls = 0.0, collections.Counter(), collections.Counter()
+    for e in events:
+        if e.get("ph") != "X" or e["pid"] not in devices:
+            continue
+        lane = lanes.get((e["pid"], e.get("tid")))
+        if lane == "XLA Modules":
+            modules += e.get("dur", 0.0)
+        elif lane == "XLA Ops":
+            ops[e["name"]] += e.get("dur", 0.0)
+            calls[e["name"]] += 1
+    return {"device_us_per_step": modules / steps,
+            "ops_us_per_step": sum(ops.values()) / steps,
+            "ops": [{"name": name, "us_per_step": us / steps, "calls_per_step": calls[name] / steps}
+                    for name, us in ops.most_common(top)]}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("configs", nargs="+", help="model:hidden:batch:T:method[,method...]")
+    p.add_argument("--inputs", type=int, default=64)
+    p.add_argument("--outputs", type=int, default=10)
+    p.add_argument("--top", type=int, default=40, help="ops kept per program")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    results, hlo = {}, {}
+    for config in args.configs:
+        model_name, hidden, batch, T, methods = config.split(":")
+        cfg = {"hidden": int(hidden), "batch": int(batch), "inputs": args.inputs,
+               "outputs": args.outputs}
+        xs, ys = data(model_name, int(T), args.inputs, args.outputs, int(batch))
+        for method in methods.split(","):
+            key = f"{model_name}_h{hidden}_b{batch}_T{T}_{method}"
+            try:
+                start = time.perf_counter()
+                compiled, call_args = compiled_pass(model_name, method, cfg, xs, ys)
+                compile_s = time.perf_counter() - start
+                hlo[key] = compiled.as_text()
+                run = lambda compiled=compiled, call_args=call_args: compiled(*call_args)
+                block(run())
+                results[key] = {"compile_s": compile_s, **op_times(run, int(T), args.top)}
+            except Exception as e:  # noqa: BLE001  (record and go on: one call, every answer)
+                results[key] = {"error": f"{type(e).__name__}: {e}"[:2000]}
+            row = results[key]
+            print(key, {k: v for k, v in row.items() if k != "ops"}, flush=True)
+            for op in row.get("ops", [])[:8]:
+                print(f"    {op['us_per_step']:9.2f} us/step  x{op['calls_per_step']:.1f}  "
+                      f"{op['name']}", flush=True)
+    payload = {"environment": environment(), "results": results}
+    with open(os.path.join(args.out, "device_profile.json"), "w") as f:
+        json.dump(payload, f, indent=1)
+    with tarfile.open(os.path.join(args.out, "hlo.tar.gz"), "w:gz") as tar:
+        with tempfile.TemporaryDirectory() as tmp:
+            for key, text in hlo.items():
+                path = os.path.join(tmp, f"{key}.hlo.txt")
+                with open(path, "w") as f:
+                    f.write(text)
+                tar.add(path, arcname=os.path.basename(path))
+    return payload
+
+
+if __name__ == "__main__":
+    main()
