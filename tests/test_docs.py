@@ -438,9 +438,18 @@ def _check_online_rules(ns):
     assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(_params(fptt["model"])))
 
 
+def _check_spiking_kit(ns):
+    # two CuBaLIF layers trained online: the classes are learned (chance is 1/3) and the
+    # regulariser holds the hidden layer near its target (about 0.3 without it)
+    assert ns["test_accuracy"] >= 0.8
+    assert abs(ns["hidden_rate"] - 0.05) < 0.03
+    assert "count.c, n2.i, n2.v  shape=(8, 3)  S=3" in ns["counting"].report(verbose=True)
+    assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(ns["grads"]))
+
+
 PAGE_CHECKS = {"tasks.md": _check_tasks, "devices.md": _check_devices,
                "checkpoints.md": _check_checkpoints, "nir.md": _check_nir,
-               "online_rules.md": _check_online_rules}
+               "online_rules.md": _check_online_rules, "spiking_kit.md": _check_spiking_kit}
 """Each page whose code the reader runs, and what the page says that code does."""
 
 

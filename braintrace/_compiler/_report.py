@@ -180,14 +180,20 @@ def _by_module(graph: ETraceGraph, paths: dict[str, str | None],
 
 def _short_groups(graph: ETraceGraph, algorithm: Any, found: tuple[Approximation, ...]
                   ) -> list[str]:
-    """One line: the hidden groups, each by the module holding it."""
+    """One line: the hidden groups, each by the modules holding its states (a neuron and
+    the readout over time that joins its group: ``'`n` (CuBaLIF): i and v, with `count`
+    (SumOverTime): c (4,)'``)."""
     del algorithm, found
     parts = []
     for g in graph.groups:
-        owner = graph.modules.module_of(g.paths[0])
-        states = listing((_relative(p, owner) for p in g.paths), limit=3)
-        of = "" if owner is None else f"{graph.modules.label(owner)}: "
-        parts.append(f"{of}{states} {g.shape}")
+        by: dict[str | None, list[str]] = {}
+        for path in g.paths:
+            by.setdefault(graph.modules.module_of(path), []).append(path)
+        held = []
+        for owner, paths in by.items():
+            states = listing((_relative(p, owner) for p in paths), limit=3)
+            held.append(states if owner is None else f"{graph.modules.label(owner)}: {states}")
+        parts.append(f"{', with '.join(held)} {g.shape}")
     more = f"; and {len(parts) - 4} more" if len(parts) > 4 else ""
     return [f"hidden groups ({len(graph.groups)}): {'; '.join(parts[:4])}{more}"]
 
