@@ -109,6 +109,30 @@ def layered_graph(param_dtype):
     return braintrace.compile_graph(model, jnp.zeros((B, I), jnp.float32))
 
 
+class WideSynapse(nnx.Module):
+    """``i' = i/2 + x``, ``v' = v/2 + i'``, both computed in the input's dtype and stored in
+    the states' (the membrane computed from the current's new value, in one group)."""
+
+    def __init__(self, dtype):
+        self.i = braintrace.HiddenState(jnp.zeros((H,), dtype))
+        self.v = braintrace.HiddenState(jnp.zeros((H,), dtype))
+
+    def __call__(self, x):
+        i = 0.5 * self.i[...] + x
+        v = 0.5 * self.v[...] + i
+        self.i[...], self.v[...] = i, v
+        return jnp.tanh(v)
+
+
+def synapse_graph(param_dtype):
+    model = nnx.Sequential(layers.ETPLinear(I, H, param_dtype=param_dtype, rngs=nnx.Rngs(0)),
+                           WideSynapse(param_dtype),
+                           layers.LeakyReadout(H, O, tau=1 / np.log(2), param_dtype=param_dtype,
+                                               rngs=nnx.Rngs(1)))
+    braintrace.init_states(model, B)
+    return braintrace.compile_graph(model, jnp.zeros((B, I), jnp.float32))
+
+
 def analyses(graph):
     """What each analysis of the new state finds: the readers, the operations reading
     ``h^t``, the fast signal's obstacles, OTPE's obstacles with the readout's leak and 0.6."""
@@ -121,8 +145,9 @@ def test_the_analyses_of_the_new_state_see_through_its_cast():
     """A bfloat16 model fed float32 data: the readout reads the layer (one reader, the
     operation OSTTP projects the target onto), the fast signal's obstacles are the coupling
     and the readout's state computed from the layer's, OTPE with the readout's leak is exact
-    and with another is refused for that leak: as in float32 (before: no reader, nothing to
-    project onto, a 'reads-before-update' obstacle, a false 'recurrence' for OTPE)."""
+    and with another is refused for that leak, and a new state computed from another of its
+    group's refuses it: as in float32 (before: no reader, nothing to project onto, a
+    'reads-before-update' obstacle, a false 'recurrence' for OTPE)."""
     graph = layered_graph(jnp.float32)
     want = analyses(graph)
     assert want[:2] == (((1,), ()), 1) and want[3] == ()
@@ -132,3 +157,7 @@ def test_the_analyses_of_the_new_state_see_through_its_cast():
                "`layers.0.y` of `layers.0` (LeakyReadout) and leaks by 0.5, not by decay=0.6")
     assert want[4] == (refused,)
     assert analyses(layered_graph(jnp.bfloat16)) == want
+    # a new state computed from another of its group's: refused in both
+    refused = otpe_obstacles(synapse_graph(jnp.float32), 0.5)
+    assert any("`layers.1.v`" in o and "computed from that of" in o for o in refused)
+    assert otpe_obstacles(synapse_graph(jnp.bfloat16), 0.5) == refused

@@ -68,7 +68,7 @@ def _new_from_new_within_a_group(graph: ETraceGraph) -> list[str]:
     synaptic current feeding its membrane, a count of the spikes): OTPE's signal on the new
     state then holds that path as well as the group's traces do."""
     jaxpr = graph.jaxpr
-    outs = graph.layout.hidden_outvars(jaxpr)
+    outs = graph.new_state_vars()
     out = []
     for g in graph.groups:
         for k in g.leaves:
