@@ -19,6 +19,7 @@ from typing import Any
 import _accelerator_tables as accelerator
 import _readme_tables as readme
 from _online_rules_table import online_rules
+from _spyx_table import spyx_compare
 from _table_format import (
     MISSING,
     THROUGHPUT_FIGURES,
@@ -401,5 +402,6 @@ BLOCKS: dict[str, Callable[[Results], str]] = {
     "fast_signal": fast_signal,
     "published": published,
     "mingru_credit": mingru_credit,
+    "spyx_compare": spyx_compare,
 }
 """Every generated block, by the name its markers carry."""
