@@ -414,6 +414,12 @@ def _check_checkpoints(ns):
                  params(ns["trainer"]))  # plain orbax read the Params without braintrace
     fresh = nnx.to_pure_dict(nnx.state(ns["net"](), nnx.Param))
     assert _differs(fresh, params(ns["trainer"]))  # the negative control: training moved them
+    # the fit stopped by Ctrl+C after its 13th batch, resumed by another trainer from there
+    interrupted, history = ns["interrupted"], ns["history"]
+    assert interrupted.interrupted and len(interrupted) == 13
+    assert history.steps[:13] == interrupted.steps  # the checkpoint's History, continued
+    assert [r["step"] for r in history.steps] == list(range(1, len(history) + 1))
+    assert len(history) == 20 or history.stopped_early
 
 
 def _check_nir(ns):
