@@ -55,7 +55,7 @@ def _couples_previous_state(graph: ETraceGraph) -> bool:
     reads the previous hidden state other than through the new one: a recurrence across
     units (recurrent weights), which no estimate here follows."""
     jaxpr = graph.jaxpr
-    new = {v for v in graph.layout.hidden_outvars(jaxpr) if is_var(v)}
+    new = {v for v in graph.new_state_vars() if is_var(v)}
     through_new = {(i, k) for i, eqn in enumerate(jaxpr.eqns)
                    for k, v in enumerate(eqn.invars) if is_var(v) and v in new}
     old, _ = reached(jaxpr, graph.layout.hidden_invars(jaxpr), through_new)
@@ -68,7 +68,7 @@ def _new_from_new_within_a_group(graph: ETraceGraph) -> list[str]:
     synaptic current feeding its membrane, a count of the spikes): OTPE's signal on the new
     state then holds that path as well as the group's traces do."""
     jaxpr = graph.jaxpr
-    outs = graph.layout.hidden_outvars(jaxpr)
+    outs = graph.new_state_vars()
     out = []
     for g in graph.groups:
         for k in g.leaves:
@@ -89,7 +89,7 @@ def _reading_obstacles(graph: ETraceGraph, decay: float) -> list[str]:
     """Per group whose new state another new state is computed from: what keeps those
     states from being reading neurons whose dynamics the estimate is (module docstring)."""
     jaxpr, found = graph.jaxpr, readers(graph)
-    outs = graph.layout.hidden_outvars(jaxpr)
+    outs = graph.new_state_vars()
     constant = constant_jacobians(graph)
 
     def later(g: int, blocked=()) -> set[int]:

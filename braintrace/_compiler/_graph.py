@@ -23,6 +23,7 @@ from braintrace._compiler._records import (
     InputRelation,
     Relation,
 )
+from braintrace._compiler._walk import cast_source, producers
 
 __all__ = ["ETraceGraph"]
 
@@ -161,6 +162,19 @@ class ETraceGraph:
         """The jaxpr variable of a relation's input ``x``."""
         eqn = self.jaxpr.eqns[relation.eqn_index]
         return eqn.invars[relation.primitive.x_invar_index]
+
+    def new_state_vars(self) -> list[Any]:
+        """Per hidden leaf, the jaxpr variable where its new value ``h^t`` is defined: its
+        output variable, or the floating-point value that output casts (``_walk.cast_source``).
+
+        A step computed wider than the state it writes (a float64 step into a float32 state,
+        a float32 step into a bfloat16 one) reads that value, not its narrowed copy: the
+        learning signal at ``h^t`` and every analysis of what reads the new state start
+        there.
+        """
+        producer = producers(self.jaxpr)
+        return [cast_source(self.jaxpr, v, producer)
+                for v in self.layout.hidden_outvars(self.jaxpr)]
 
     def relation_output_var(self, eqn_index: int) -> Any:
         """The jaxpr variable of an ETP equation's output ``y``."""

@@ -25,7 +25,7 @@ from braintrace._algorithms import BlockSteps, GraphRules
 from braintrace._arguments import call_loss
 from braintrace._compiler import programs
 from braintrace._loops._context import LoopContext
-from braintrace._loops._per_step import ScanCarry
+from braintrace._loops._per_step import ScanCarry, keep_dtype
 from braintrace._loops._step import add_same_step, probed_loss_terms, step_jacobians, step_leaves
 
 __all__ = ["STEP_GROUP", "run_blocked", "stacked_bytes_per_step", "step_group"]
@@ -128,8 +128,8 @@ def _run_block(ctx: LoopContext, carry: ScanCarry, inputs: Any) -> tuple[ScanCar
             signal, stacked_jac = terms.signal, (list(jac.d), list(jac.df))
         reads = list(jac.reads) if stack_steps and rules.readers else []  # not deferred then
         stacked = (signal, stacked_jac, reads, terms.rel_x, rules.unshared(terms.dy), outs)
-        return (terms.hidden, terms.other, add_same_step(same, terms.same_step_rest),
-                stepped), (stacked, terms.loss)
+        new = (terms.hidden, terms.other, add_same_step(same, terms.same_step_rest), stepped)
+        return jax.tree.map(keep_dtype, new, state), (stacked, terms.loss)
 
     # only the block_step relations' states go through the steps
     start = (list(carry.hidden), list(carry.other), list(carry.same_step),
@@ -143,7 +143,7 @@ def _run_block(ctx: LoopContext, carry: ScanCarry, inputs: Any) -> tuple[ScanCar
     traces, term = rules.block_finish(carry.traces, views, ctx.operands)
     summed = jax.tree.map(jnp.add, carry.summed, term)
     return carry._replace(hidden=hidden, other=other, traces=traces, summed=summed,
-                          same_step=same), losses
+                          same_step=same).typed_as(carry), losses
 
 
 STEP_GROUP = 8
