@@ -20,6 +20,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from braintrace._algorithms import BPTT
 from braintrace._drivers._callbacks import Callback
 from braintrace._drivers._checked_calls import CheckedCalls, call_signature
 from braintrace._drivers._checkpoint import Item, JsonItem, leaf_names
@@ -57,7 +58,10 @@ class OnlineTrainer(Checkpointable):
     update: with only the last step of a sequence scored (classification), the
     default ``update_every=1`` makes one update per sequence, at that step,
     not ``T - 1`` optimiser steps on zero gradients before it (which Adam's
-    momentum and AdamW's weight decay would turn into drift).
+    momentum and AdamW's weight decay would turn into drift). BPTT keeps no
+    traces, so an update every step would give it no credit across steps (a
+    truncation to one step): with ``BPTT`` the default is one update per
+    sequence, full backpropagation through it.
 
     No call waits for the device (as :class:`~braintrace.OnlineLearner`'s): a
     call whose loss, or whose Params after an update, are not finite keeps the
@@ -74,7 +78,9 @@ class OnlineTrainer(Checkpointable):
             function object, as in ``OnlineLearner.etrace_grad``: pass values that change
             with the targets).
         update_every: Steps between updates (``k``); sequence lengths must be
-            multiples of it.
+            multiples of it. ``None`` (default): every step (``1``), and with
+            ``BPTT`` once per sequence (``k = T``; an explicit ``k`` is truncated
+            BPTT over windows of ``k`` steps).
         blocked: Advance the traces of the steps between updates in time
             blocks (exactly the per-step result, with matrix products;
             ``n = ⌈k/K⌉`` blocks of ``⌊k/n⌋`` steps and one of the rest, ``K``
@@ -104,9 +110,10 @@ class OnlineTrainer(Checkpointable):
     """
 
     def __init__(self, learner: OnlineLearner, tx: optax.GradientTransformation, *,
-                 loss_fn: Callable[[Any, Any], jax.Array], update_every: int = 1,
+                 loss_fn: Callable[[Any, Any], jax.Array], update_every: int | None = None,
                  blocked: bool | None = None):
-        self.update_every = check_positive("OnlineTrainer: update_every", update_every)
+        self.update_every = (None if update_every is None
+                             else check_positive("OnlineTrainer: update_every", update_every))
         if blocked is not None and not isinstance(blocked, bool):
             raise ValueError(f"OnlineTrainer: blocked must be True, False or None, got "
                              f"{blocked!r}.")
@@ -124,6 +131,12 @@ class OnlineTrainer(Checkpointable):
         self.history: History | None = None
         self._run: FitRun | None = None  # the fit running, or interrupted: saved with the trainer
         self._resume: Resumed | None = None  # a fit's progress restored, for the next fit
+
+    def _window(self, length: int) -> int:
+        """The steps between updates for a sequence of ``length`` steps (``update_every``)."""
+        if self.update_every is not None:
+            return self.update_every
+        return max(length, 1) if isinstance(self.learner.algorithm, BPTT) else 1
 
     def _placed(self, opt_state: Any, entry: Entry) -> Any:
         """The optimiser state on ``entry``'s mesh (as it is without one): replicated, or
@@ -172,10 +185,11 @@ class OnlineTrainer(Checkpointable):
         learner = self.learner
         view, entry = learner._view_entry()
         xs, ys = learner._place_inputs(entry, xs), learner._place_inputs(entry, ys)
-        k, blocked = self.update_every, self.blocked
+        blocked = self.blocked
 
-        def checks() -> tuple[int, jax.Array, LoopSpec]:
+        def checks() -> tuple[int, jax.Array, LoopSpec, int]:
             length = check_inputs(xs, entry.example)
+            k = self._window(length)
             if length == 0 or length % k:
                 raise ValueError(
                     f"The sequence length {length} must be a positive multiple of update_every="
@@ -183,10 +197,11 @@ class OnlineTrainer(Checkpointable):
             weights = device_weights(step_weights(mask, length, entry.batch_size) / k,
                                      entry.param_dtype, entry.layout, reuse=mask is None)
             block_size = None if blocked is None else (None if blocked else 1)
-            return length, weights, window_loop(entry, k, block_size)
+            return length, weights, window_loop(entry, k, block_size), k
 
-        signature = None if mask is not None else call_signature(xs, statics=(k, blocked))
-        length, weights, spec = self._checked.check(entry, signature, checks)
+        signature = (None if mask is not None
+                     else call_signature(xs, statics=(self.update_every, blocked)))
+        length, weights, spec, k = self._checked.check(entry, signature, checks)
         params, hidden, other = learner._leaves(entry, view)
         inputs = check_signal_inputs(entry.rules, hidden, signal_inputs, length)
         if entry.layout is not None:
@@ -260,14 +275,14 @@ class OnlineTrainer(Checkpointable):
         """Trains on a stream of batches, with validation, metrics, callbacks, early stopping.
 
         Each batch is one :meth:`step`: an optax update every ``update_every``
-        steps of its sequences (the trainer's; default every step), inside the
-        time loop, except after steps its mask scores none of. So with the
-        default ``update_every=1``, a batch whose mask scores every step makes
-        ``T`` updates (truly online), one that scores only its last step (a
-        classification) makes one, at the last step, as a Flax train step
-        makes one per batch; an answer period of ``k`` steps makes ``k``. For
-        one update per batch whatever the mask, construct the trainer with
-        ``update_every=T``.
+        steps of its sequences (the trainer's; by default every step, with
+        ``BPTT`` once per batch), inside the time loop, except after steps its
+        mask scores none of. So with an update every step, a batch whose mask
+        scores every step makes ``T`` updates (truly online), one that scores
+        only its last step (a classification) makes one, at the last step, as a
+        Flax train step makes one per batch; an answer period of ``k`` steps
+        makes ``k``. For one update per batch whatever the mask, construct the
+        trainer with ``update_every=T``.
 
         **Resuming.** A checkpoint taken during a fit (by
         :class:`~braintrace.ModelCheckpoint`, or any ``manager.save(step,
