@@ -151,3 +151,9 @@ def test_the_stream_starts_at_the_first_batch_not_learnt():
         == [4, 5]
     with pytest.raises(ValueError, match="a function.*rather than epochs"):
         batch_stream(lambda start: [], 2, None, 0, False)
+
+
+def test_model_checkpoint_takes_a_checkpoint_manager_only():
+    with pytest.raises(TypeError, match=r"manager must be a braintrace.CheckpointManager, "
+                                        r"got dict"):
+        braintrace.ModelCheckpoint({}, every=1)

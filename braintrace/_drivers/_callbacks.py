@@ -229,9 +229,10 @@ class ModelCheckpoint(Callback):
 
     def __init__(self, manager: Any, *, every: int | None = None, monitor: str | None = None,
                  mode: str = "min"):
-        from braintrace._drivers._manager import CheckpointManager
-
-        if not isinstance(manager, CheckpointManager):
+        # What it calls of the manager (not an isinstance check: the manager's module
+        # imports the trainer's, which imports this one).
+        if not all(callable(getattr(manager, name, None))
+                   for name in ("save", "latest_step", "restore")):
             raise TypeError("ModelCheckpoint: manager must be a braintrace.CheckpointManager, "
                             f"got {type(manager).__name__}.")
         self.manager = manager
