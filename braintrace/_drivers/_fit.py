@@ -57,7 +57,9 @@ def validation_metrics(trainer: Any, batches: Sequence[Any],
     The model runs in evaluation mode (``model.eval()``; ``model.train()`` after),
     from fresh hidden states (:func:`braintrace.evaluate`), touching nothing.
     The loss and the accuracy count the scored steps only; the accuracy is
-    reported where the targets are integer labels of the outputs' last axis. A
+    reported where the model's output is one array and the targets are integer
+    labels of its last axis (a model returning several outputs, e.g. logits and
+    the spikes a regulariser reads, gets its accuracy from ``metrics``). A
     batch whose mask weighs every position 0 scores nothing: it adds nothing to
     any metric (nor to the number of batches it is averaged over); when no batch
     scores anything, ``val_loss`` is NaN.
@@ -75,8 +77,8 @@ def validation_metrics(trainer: Any, batches: Sequence[Any],
             loss_fn = jax.vmap(trainer.loss_fn) if per_sample else trainer.loss_fn
             losses = jax.vmap(loss_fn)(outputs, ys)
             totals.setdefault("val_loss", []).append(scored_mean(losses, mask))
-            if jnp.issubdtype(jnp.result_type(ys), jnp.integer) and \
-                    np.ndim(outputs) == np.ndim(ys) + 1:
+            if isinstance(outputs, jax.Array) and isinstance(ys, jax.Array | np.ndarray) \
+                    and jnp.issubdtype(ys.dtype, jnp.integer) and outputs.ndim == ys.ndim + 1:
                 right = jnp.argmax(outputs, axis=-1) == ys
                 totals.setdefault("val_accuracy", []).append(scored_mean(right, mask))
             for name, metric in (metrics or {}).items():
