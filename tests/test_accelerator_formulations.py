@@ -292,13 +292,13 @@ def test_sparse_product_lowered_for_a_tpu_has_no_slot_loop():
 @pytest.mark.parametrize("make, method", [(_gru, "d_rtrl"), (_sparse_alif, "es_d_rtrl")],
                          ids=["gru-d_rtrl", "sparse-alif-es_d_rtrl"])
 def test_blocks_stacking_steps_in_groups_give_the_same_gradients(x64, monkeypatch, make, method):
-    """Accelerators run a block's steps 8 per loop iteration (``_blocked.step_group``), a short
+    """Accelerators run a block's steps 8 per loop iteration (``_groups.step_group``), a short
     block all at once; the CPU one. Blocks of 16 steps (two groups) and a last one of 5 (one
     group), both ways, float64."""
-    from braintrace._loops import _blocked
+    from braintrace._loops import _groups
 
     if jax.default_backend() == "cpu":
-        assert _blocked.step_group(16) == 1
+        assert _groups.step_group(16) == 1
 
     batch, steps = 2, 21
     rng = np.random.default_rng(4)
@@ -312,9 +312,9 @@ def test_blocks_stacking_steps_in_groups_give_the_same_gradients(x64, monkeypatc
         learner = braintrace.compile(nnx.clone(model), method, example, batch_size=batch)
         return jax.tree.leaves(learner.etrace_grad(xs, ys, mse, block_size=16))
 
-    monkeypatch.setattr(_blocked, "step_group", lambda length: 1)
+    monkeypatch.setattr(_groups, "step_group", lambda length: 1)
     one_by_one = gradients()
-    monkeypatch.setattr(_blocked, "step_group", lambda length: 8 if length == 16 else length)
+    monkeypatch.setattr(_groups, "step_group", lambda length: 8 if length == 16 else length)
     grouped = gradients()
     for a, b in zip(one_by_one, grouped, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-10, atol=1e-12)
