@@ -13,7 +13,9 @@ the lowering pick one. The CPU suite runs the accelerator formulation too
   gradients under both formulations;
 * a program lowered for a TPU holds only the accelerator formulation (cross-platform
   lowering, no TPU needed): no element gathers in a GRU's D-RTRL step, no slot loop in the
-  sparse product, no product over the stacked steps in ES-D-RTRL's block.
+  sparse product, no product over the stacked steps in ES-D-RTRL's block, one product per
+  weight and step in the per-step ES-D-RTRL;
+* loops running several steps per iteration (as on accelerators) give the same gradients.
 """
 
 from __future__ import annotations
@@ -234,6 +236,26 @@ def test_gru_d_rtrl_step_lowered_for_a_tpu_spreads_its_gates_without_gathers():
     assert "stablehlo.gather" not in tpu
 
 
+def test_per_step_es_lowered_for_a_tpu_takes_one_product_per_weight_and_step():
+    """Per step, ES-D-RTRL's temporal term ``xy_to_dw(ε_x, d)`` and the weight's same-step
+    share ``xy_to_dw(x, dy)`` are one product over the rows of both for a TPU; two on the
+    CPU (the negative control). A GRU's two kernels, ``(3, 24)`` and ``(8, 24)``."""
+    batch = 4
+    model = layers.Stateful(layers.GRUCell(3, 8, rngs=nnx.Rngs(0)))
+    braintrace.init_states(model, batch)
+    learner = braintrace.compile(model, "es_d_rtrl", jnp.zeros((batch, 3)), batch_size=batch)
+    xs, ys = jnp.ones((4, batch, 3)), jnp.zeros((4, batch, 8))
+    cpu, tpu = _lowered_for_tpu(learner, xs, ys, block_size=1)
+
+    def kernel_products(text):
+        dots = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
+        return [sum(f"-> tensor<{shape}xf32>" in line for line in dots)
+                for shape in ("3x24", "8x24")]
+
+    assert kernel_products(cpu) == [2, 2]
+    assert kernel_products(tpu) == [1, 1]
+
+
 @pytest.mark.parametrize("kind", ["ungrouped", "odd"])
 def test_sparse_sums_lowered_for_a_tpu_gather_and_never_scatter(kind):
     """The product, its two transposes, the trace rules and the event-driven path, on a
@@ -289,12 +311,15 @@ def test_sparse_product_lowered_for_a_tpu_has_no_slot_loop():
     assert "stablehlo.while" not in traced.lower(lowering_platforms=("tpu",)).as_text()
 
 
-@pytest.mark.parametrize("make, method", [(_gru, "d_rtrl"), (_sparse_alif, "es_d_rtrl")],
-                         ids=["gru-d_rtrl", "sparse-alif-es_d_rtrl"])
-def test_blocks_stacking_steps_in_groups_give_the_same_gradients(x64, monkeypatch, make, method):
-    """Accelerators run a block's steps 8 per loop iteration (``_groups.step_group``), a short
+@pytest.mark.parametrize("make, method, block_size",
+                         [(_gru, "d_rtrl", 16), (_sparse_alif, "es_d_rtrl", 16),
+                          (_gru, "es_d_rtrl", 1)],
+                         ids=["gru-d_rtrl", "sparse-alif-es_d_rtrl", "gru-es_d_rtrl@1"])
+def test_loops_stacking_steps_in_groups_give_the_same_gradients(x64, monkeypatch, make, method,
+                                                                block_size):
+    """Accelerators run a loop's steps 8 per iteration (``_groups.step_group``), a short
     block all at once; the CPU one. Blocks of 16 steps (two groups) and a last one of 5 (one
-    group), both ways, float64."""
+    group), and the per-step loop over 21 steps (three groups of 7), both ways, float64."""
     from braintrace._loops import _groups
 
     if jax.default_backend() == "cpu":
@@ -310,11 +335,11 @@ def test_blocks_stacking_steps_in_groups_give_the_same_gradients(x64, monkeypatc
     def gradients():
         jax.clear_caches()
         learner = braintrace.compile(nnx.clone(model), method, example, batch_size=batch)
-        return jax.tree.leaves(learner.etrace_grad(xs, ys, mse, block_size=16))
+        return jax.tree.leaves(learner.etrace_grad(xs, ys, mse, block_size=block_size))
 
     monkeypatch.setattr(_groups, "step_group", lambda length: 1)
     one_by_one = gradients()
-    monkeypatch.setattr(_groups, "step_group", lambda length: 8 if length == 16 else length)
+    monkeypatch.setattr(_groups, "step_group", lambda length: {16: 8, 21: 7}.get(length, length))
     grouped = gradients()
     for a, b in zip(one_by_one, grouped, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-10, atol=1e-12)
