@@ -242,3 +242,49 @@ def trace_dtype_accuracy(results: Results) -> str:
         f"{config['batch']}, {config['steps']} Adam steps, rate per row from {config['lrs']}) "
         "with the traces in float32 and in bfloat16, and the difference in points.",
         *table(("task", "rule", "float32 traces", "bfloat16 traces", "points"), rows))
+
+
+KERNELS = "sparse_kernels_tpu.json"
+"""The run of ``sparse_kernels_tpu.py``: each sparse sum, Pallas kernels against XLA's."""
+_KERNEL_SUMS = {"forward": "forward `y`", "x_bar": "input pullback `x̄`",
+                "dw": "weight pullback `dw`", "dw_block": "`dw` over a time block"}
+
+
+def sparse_kernels(results: Results) -> str:
+    """Per size, batch and sum: XLA's time, the kernels' (or their fallback sizes'), XLA's over
+    the kernels', the row-rate floor and the kernels' time over it, and their largest
+    difference to XLA's values (relative to its largest). Registered in ``_tables.BLOCKS`` as
+    ``sparse_kernels`` once the run's JSON is in ``benchmarks/results``."""
+    run = results(KERNELS)
+    config = run["config"]
+
+    def kernels(entry: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+        for label in ("pallas", "pallas_small"):
+            if "ms_median" in entry.get(label, {}):
+                return label, entry[label]
+        return "pallas", None
+
+    rows = []
+    for record in run["results"]:
+        for name, label in _KERNEL_SUMS.items():
+            entry = record[name]
+            which, timed = kernels(entry)
+            xla = entry.get("xla", {})
+            rows.append((
+                f"{record['neurons']:,}", str(record["batch"]), label, str(entry["rows"]),
+                f"{xla['ms_median']:.2f} ms" if "ms_median" in xla else MISSING,
+                MISSING if timed is None else f"{timed['ms_median']:.2f} ms"
+                + (" (small blocks)" if which == "pallas_small" else ""),
+                ratio(entry.get("xla_over_pallas")), f"{entry['floor_ms']:.2f} ms",
+                MISSING if timed is None else ratio(timed["over_floor"]),
+                MISSING if timed is None else f"{timed['max_rel_error']:.0e}"))
+    return captioned(
+        f"{source(results, KERNELS)}: the recurrent sparse sums of `scale.py` ({config['degree']}"
+        " synapses per neuron) alone, on `rows` rows (the batch, or ES-D-RTRL's block product's "
+        f"`(K + 1)·B`, `K = {config['block']}`); median of {config['repeats']} calls. XLA: "
+        "its gathers (`_sparse_accelerator.py`); Pallas: the kernels "
+        "(`_sparse_pallas.py`). Floor: one row load per synapse and per 128 values at "
+        f"{config['row_ns']} ns (`benchmarks/sparse_kernels_tpu.py`); error: the kernels' "
+        "largest difference to XLA's values over XLA's largest value.",
+        *table(("neurons", "batch", "sum", "rows", "XLA", "Pallas", "XLA ÷ Pallas", "floor",
+                "Pallas × floor", "error"), rows))

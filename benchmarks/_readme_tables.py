@@ -21,7 +21,17 @@ from _rule_runs import (
     timed_by,
     timings,
 )
-from _table_format import MISSING, Results, captioned, machine, ratio, seconds, table, wrap
+from _table_format import (
+    MISSING,
+    Results,
+    captioned,
+    lengths,
+    machine,
+    ratio,
+    seconds,
+    table,
+    wrap,
+)
 
 
 def main_job_parts(output: str) -> tuple[list[str], list[str], list[str]]:
@@ -136,6 +146,26 @@ ALGORITHMS = (
 )
 LEARNING = "spiking_digits"
 """The task of ``tasks.json`` whose accuracies (of ``_rule_runs.TASK_MODEL``) the table shows."""
+MODELS = {"snn": "two recurrent LIF layers and a leaky readout",
+          "gru": "a GRU", "alif": "`snn` with ALIF neurons",
+          "demo": "the main job's one ALIF layer"}
+"""The throughput benchmark's models (``_models.py``), as the caption names them."""
+OTHER_MODELS_RUN = "throughput.json"
+"""The CPU run whose other models' D-RTRL and ES-D-RTRL times the caption quotes."""
+
+
+def other_models(results: Results) -> str:
+    """How the time depends on the model: D-RTRL's and ES-D-RTRL's ratios to BPTT on the other
+    models of :data:`OTHER_MODELS_RUN` (empty without that run)."""
+    if OTHER_MODELS_RUN not in results.present((OTHER_MODELS_RUN,)):
+        return ""
+    parts = [f"{ratio(e['methods']['d_rtrl']['ratio_to_bptt'])} and "
+             f"{ratio(e['methods']['es_d_rtrl']['ratio_to_bptt'])} on `{model}` "
+             f"({MODELS[model]})"
+             for model, _, e in lengths(results(OTHER_MODELS_RUN))
+             if model != TIME_MODEL and model in MODELS]
+    return (f" They depend on the model: in `{OTHER_MODELS_RUN}` D-RTRL and ES-D-RTRL take "
+            + "; ".join(parts) + ".") if parts else ""
 
 
 def algorithms(results: Results) -> str:
@@ -160,8 +190,9 @@ def algorithms(results: Results) -> str:
                            for run in runs if "bptt" in run.rows)
     caption = (
         f"Time and accuracy as ratios to BPTT's in the same run ({MISSING}: not measured). "
-        f"Time: the `{TIME_MODEL}` model of the benchmarks (hidden {config['hidden']}, batch "
-        f"{config['batch']}), {' and '.join(timed_by(times[b]) for b in TIME_RUNS)}. "
+        f"Time: measured on one model, the benchmarks' `{TIME_MODEL}` ({MODELS[TIME_MODEL]}, "
+        f"hidden {config['hidden']}, batch {config['batch']}), "
+        f"{' and '.join(timed_by(times[b]) for b in TIME_RUNS)}.{other_models(results)} "
         f"Accuracy: {LEARNING.replace('_', ' ')}, the `{TASK_MODEL}` network (hidden "
         f"{runs[0].rows['bptt']['hidden']}), test accuracy over BPTT's ({references}). `B` "
         "batch, `|θ|` weights, `S` states per neuron, `I`/`O` a layer's inputs/outputs, `N` "

@@ -17,7 +17,7 @@ A program that does not compile (a TPU refuses one above its memory) is recorded
 the error and, when the message says it, the memory it asked for (``xla_needed_bytes``);
 with ``cfg['host_fallback']`` it is also compiled for the host's CPU and XLA:CPU's memory
 analysis recorded (``on_host``).
-``cfg['formulation']`` ('cpu' or 'accelerator') makes every ``by_platform`` computation
+``cfg['formulation']`` ('cpu', 'accelerator' or 'pallas') makes every ``by_platform`` computation
 take that formulation (``braintrace._platform.formulation``): the accelerators' programs
 compiled and measured on the CPU.
 """
@@ -212,7 +212,12 @@ def measure(cfg: dict) -> None:
 
 
 def child(cfg: dict) -> None:
-    """Measures one configuration (module docstring), under ``cfg['formulation']`` if set."""
+    """Measures one configuration (module docstring), under ``cfg['formulation']`` if set
+    (and with ``cfg['sparse_staged']``, the staged form of the TPU's uniform sparse forward)."""
+    if cfg.get("sparse_staged"):
+        from braintrace._primitives import _sparse_pallas
+
+        _sparse_pallas.STAGED = True
     if cfg.get("formulation"):
         from braintrace._platform import formulation
 

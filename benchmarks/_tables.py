@@ -137,6 +137,33 @@ def tasks(results: Results) -> str:
         *table(("task", "model", *(f"`{m}`" for m in methods)), rows))
 
 
+def training_spiking(results: Results) -> str:
+    """``docs/training_spiking.md``: the two-layer LIF network, by its recipe and by the
+    layers' defaults, each method's test accuracy per seed and training time."""
+    run = results("tasks_lif2.json")
+    config = run["config"]
+
+    def row(model: str, method: str, entry: dict[str, Any]) -> tuple[str, ...]:
+        if "test_accuracy_mean" not in entry:
+            return (f"`{model}`", f"`{method}`", MISSING, MISSING, MISSING)
+        seeds = " / ".join(f"{a:.3f}" for a in entry["test_accuracy_per_seed"])
+        return (f"`{model}`", f"`{method}`", seeds,
+                f"{entry['test_accuracy_mean']:.3f} ± {entry['test_accuracy_std']:.3f}",
+                seconds(entry["train_wall_s_mean"]))
+
+    rows = [row(model, method, entry) for models in run["results"].values()
+            for model, methods in models.items() for method, entry in methods.items()]
+    seeds = " / ".join(str(s) for s in range(config["seeds"]))
+    return captioned(
+        f"{source(results, 'tasks_lif2.json')}: SpikingDigits, test accuracy at the last step "
+        f"after {config['steps']} Adam updates of batch {config['batch']} at rate "
+        f"{' or '.join(f'{r:g}' for r in config['lrs'])}; hidden {config['hidden']}; "
+        f"{config['seeds']} seeds (initialisation and batches). Training time: one run's "
+        "updates, their compilation included.",
+        *table(("network", "method", f"test accuracy, seed {seeds}", "mean ± std",
+                "training time per run"), rows))
+
+
 def sharding(results: Results) -> str:
     run = results("sharding.json")
     records = run["results"]
@@ -189,13 +216,18 @@ def _scale(results: Results, names: Sequence[str]) -> str:
     for name in names:
         run = results(name)
         for r in run["results"]:
-            summary = run["summary"].get(f"N={r['neurons']},T={r['T']}", {}).get(r["method"], {})
+            key = f"N={r['neurons']},T={r['T']}"
+            summaries = run["summary"].get(f"{key},B={r.get('batch')}") or run["summary"].get(key)
+            summary = (summaries or {}).get(r["method"], {})
             figures = _scale_figures(r, summary)
             floors |= summary.get("measured_over_floor") is not None
             if r.get("executed") and name not in ran:
                 ran.append(name)
             loop = r.get("loop") or MISSING
-            rows.append((f"{r['neurons']:,}", str(r["T"]), f"`{r['method']}`", loop, *figures))
+            batch = r.get("batch")
+            method = f"`{r['method']}`" + (f" (batch {batch})" if batch and batch !=
+                                          run["config"]["batch"] else "")
+            rows.append((f"{r['neurons']:,}", str(r["T"]), method, loop, *figures))
     if not floors:
         rows = [row[:-1] for row in rows]
     config = results(names[0])["config"]
@@ -356,6 +388,7 @@ BLOCKS: dict[str, Callable[[Results], str]] = {
     "throughput_tpu_host": accelerator.throughput_tpu_host,
     "fidelity": fidelity,
     "tasks": tasks,
+    "training_spiking": training_spiking,
     "sharding": sharding,
     "scale_cpu": scale_cpu,
     "scale_tpu": scale_tpu,

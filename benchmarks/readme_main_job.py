@@ -18,11 +18,20 @@ their tables. So after a change that moves those numbers the test fails until th
 run again and the JSON and pages committed. The full run's accuracy and loss are not checked: 40
 Adam updates of a spiking network amplify the last bit of a rounding, which another CPU or
 another XLA may round differently.
+
+So that the full run's numbers cannot go stale either, the JSON records a fingerprint of the
+sources that print them (:func:`sources_fingerprint`: every Python file of ``braintrace/`` and
+``layers/``, the main job among them, and this script), and ``tests/test_main.py`` fails while
+the committed fingerprint is not the current sources'. A change to those files is finished by
+running this script (on a quiet machine) and committing the JSON and the pages with it; the
+fingerprint is of the bytes, so even a docstring's change asks for a new record, whose numbers
+then say exactly which sources printed them.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import pathlib
@@ -40,6 +49,28 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 RECORD = ROOT / "benchmarks" / "results" / "main_job.json"
 COMMAND = [sys.executable, "-m", "braintrace"]
 TABLE_START = re.compile(r"^ +T  method")
+SOURCES = ("braintrace", "layers", "benchmarks/readme_main_job.py")
+"""What the main job's numbers are a function of (with the machine and the dependencies): the
+library and its layers (``braintrace/__main__.py`` is the job, its sizes in ``FULL`` and
+``QUICK``), and this script (the environment it runs the job in)."""
+
+
+def sources_fingerprint(root: pathlib.Path = ROOT) -> str:
+    """SHA-256 of every Python file of :data:`SOURCES` under ``root``: its path and bytes.
+
+    Example:
+        >>> len(sources_fingerprint())
+        64
+    """
+    digest = hashlib.sha256()
+    files = []
+    for source in SOURCES:
+        path = root / source
+        files += sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    for path in files:
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def main_job_env() -> dict[str, str]:
@@ -90,6 +121,7 @@ def record(full: tuple[str, float, float], quick: tuple[str, float, float]) -> d
             "environment": {"braintrace": library_state(), "backend": "cpu",
                             "cpu_count": os.cpu_count(), "platform": platform.platform(),
                             "python": platform.python_version()},
+            "sources_sha256": sources_fingerprint(),
             "runs": {"full": run(full, ""), "quick": run(quick, " --quick")}}
 
 

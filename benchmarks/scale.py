@@ -23,17 +23,25 @@ the last 5 of ``T`` steps. For every (N, T, method) a fresh Python process
    over a streaming-bandwidth probe, and the rows the sparse sums gather over a
    gather probe, both run in the same process: ``floor.measured_over_floor``.
 
+``--batch 32,128`` runs every configuration at each batch (the records say which; the
+summary of a batch after the first is keyed ``N=…,T=…,B=…``), and every record and summary
+entry has the throughput ``sample_steps_per_s = batch · T / s_per_update``: on a TPU a
+row of 128 values costs what a row of 32 does, so a larger batch is nearly free there.
+
 ``--ops`` (on by default) also times the sparse operation itself at ``B = 32``
 against plain formulations of the same sums (``segment_sum`` unsorted and
 sorted, gathers reduced over rows, autodiff's scatter): ``ops`` in the JSON.
 ``--formulation accelerator`` compiles the accelerators' formulation on the CPU
-(with ``--compile-only``: their memory, measured here).
+(with ``--compile-only``: their memory, measured here); on a TPU it runs XLA's
+formulation of the sparse sums instead of the Pallas kernels (``--formulation pallas``
+runs the kernels in interpret mode off a TPU: slow, for checking).
 
 Usage::
 
     python benchmarks/scale.py                       # N 4k, 16k, 131k; T 30, 300 (hours)
     python benchmarks/scale.py --sizes 16384 --lengths 30 --methods bptt,es_d_rtrl@1
     python benchmarks/scale.py --sizes 1048576 --lengths 300 --methods es_d_rtrl --batch auto
+    python benchmarks/scale.py --sizes 131072 --lengths 30 --methods bptt,es_d_rtrl --batch 32,128
     python benchmarks/scale.py --quick               # seconds
 """
 
@@ -278,18 +286,36 @@ def _gib(r: dict, key: str) -> float | None:
     return r["xla"]["peak_bytes"] / 2**30 if "xla" in r else None
 
 
-def summarise(records: list[dict]) -> dict:
-    """Per (N, T): each method's time, batch and memory, over BPTT's, and over its floor."""
+def sample_steps_per_s(record: dict) -> float | None:
+    """``batch · T / s_per_update``: samples times steps learned per second."""
+    if not record.get("s_per_update") or not record.get("batch"):
+        return None
+    return record["batch"] * record["T"] / record["s_per_update"]
+
+
+def summary_key(neurons: int, T: int, batch: int | None, first_batch: int | None) -> str:
+    """``N=…,T=…`` for the run's first batch (as runs of one batch always were, and every
+    batch of ``--batch auto``: ``first_batch`` None), else ``N=…,T=…,B=…``."""
+    key = f"N={neurons},T={T}"
+    return key if None in (batch, first_batch) or batch == first_batch else f"{key},B={batch}"
+
+
+def summarise(records: list[dict], first_batch: int | None = None) -> dict:
+    """Per (N, T, batch): each method's time, throughput and memory, over BPTT's, and over
+    its floor (:func:`summary_key`)."""
     out = {}
-    for key in sorted({(r["neurons"], r["T"]) for r in records}):
-        rows = {r["method"]: r for r in records if (r["neurons"], r["T"]) == key}
+    keys = {(r["neurons"], r["T"], r.get("batch") or first_batch) for r in records}
+    for key in sorted(keys, key=lambda k: (k[0], k[1], k[2] or 0)):
+        rows = {r["method"]: r for r in records
+                if (r["neurons"], r["T"], r.get("batch") or first_batch) == key}
         base = rows.get("bptt", {})
         entry = {}
         for method, r in rows.items():
             floor = r.get("floor", {})
             on_host = r.get("on_host", {}).get("xla", {}).get("peak_bytes")
             e = {"batch": r.get("batch"), "s_per_update": r.get("s_per_update"),
-                 "s_per_step": r.get("s_per_step"), "peak_rss_gib": _gib(r, "rss"),
+                 "s_per_step": r.get("s_per_step"),
+                 "sample_steps_per_s": sample_steps_per_s(r), "peak_rss_gib": _gib(r, "rss"),
                  "xla_peak_gib": _gib(r, "xla"),
                  "xla_needed_gib": (r["xla_needed_bytes"] / 2**30
                                     if r.get("xla_needed_bytes") else None),
@@ -302,7 +328,7 @@ def summarise(records: list[dict]) -> dict:
             if e["peak_rss_gib"] and "rss" in base:
                 e["rss_ratio_to_bptt"] = e["peak_rss_gib"] / _gib(base, "rss")
             entry[method] = e
-        out[f"N={key[0]},T={key[1]}"] = entry
+        out[summary_key(*key, first_batch)] = entry
     return out
 
 
@@ -345,8 +371,8 @@ def plot(records: list[dict], path: str) -> None:
     plt.close(fig)
 
 
-def _batch(value: str) -> int | str:
-    return value if value == "auto" else int(value)
+def _batch(value: str) -> list[int] | str:
+    return value if value == "auto" else [int(b) for b in value.split(",")]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -359,7 +385,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--methods", default=None, help="comma-separated: " + ",".join(METHODS))
     p.add_argument("--repeats", type=int, default=None, help="timed updates per configuration")
     p.add_argument("--batch", type=_batch, default=None,
-                   help="samples per update (default 32), or 'auto': the largest that fits")
+                   help="samples per update (default 32; comma-separated: each), or 'auto': "
+                        "the largest that fits")
     p.add_argument("--max-batch", type=int, default=64, help="the largest batch 'auto' tries")
     p.add_argument("--memory-limit-gib", type=float, default=14.0,
                    help="configurations whose XLA peak exceeds this are compiled, not run")
@@ -367,8 +394,12 @@ def main(argv: list[str] | None = None) -> dict:
                    help="compile and analyse each configuration, run none")
     p.add_argument("--host-fallback", action="store_true",
                    help="a program the accelerator does not compile: its memory on the host CPU")
-    p.add_argument("--formulation", choices=("cpu", "accelerator"), default=None,
-                   help="force the sums' formulation (the accelerators' on the CPU)")
+    p.add_argument("--formulation", choices=("cpu", "accelerator", "pallas"), default=None,
+                   help="force the sums' formulation (the accelerators' on the CPU; XLA's "
+                        "instead of the Pallas kernels on a TPU)")
+    p.add_argument("--sparse-staged", action="store_true",
+                   help="on a TPU, the uniform sparse forward in its staged form "
+                        "(braintrace._primitives._sparse_pallas.STAGED)")
     p.add_argument("--timeout", type=float, default=4 * 3600.0, help="seconds per configuration")
     p.add_argument("--memory-report", action="store_true",
                    help="dump XLA's buffer assignment; record each program's largest buffers")
@@ -414,31 +445,35 @@ def main(argv: list[str] | None = None) -> dict:
                                           "batch_auto": auto, "max_batch": args.max_batch,
                                           "compile_only": args.compile_only,
                                           "host_fallback": args.host_fallback,
-                                          "formulation": args.formulation}
-    if args.batch is not None and not auto:
-        cfg["batch"] = args.batch
+                                          "formulation": args.formulation,
+                                          "sparse_staged": args.sparse_staged}
+    batches = [cfg["batch"]] if args.batch is None or auto else args.batch
+    cfg["batch"] = batches[0]
     skip = set(filter(None, args.skip.split(",")))
     start, load_before = time.perf_counter(), os.getloadavg()[0]
     records = []
     for n in sizes:
         for T in lengths:
-            for method in methods:
-                if f"{n}:{T}:{method}" in skip:
-                    records.append({"neurons": n, "T": T, "method": method, "executed": False,
-                                    "skipped_reason": "--skip: not run (time on the shared "
-                                                      "2-core machine)"})
-                    continue
-                rec = run_config({**cfg, "neurons": n, "T": T, "method": method}, args.timeout)
-                records.append(rec)
-                _print_record(rec)
+            for batch in batches:
+                for method in methods:
+                    if f"{n}:{T}:{method}" in skip:
+                        records.append({"neurons": n, "T": T, "method": method,
+                                        "executed": False, "skipped_reason": "--skip: not run "
+                                        "(time on the shared 2-core machine)"})
+                        continue
+                    rec = run_config({**cfg, "batch": batch, "neurons": n, "T": T,
+                                      "method": method}, args.timeout)
+                    records.append(rec)
+                    _print_record(rec)
     payload = {
         "benchmark": NAME, "quick": args.quick,
-        "config": {**cfg, "sizes": sizes, "lengths": lengths, "methods": methods},
+        "config": {**cfg, "sizes": sizes, "lengths": lengths, "methods": methods,
+                   "batches": batches},
         "published_pp_prop": PUBLISHED,
         "environment": {**environment(), "load_average_1min_before_after":
                         [load_before, os.getloadavg()[0]]},
         "notes": NOTES,
-        "results": records, "summary": summarise(records),
+        "results": records, "summary": summarise(records, None if auto else batches[0]),
         "ops": measure_ops(quick=args.quick) if args.ops else None,
         "total_wall_s": time.perf_counter() - start,
     }
@@ -452,7 +487,8 @@ def _print_record(rec: dict) -> None:
     xla = (rec.get("xla", {}).get("peak_bytes") or rec.get("xla_needed_bytes") or 0) / 2**30
     floor = rec.get("floor", {})
     print(f"N={rec['neurons']:7d} T={rec['T']:4d} {rec['method']:14s} B={rec.get('batch', 0):3d}"
-          f" s/update={rec.get('s_per_update') or 0:9.3f}  xla_peak={xla:6.2f} GiB"
+          f" s/update={rec.get('s_per_update') or 0:9.3f}"
+          f"  sample-steps/s={sample_steps_per_s(rec) or 0:9.0f}  xla_peak={xla:6.2f} GiB"
           f"  floor={floor.get('s_per_step') or 0:.2e} s/step"
           f"  x floor={floor.get('measured_over_floor') or 0:6.2f}"
           + ("" if rec.get("executed") else "  [not executed]"), flush=True)
@@ -460,6 +496,8 @@ def _print_record(rec: dict) -> None:
 
 NOTES = [
     "s_per_update: median of `repeats` runs of the compiled update after one warm-up.",
+    ("sample_steps_per_s (summary): batch · T / s_per_update; with several batches, the "
+     "summary of each batch after the first is keyed N=…,T=…,B=…."),
     ("rss.peak_bytes: ru_maxrss of a fresh process after compiling and running the update "
      "(JAX runtime, compilation, data and the run; MALLOC_MMAP_THRESHOLD_=1 MiB); "
      "rss_after_build_bytes / rss_after_lower_bytes: after building the model and after "

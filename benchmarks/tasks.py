@@ -7,11 +7,18 @@ digits, 64 channels, T = 32). Models: ``gru`` (one GRU cell, linear readout),
 ``layers.LRU``, GELU between, linear readout) and ``lru_mlp`` (one ``layers.LRU``
 and a GELU MLP readout: the architecture on which D-RTRL is exact) on the first
 two; ``alif`` (a recurrent layer of adaptive LIF neurons, leaky readout) on the
-spiking one and on MNIST-1D (its real-valued samples as input currents).
+spiking one and on MNIST-1D (its real-valued samples as input currents); on the spiking
+one also ``lif2`` (two recurrent layers of LIF neurons, ``τ = 10``, and a leaky readout;
+at ``--hidden 128`` the network of ``docs/training_spiking.md``), built and trained by
+that page's recipe (input weights twice LeCun's scale, a fast-sigmoid surrogate of scale
+4, the label's cross-entropy at every step, Adam's rate decayed to 0 by a cosine), and
+``lif2_defaults`` (the same network with the layers' defaults, trained as every other
+model).
 
 Methods: ``bptt`` (``braintrace.BPTT()``: ``jax.grad`` through the scan), ``d_rtrl``,
 ``es_d_rtrl``, ``eprop`` (``EProp(kappa=0.9)``, SNN only), the spiking rules (SNN only)
-``ottt`` (``OTTT`` with the ALIF membrane's leak ``exp(-1/20)``), ``sltt`` and ``otpe``
+``ottt`` (``OTTT`` with the network's membrane leak: ``exp(-1/20)`` on ``alif``,
+``exp(-1/10)`` on the ``lif2`` rows), ``sltt`` and ``otpe``
 (``OTPE`` with the readout's leak ``exp(-1/10)``), ``osttp`` (SNN only: ``OSTTP()``,
 the label's one-hot projected onto the ALIF layer; its loss is the label's cross-entropy at
 every step, uniformly weighted, because OSTTP's target ``y*ᵗ`` is given at every step (Ortner
@@ -34,7 +41,8 @@ reference.
 Every row of one model and task starts from the same initialisation (seed),
 sees the same batches (``task.sample(fold_in(key, step))``), and takes the same
 number of Adam steps (``--steps``) with the loss at the last step (cross-entropy; ``osttp``
-at every step); ``fptt`` sees the same batches and makes ``T`` updates on each.
+and the ``lif2`` rows at every step, :data:`TRAINING`); ``fptt`` sees the same batches and
+makes ``T`` updates on each.
 The learning rate is chosen per row from ``--lrs`` by validation accuracy after
 training with seed 0; further seeds (``--seeds``) rerun only the chosen rate.
 Reported: test accuracy of each seed (mean and spread), validation accuracy of
@@ -45,6 +53,9 @@ Usage::
 
     python benchmarks/tasks.py            # full run, every row: under 30 min on 2 cores
     python benchmarks/tasks.py --quick    # seconds
+    python benchmarks/tasks.py --tasks spiking_digits --models lif2,lif2_defaults \
+        --methods bptt,es_d_rtrl,ottt --hidden 128 --steps 100 --seeds 3 --lrs 3e-3 \
+        --name tasks_lif2                 # the two-layer LIF network (docs/training_spiking.md)
 """
 
 from __future__ import annotations
@@ -58,6 +69,7 @@ import sys
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from typing import NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -77,7 +89,7 @@ NAME = "tasks"
 TASKS = {
     "mnist1d": (bt_tasks.MNIST1D, ("gru", "mingru2", "lru2", "lru_mlp", "alif")),
     "digits": (bt_tasks.SequentialDigits, ("gru", "mingru2", "lru2", "lru_mlp")),
-    "spiking_digits": (bt_tasks.SpikingDigits, ("alif",)),
+    "spiking_digits": (bt_tasks.SpikingDigits, ("alif", "lif2", "lif2_defaults")),
 }
 METHODS = {
     "gru": ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl_bf16", "es_d_rtrl_bf16", "d_rtrl@8",
@@ -87,16 +99,41 @@ METHODS = {
     "lru_mlp": ("bptt", "d_rtrl"),
     "alif": ("bptt", "d_rtrl", "es_d_rtrl", "d_rtrl_bf16", "es_d_rtrl_bf16", "eprop",
              "d_rtrl@8", "d_rtrl@16", "ottt", "sltt", "otpe", "fptt", "osttp"),
+    "lif2": ("bptt", "es_d_rtrl", "ottt"),
+    "lif2_defaults": ("bptt", "es_d_rtrl", "ottt"),
 }
 FULL = {"hidden": 64, "small_hidden": 16, "batch": 64, "steps": 500, "seeds": 2,
         "lrs": (3e-3, 1e-2)}
 QUICK = {"hidden": 4, "small_hidden": 4, "batch": 4, "steps": 2, "seeds": 1, "lrs": (1e-2,)}
 SMALL = ("rtrl", "bptt@small", "snap1", "uoro")
 ALIF_TAU, READOUT_TAU = 20.0, 10.0  # the ALIF network's membrane and readout time constants
-ALGORITHMS = {"eprop": lambda: braintrace.EProp(kappa=0.9), "snap1": lambda: braintrace.SnAp(1),
-              "uoro": lambda: braintrace.UORO(seed=0),
-              "ottt": lambda: braintrace.OTTT(decay=math.exp(-1 / ALIF_TAU)),
-              "otpe": lambda: braintrace.OTPE(decay=math.exp(-1 / READOUT_TAU))}
+LIF2_TAU = 10.0  # the two-layer LIF network's membrane time constant
+MEMBRANE_TAU = {"alif": ALIF_TAU, "lif2": LIF2_TAU, "lif2_defaults": LIF2_TAU}
+"""Each spiking model's membrane time constant: OTTT's decay is its leak ``exp(-1/τ)``."""
+ALGORITHMS = {"eprop": lambda model: braintrace.EProp(kappa=0.9),
+              "snap1": lambda model: braintrace.SnAp(1),
+              "uoro": lambda model: braintrace.UORO(seed=0),
+              "ottt": lambda model: braintrace.OTTT(decay=math.exp(-1 / MEMBRANE_TAU[model])),
+              "otpe": lambda model: braintrace.OTPE(decay=math.exp(-1 / READOUT_TAU))}
+"""A method's algorithm, made for the model's name, where the method is not its name."""
+
+
+class Training(NamedTuple):
+    """How a model's rows are trained, where it is not the default (:data:`TRAINING`).
+
+    Attributes:
+        every_step: The loss is the label's cross-entropy at every step, uniformly weighted
+            (else at the last step alone).
+        cosine: Adam's rate decays from ``lr`` to 0 by a cosine over the ``--steps`` updates
+            (else it is constant).
+    """
+
+    every_step: bool = False
+    cosine: bool = False
+
+
+TRAINING = {"lif2": Training(every_step=True, cosine=True)}
+"""The models trained by a recipe of their own (``docs/training_spiking.md``)."""
 FPTT_ALPHA = 0.1  # fptt_regularizer's α (β = 1/2, the paper's running average); not tuned
 TRACE_DTYPES = {"bf16": jnp.bfloat16}  # a method's suffix: '<algorithm>_bf16'
 EVAL_CHUNK = 500  # validation and test run in chunks of this many sequences: one compilation
@@ -143,6 +180,25 @@ class ALIFNet(nnx.Module):
         return self.readout(self.recurrent(x))
 
 
+def lif2(inputs: int, hidden: int, outputs: int, rngs: nnx.Rngs, *, input_gain: float = 1.0,
+         surrogate_alpha: float | None = None) -> nnx.Sequential:
+    """Two recurrent layers of LIF neurons (``τ = 10``) and a leaky readout (``τ = 20``).
+
+    ``input_gain`` scales both layers' input weights over LeCun's normal (the default's
+    scale); ``surrogate_alpha`` is the fast-sigmoid surrogate's scale (``None``: the
+    default, 10). :data:`MODELS` holds the recipe (``lif2``) and the defaults.
+    """
+    kernel_init = nnx.initializers.variance_scaling(input_gain ** 2, "fan_in", "truncated_normal")
+
+    def neurons() -> layers.LIF:
+        return layers.LIF(hidden, tau=LIF2_TAU, surrogate_alpha=surrogate_alpha)
+
+    return nnx.Sequential(
+        layers.RecurrentSpiking(inputs, neurons(), kernel_init=kernel_init, rngs=rngs),
+        layers.RecurrentSpiking(hidden, neurons(), kernel_init=kernel_init, rngs=rngs),
+        layers.LeakyReadout(hidden, outputs, rngs=rngs))
+
+
 class LRU2(nnx.Module):
     """Two stacked linear recurrent units (GELU between them) and a linear readout."""
 
@@ -171,7 +227,9 @@ class LRUMLP(nnx.Module):
         return self.readout(jax.nn.gelu(self.mlp(jax.nn.gelu(self.lru(x)))))
 
 
-MODELS = {"gru": GRUNet, "mingru2": MinGRU2, "lru2": LRU2, "lru_mlp": LRUMLP, "alif": ALIFNet}
+MODELS = {"gru": GRUNet, "mingru2": MinGRU2, "lru2": LRU2, "lru_mlp": LRUMLP, "alif": ALIFNet,
+          "lif2": functools.partial(lif2, input_gain=2.0, surrogate_alpha=4.0),
+          "lif2_defaults": lif2}
 
 
 def cross_entropy(logits, labels):
@@ -204,14 +262,14 @@ def masked_loss(outputs, batch):
     return jnp.sum(losses * batch.mask) / jnp.sum(batch.mask)
 
 
-def grad_function(model: nnx.Module, method: str, task, batch_size: int):
+def grad_function(model: nnx.Module, model_name: str, method: str, task, batch_size: int):
     """``grad(batch) -> nnx.State`` of the masked loss for ``method``."""
     name, _, window = method.partition("@")
     if name == "bptt":  # braintrace.BPTT(): the exact gradient of the masked mean loss
         window = ""     # ('bptt@small' is BPTT at the small size, not a window)
     base, _, suffix = name.rpartition("_")
     name, trace_dtype = (base, TRACE_DTYPES[suffix]) if suffix in TRACE_DTYPES else (name, None)
-    algorithm = ALGORITHMS[name]() if name in ALGORITHMS else name
+    algorithm = ALGORITHMS[name](model_name) if name in ALGORITHMS else name
     example = jnp.zeros((batch_size, task.num_inputs))
     learner = braintrace.compile(model, algorithm, example, batch_size=batch_size,
                                  trace_dtype=trace_dtype)
@@ -219,19 +277,22 @@ def grad_function(model: nnx.Module, method: str, task, batch_size: int):
 
     def grad(batch):
         learner.reset()
-        mask = None if name == "osttp" else batch.mask  # OSTTP: y* at every step (docstring)
+        every_step = name == "osttp" or TRAINING.get(model_name, Training()).every_step
+        mask = None if every_step else batch.mask  # OSTTP: y* at every step (docstring)
         return learner.etrace_grad(batch.xs, batch.ys, cross_entropy, mask=mask,
                                    chunk_size=chunk)
 
     return grad
 
 
-def update_function(model: nnx.Module, method: str, task, batch_size: int, lr: float):
+def update_function(model: nnx.Module, model_name: str, method: str, task, cfg: dict,
+                    lr: float):
     """``update(batch)``: the method's Adam update(s) of the model's Params from one batch."""
     if method == "fptt":
-        return fptt_update(model, task, batch_size, lr)
-    grad = grad_function(model, method, task, batch_size)
-    tx = optax.adam(lr)
+        return fptt_update(model, task, cfg["batch"], lr)
+    grad = grad_function(model, model_name, method, task, cfg["batch"])
+    cosine = TRAINING.get(model_name, Training()).cosine
+    tx = optax.adam(optax.cosine_decay_schedule(lr, cfg["steps"]) if cosine else lr)
     opt_state = tx.init(nnx.state(model, nnx.Param))
 
     @jax.jit
@@ -267,7 +328,7 @@ def train(task, model_name: str, method: str, lr: float, cfg: dict, seed: int) -
     hidden = cfg["small_hidden"] if method in SMALL else cfg["hidden"]
     model = MODELS[model_name](task.num_inputs, hidden, task.num_classes, nnx.Rngs(seed))
     braintrace.init_states(model, cfg["batch"])
-    update = update_function(model, method, task, cfg["batch"], lr)
+    update = update_function(model, model_name, method, task, cfg, lr)
     key = jax.random.key(seed)
     start = time.perf_counter()
     for step in range(cfg["steps"]):
@@ -450,8 +511,8 @@ def save(args, cfg: dict, results: dict, start_all: float, complete: bool, jobs:
         "quick": args.quick,
         "complete": complete,
         "config": {**cfg, "lrs": list(cfg["lrs"])},
-        "loss": "softmax cross-entropy at the last step (osttp: every step; fptt: every step, "
-                "weighted (t + 1)/T); Adam",
+        "loss": "softmax cross-entropy at the last step (osttp and lif2: every step; fptt: "
+                "every step, weighted (t + 1)/T); Adam (lif2: its rate cosine-decayed to 0)",
         "lr_selection": "validation accuracy after training with seed 0, per row",
         "jobs": jobs,
         "environment": environment(),

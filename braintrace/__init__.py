@@ -42,12 +42,14 @@ from braintrace._drivers import OnlineLearner as OnlineLearner
 from braintrace._drivers import OnlineState as OnlineState
 from braintrace._drivers import OnlineTrainer as OnlineTrainer
 from braintrace._drivers import OnlineUpdate as OnlineUpdate
+from braintrace._drivers import SpikeRates as SpikeRates
 from braintrace._drivers import UpdateStats as UpdateStats
 from braintrace._drivers import compile as compile
 from braintrace._drivers import evaluate as evaluate
 from braintrace._drivers import init_states as init_states
 from braintrace._drivers import online_grad as online_grad
 from braintrace._drivers import online_update as online_update
+from braintrace._drivers import spike_rates as spike_rates
 from braintrace._hidden import HiddenState as HiddenState
 from braintrace._primitives import Connectivity as Connectivity
 from braintrace._primitives import ETPPrimitive as ETPPrimitive
@@ -99,6 +101,7 @@ __all__ = [
     "OnlineTrainer",
     "OnlineUpdate",
     "SnAp",
+    "SpikeRates",
     "ThreeFactor",
     "UpdateStats",
     "__version__",
@@ -120,6 +123,7 @@ __all__ = [
     "register_batched_counterpart",
     "register_primitive",
     "sparse_matmul",
+    "spike_rates",
     "tasks",
 ]
 

@@ -12,6 +12,14 @@ lowered (``jax.lax.platform_dependent``): a program lowered for the CPU holds
 only the CPU formulation, one lowered for an accelerator only the other. Both
 are pure JAX, so the tests compare them on the CPU: :func:`formulation` makes
 every :func:`by_platform` take one of them whatever the backend.
+
+A computation may have a third formulation for TPUs alone, Pallas kernels
+(``by_platform(..., tpu=...)``). It is traced only in processes whose default
+backend is a TPU: elsewhere it would cost tracing (and building its tables) in every
+program for a branch that lowering drops, so a program lowered for a TPU from a CPU
+host holds the accelerator formulation. ``formulation('pallas')`` runs it anywhere, its
+kernels in Pallas' interpret mode off a TPU (:func:`interpreting`): the tests compare
+it with the others on the CPU.
 """
 
 from __future__ import annotations
@@ -23,9 +31,9 @@ from typing import Any
 
 import jax
 
-__all__ = ["FORMULATIONS", "by_platform", "formulation"]
+__all__ = ["FORMULATIONS", "by_platform", "formulation", "interpreting"]
 
-FORMULATIONS = ("cpu", "accelerator")
+FORMULATIONS = ("cpu", "accelerator", "pallas")
 """The formulations :func:`by_platform` chooses between."""
 
 _forced: list[str] = []
@@ -60,12 +68,28 @@ def formulation(name: str) -> Iterator[None]:
         jax.clear_caches()
 
 
-def by_platform(cpu: Callable[..., Any], accelerator: Callable[..., Any]) -> Callable[..., Any]:
-    """A function that runs ``cpu`` in programs lowered for the CPU, ``accelerator`` elsewhere.
+def interpreting() -> bool:
+    """Whether Pallas kernels run in interpret mode: under ``formulation('pallas')`` on a
+    backend other than a TPU.
 
-    Both must take the same arguments (arrays or pytrees of arrays) and return the same
+    Example:
+        >>> from braintrace._platform import formulation, interpreting
+        >>> with formulation("pallas"):
+        ...     interpreting()
+        True
+    """
+    return bool(_forced) and _forced[-1] == "pallas" and jax.default_backend() != "tpu"
+
+
+def by_platform(cpu: Callable[..., Any], accelerator: Callable[..., Any],
+                tpu: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """A function that runs ``cpu`` in programs lowered for the CPU, ``accelerator`` elsewhere
+    (``tpu``, if given, on a TPU: traced only where the default backend is one).
+
+    All must take the same arguments (arrays or pytrees of arrays) and return the same
     shapes and dtypes. Static configuration goes into the functions themselves
-    (``functools.partial``), not into the arguments.
+    (``functools.partial``), not into the arguments. ``formulation('pallas')`` takes
+    ``tpu`` (``accelerator`` where there is none).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -76,10 +100,14 @@ def by_platform(cpu: Callable[..., Any], accelerator: Callable[..., Any]) -> Cal
         [6.0, 9.0]
     """
 
+    forced = {"cpu": cpu, "accelerator": accelerator, "pallas": tpu or accelerator}
+
     @functools.wraps(accelerator)
     def run(*args: Any) -> Any:
         if _forced:
-            return (cpu if _forced[-1] == "cpu" else accelerator)(*args)
+            return forced[_forced[-1]](*args)
+        if tpu is not None and jax.default_backend() == "tpu":
+            return jax.lax.platform_dependent(*args, cpu=cpu, tpu=tpu, default=accelerator)
         return jax.lax.platform_dependent(*args, cpu=cpu, default=accelerator)
 
     return run

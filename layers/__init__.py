@@ -10,12 +10,14 @@ through ETP primitives; recurrent cells follow the Flax cell protocol
 
 from ._conv import ETPConv as ETPConv
 from ._conv_spiking import ConvLIF as ConvLIF
+from ._cuba import CuBaLIF as CuBaLIF
 from ._einsum import ETPEinsum as ETPEinsum
 from ._einsum import ETPLinearGeneral as ETPLinearGeneral
 from ._elemwise import ETPElemwise as ETPElemwise
 from ._elemwise import ExpDecay as ExpDecay
 from ._embed import ETPEmbed as ETPEmbed
 from ._grouped import ETPGroupedLinear as ETPGroupedLinear
+from ._if import IF as IF
 from ._linear import ETPLinear as ETPLinear
 from ._lora import ETPLoRA as ETPLoRA
 from ._lora import ETPLoRALinear as ETPLoRALinear
@@ -23,6 +25,8 @@ from ._lru import LRU as LRU
 from ._lru import LRUCell as LRUCell
 from ._min_lstm import MinLSTMCell as MinLSTMCell
 from ._optimized_lstm import OptimizedLSTMCell as OptimizedLSTMCell
+from ._over_time import MaxOverTime as MaxOverTime
+from ._over_time import SumOverTime as SumOverTime
 from ._readout import LeakyReadout as LeakyReadout
 from ._recurrent import GRUCell as GRUCell
 from ._recurrent import LSTMCell as LSTMCell
@@ -39,10 +43,12 @@ from ._surrogate import spike as spike
 
 __all__ = [
     "ALIF",
+    "IF",
     "LIF",
     "LRU",
     "SURROGATES",
     "ConvLIF",
+    "CuBaLIF",
     "ETPConv",
     "ETPEinsum",
     "ETPElemwise",
@@ -59,11 +65,13 @@ __all__ = [
     "LRUCell",
     "LSTMCell",
     "LeakyReadout",
+    "MaxOverTime",
     "MinGRUCell",
     "MinLSTMCell",
     "OptimizedLSTMCell",
     "RecurrentSpiking",
     "SimpleCell",
     "Stateful",
+    "SumOverTime",
     "spike",
 ]

@@ -31,6 +31,7 @@ from braintrace._hidden import HiddenState
 
 from ._conv import ETPConv
 from ._spiking import LIF
+from ._surrogate import Surrogate
 
 __all__ = ["ConvLIF"]
 
@@ -117,7 +118,7 @@ class ConvLIF(nnx.Module):
         reset: str = "soft",
         refractory_steps: int = 0,
         learn_tau: bool = False,
-        surrogate: str = "fast_sigmoid",
+        surrogate: Surrogate = "fast_sigmoid",
         surrogate_alpha: float | None = None,
         detach_reset: bool = False,
         rngs: nnx.Rngs,

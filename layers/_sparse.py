@@ -54,7 +54,8 @@ class ETPSparseLinear(nnx.Module):
     Only the connected weights are Params: ``weight (nnz,)``, in the order of
     the connectivity (row-major for a mask), and ``bias (out,)``. The map is a
     sum of gathers over the connections grouped by output (no scatter, also in
-    its gradients); the D-RTRL trace is ``(B, nnz, S)``, so its
+    its gradients; on a TPU, float32 sums run as Pallas kernels that read the
+    rows from the core's memory); the D-RTRL trace is ``(B, nnz, S)``, so its
     memory and cost scale with the number of connections, not ``in·out``.
     With ``max_events`` set, boolean inputs (spikes) take an event-driven path
     that reads only the rows of active inputs, at most ``max_events`` per

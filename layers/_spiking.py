@@ -46,20 +46,20 @@ from braintrace._hidden import HiddenState
 from ._checks import check_step_input
 from ._elemwise import decay, time_constant
 from ._linear import ETPLinear
-from ._surrogate import SURROGATES, spike
+from ._surrogate import Surrogate, check_surrogate, spike
 
 __all__ = ["ALIF", "LIF", "AbstractLIF", "ExpSynapse", "RecurrentSpiking"]
 
 _RESETS = ("soft", "hard")
 
 
-def _check_neuron_args(reset: str, refractory_steps: int, surrogate: str) -> None:
+def _check_neuron_args(reset: str, refractory_steps: int, surrogate: Surrogate,
+                       surrogate_alpha: float | None) -> None:
     if reset not in _RESETS:
         raise ValueError(f"reset must be one of {_RESETS}, got {reset!r}.")
     if not isinstance(refractory_steps, int) or refractory_steps < 0:
         raise ValueError(f"refractory_steps must be a non-negative int, got {refractory_steps!r}.")
-    if surrogate not in SURROGATES:
-        raise ValueError(f"unknown surrogate {surrogate!r}; choose one of {SURROGATES}.")
+    check_surrogate(surrogate, surrogate_alpha)
 
 
 class AbstractLIF(nnx.Module):
@@ -67,9 +67,11 @@ class AbstractLIF(nnx.Module):
 
     Holds the membrane ``v`` (and ``ref_steps``), the reset, the leak and the
     step of the module docstring. A final neuron says what its threshold
-    ``A_t`` is (:meth:`_threshold`) and how its adaptation state advances with
-    the previous spikes ``z_{t-1}`` (:meth:`_adapt`); :class:`LIF` has none.
-    The constructor's arguments are :class:`LIF`'s.
+    ``A_t`` is (:meth:`_threshold`), how its adaptation state advances with
+    the previous spikes ``z_{t-1}`` (:meth:`_adapt`; :class:`LIF` has none) and
+    which current enters the membrane for the step's input ``x_t``
+    (:meth:`_current`: ``x_t`` itself, or a synaptic current as in
+    :class:`CuBaLIF`). The constructor's arguments are :class:`LIF`'s.
 
     Attributes:
         detach_reset: Whether the reset passes no derivative (``False`` unless set).
@@ -92,12 +94,12 @@ class AbstractLIF(nnx.Module):
         reset: str = "soft",
         refractory_steps: int = 0,
         learn_tau: bool = False,
-        surrogate: str = "fast_sigmoid",
+        surrogate: Surrogate = "fast_sigmoid",
         surrogate_alpha: float | None = None,
         detach_reset: bool = False,
         param_dtype: Dtype = jnp.float32,
     ):
-        _check_neuron_args(reset, refractory_steps, surrogate)
+        _check_neuron_args(reset, refractory_steps, surrogate, surrogate_alpha)
         self.num_neurons = num_neurons
         self.dt = dt
         self.v_th = v_th
@@ -125,6 +127,11 @@ class AbstractLIF(nnx.Module):
     @abc.abstractmethod
     def _adapt(self, z: jax.Array) -> None:
         """Advances the adaptation state (if any) with the previous spikes ``z = z_{t-1}``."""
+
+    @abc.abstractmethod
+    def _current(self, x: jax.Array) -> jax.Array:
+        """The current ``I_t`` the membrane integrates for the input ``x = x_t`` (advancing
+        the synaptic state, if any)."""
 
     def _fire(self, v: jax.Array, threshold: jax.Array | float,
               ref_steps: jax.Array | None) -> jax.Array:
@@ -167,7 +174,7 @@ class AbstractLIF(nnx.Module):
         x = jnp.asarray(x, dtype=self.v[...].dtype)
         z = self.spikes()
         self._adapt(z)
-        self._integrate(x, z)
+        self._integrate(self._current(x), z)
         return self.spikes()
 
 
@@ -187,8 +194,9 @@ class LIF(AbstractLIF):
         reset: ``'soft'`` (subtract ``v_th - v_reset``) or ``'hard'`` (set to ``v_reset``).
         refractory_steps: Steps a neuron is silent and holds its potential after a spike.
         learn_tau: Whether ``τ`` is a learnable per-neuron :class:`ETPElemwise`.
-        surrogate: Surrogate derivative of the spike function (see :func:`spike`).
-        surrogate_alpha: Its sharpness (``None``: the surrogate's default).
+        surrogate: Surrogate derivative of the spike function: a name, a function
+            ``x -> σ'(x)`` or a spike function of one's own (see :func:`spike`).
+        surrogate_alpha: Sharpness of a named surrogate (``None``: its default).
         detach_reset: Whether the reset passes no derivative (module docstring).
         param_dtype: Dtype of the states and parameters.
 
@@ -208,6 +216,10 @@ class LIF(AbstractLIF):
 
     def _adapt(self, z: jax.Array) -> None:
         """LIF has no adaptation state."""
+
+    def _current(self, x: jax.Array) -> jax.Array:
+        """The input is the current: ``I_t = x_t``."""
+        return x
 
 
 class ALIF(AbstractLIF):
@@ -265,6 +277,10 @@ class ALIF(AbstractLIF):
         rho = decay(self.tau_a, self.dt)
         a = self.a[...]
         self.a[...] = (rho * a + (1.0 - rho) * z).astype(a.dtype)
+
+    def _current(self, x: jax.Array) -> jax.Array:
+        """The input is the current: ``I_t = x_t``."""
+        return x
 
 
 class ExpSynapse(nnx.Module):
@@ -325,7 +341,8 @@ class RecurrentSpiking(nnx.Module):
 
     Args:
         in_features: Number of input features.
-        neuron: The neuron layer (:class:`LIF` or :class:`ALIF`).
+        neuron: The neuron layer (:class:`LIF`, :class:`ALIF`, :class:`IF` or
+            :class:`CuBaLIF`, whose synaptic current the recurrent input enters).
         use_bias: Whether ``dense_i`` has a bias.
         kernel_init: Initializer of ``W_i``.
         recurrent_kernel_init: Initializer of ``W_h``.

@@ -330,6 +330,55 @@ def _recurrent_alif():
                       _linear(HID, OUT, 9))
 
 
+def gaussian_surrogate(x):
+    """A surrogate derivative given as a function: ``exp(-4 x²)``."""
+    return jnp.exp(-4.0 * x ** 2)
+
+
+@jax.custom_jvp
+def own_spike(x):
+    """A user's own spike function: Heaviside forward, ``1/(1 + 5|x|)`` backward."""
+    return (x > 0).astype(x.dtype)
+
+
+own_spike.defjvp(lambda primals, tangents: (own_spike(primals[0]),
+                                            tangents[0] / (1.0 + 5.0 * jnp.abs(primals[0]))))
+
+
+def _if():
+    """IF neurons (no leak) with a surrogate given as a function."""
+    neuron = layers.IF(HID, v_th=0.3, surrogate=gaussian_surrogate, param_dtype=F64)
+    return Sequential(_linear(IN, HID, 1), neuron, _linear(HID, OUT, 2))
+
+
+def _cuba(readout):
+    """CuBaLIF neurons (two states per neuron), learned time constants, a ``tanh``
+    surrogate; with ``readout='count'`` their spikes counted by a ``SumOverTime`` (a third
+    state per neuron) that is the output."""
+    width = OUT if readout == "count" else HID
+    neuron = layers.CuBaLIF(width, tau=4.0, tau_syn=3.0, v_th=0.3, learn_tau=True,
+                            learn_tau_syn=True, surrogate="tanh", param_dtype=F64)
+    if readout == "count":
+        return Sequential(_linear(IN, OUT, 1), neuron, layers.SumOverTime(OUT, param_dtype=F64))
+    return Sequential(_linear(IN, HID, 1), neuron, _linear(HID, OUT, 2))
+
+
+def _recurrent_cuba():
+    """CuBaLIF neurons whose recurrent input enters the synaptic current; a user's own
+    ``custom_jvp`` spike function."""
+    neuron = layers.CuBaLIF(HID, tau=4.0, tau_syn=3.0, v_th=0.3, surrogate=own_spike,
+                            param_dtype=F64)
+    return Sequential(layers.RecurrentSpiking(IN, neuron, param_dtype=F64, rngs=nnx.Rngs(1)),
+                      _linear(HID, OUT, 9))
+
+
+def _leaky_max():
+    """The maximum over time of a leaky readout's membrane (``MaxOverTime``)."""
+    return Sequential(layers.LeakyReadout(IN, OUT, tau=3.0, learn_tau=True, param_dtype=F64,
+                                          rngs=nnx.Rngs(2)),
+                      layers.MaxOverTime(OUT, param_dtype=F64))
+
+
 def _lru_stack():
     return Sequential(layers.LRU(IN, HID, out_features=HID, r_min=0.4, param_dtype=F64,
                                  rngs=nnx.Rngs(0)),
@@ -378,6 +427,11 @@ MODELS: dict[str, ModelCase] = {
     "recurrent-alif": ModelCase(_recurrent_alif, exact=False, input_scale=2.0),
     "lif": ModelCase(lambda: _lif("linear"), exact=True, input_scale=2.0),
     "lif-leaky-readout": ModelCase(lambda: _lif("leaky"), exact=False, input_scale=2.0),
+    "if": ModelCase(_if, exact=True, input_scale=2.0),
+    "cuba-lif": ModelCase(lambda: _cuba("linear"), exact=True, input_scale=2.0),
+    "cuba-lif-count": ModelCase(lambda: _cuba("count"), exact=True, input_scale=2.0),
+    "recurrent-cuba-lif": ModelCase(_recurrent_cuba, exact=False, input_scale=2.0),
+    "leaky-max-over-time": ModelCase(_leaky_max, exact=True),
     "encoder-gru": ModelCase(EncoderGRU, exact=False),
     "encoder-recurrent-lif": ModelCase(_encoder_recurrent_lif, exact=False, input_scale=2.0),
     "lru-2-layers": ModelCase(_lru_stack, exact=False),

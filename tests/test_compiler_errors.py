@@ -69,7 +69,7 @@ def test_model_with_an_untraced_param_besides_etp_ones_compiles_and_reports_it()
     braintrace.init_states(model, B)
     graph = braintrace.compile_graph(model, jnp.ones((B, I)))
     assert graph.traced_param_paths == ("w",)
-    assert "b: no ETP primitive reads it as a trainable input" in graph.report()
+    assert "b: no ETP primitive reads it as a trainable input" in graph.report(verbose=True)
 
 
 def test_param_written_in_the_step_is_an_error_naming_the_path():
@@ -202,4 +202,4 @@ def test_vmapped_etp_primitive_warns_that_its_weights_drop_out():
         graph = braintrace.compile_graph(model, jnp.ones((B, I)))
     assert graph.traced_param_paths == ("v",)
     assert any("decomposed" in w for w in graph.warnings)
-    assert "w: no ETP primitive reads it" in graph.report()
+    assert "w: no ETP primitive reads it" in graph.report(verbose=True)

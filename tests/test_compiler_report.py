@@ -1,5 +1,7 @@
 """``graph.report()`` / ``str(graph)``, and compiling a pure step function."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,8 +36,7 @@ def test_report_gives_a_summary_in_module_terms_then_the_details():
     model = Net(nnx.Rngs(0))
     braintrace.init_states(model, B)
     graph = braintrace.compile_graph(model, jnp.ones((B, I)))
-    text = graph.report()
-    assert str(graph) == text
+    text = graph.report(verbose=True)
     lines = text.splitlines()
     assert lines[0] == "ETraceGraph (diagonal scope)"
     # The summary first: one plain sentence per approximation, in module terms.
@@ -78,6 +79,41 @@ def test_report_gives_a_summary_in_module_terms_then_the_details():
                for line in lines)
 
 
+def test_short_report_gives_groups_params_and_each_approximation_in_a_few_lines():
+    model = Net(nnx.Rngs(0))
+    braintrace.init_states(model, B)
+    graph = braintrace.compile_graph(model, jnp.ones((B, I)))
+    text = graph.report()
+    assert str(graph) == text
+    lines = text.splitlines()
+    assert lines[:2] == ["ETraceGraph (diagonal scope)",
+                         "approximations (5; strict=True refuses them):"]
+    # one sentence per approximation (two share one), the exact alternatives once, groups,
+    # Params (traced, same-step) and where the details are
+    assert len(lines) == 2 + 4 + 5
+    sentences = lines[2:6]
+    assert sentences[0].startswith("  - `rnn.dense_h` (ETPLinear) couples different units of "
+                                   "hidden states `rnn.neuron.a` and `rnn.neuron.v`")
+    assert sentences[0].endswith("drop the recurrent weights if the task allows (a spiking "
+                                 "layer fed only forward, ETPLinear into LIF or ALIF, has exact "
+                                 "DRTRL() traces).")
+    assert not any(re.search(r"(?<![A-Z_])RTRL\(\)|windowed mode", s) for s in sentences)
+    assert lines[6].startswith("  Exact on this model (strict=True accepts them): RTRL() (for "
+                               "small models")
+    assert lines[6].endswith(" Or windowed mode (chunk_size=K in etrace_grad or online_grad) is "
+                             "exact within K steps.")
+    assert lines[7:] == [
+        "hidden groups (2): the model (Net): m (2, 4); `rnn.neuron` (ALIF): a and v (2, 4)",
+        ("Params learning by eligibility traces (5): into `rnn.neuron` (ALIF): rnn.dense_i.bias, "
+         "rnn.dense_i.kernel, rnn.dense_h.kernel and rnn.neuron.tau.weight; into the model "
+         "(Net): w"),
+        ("Params with same-step gradients only (4): `out` (ETPLinear): bias and kernel (reaches "
+         "no hidden state (a readout)); `pre` (ETPLinear): bias and kernel (reaches hidden state "
+         "only through another trainable ETP operation)"),
+        "report(verbose=True) adds every Param, the traced operations and the equations"]
+    assert "eqn" not in text and "details:" not in text
+
+
 def test_report_names_a_normalisation_and_an_lru_readout_by_module():
     with jax.enable_x64(True):
         norm = braintrace.compile_graph(MODELS["layernorm"].build(),
@@ -91,8 +127,12 @@ def test_report_names_a_normalisation_and_an_lru_readout_by_module():
     assert "reduce_sum" in mixing.detail and "reduce_sum" not in mixing.summary
     readout = next(a for a in stack.approximations if a.param_paths == ("modules.0.C_im",))
     assert readout.summary.startswith(
-        "`modules.0.C_im` of `modules.0` (LRU) is not traced: the operation's output reaches "
-        "hidden state only through another trainable ETP operation (`modules.1` (LRU))")
+        "`modules.0.C_im`, `modules.0.C_re` and `modules.0.D` of `modules.0` (LRU) are not "
+        "traced: the operation's output reaches hidden state only through another trainable "
+        "ETP operation (`modules.1` (LRU))")
+    # excluded alike in one module: one sentence for the three operations
+    assert {a.summary for a in stack.approximations
+            if a.param_paths[0] in ("modules.0.C_re", "modules.0.D")} == {readout.summary}
     assert "RTRL() follows it exactly" in readout.summary
     coupling = next(a for a in stack.approximations if a.kind == "hidden-coupling")
     assert ("`modules.0` (LRU) carries hidden states `modules.0.h_im` and `modules.0.h_re` of "
@@ -140,9 +180,10 @@ def test_pure_step_function_report_names_operations_without_modules():
 def test_report_of_a_clean_model_has_no_warnings_and_no_same_step_params():
     model = layers.Stateful(layers.MinGRUCell(I, H, rngs=nnx.Rngs(0)))
     braintrace.init_states(model, B)
-    text = braintrace.compile_graph(model, jnp.ones((B, I))).report()
-    assert "  Params with same-step gradients (0): -" in text.splitlines()
-    assert "warnings" not in text
+    graph = braintrace.compile_graph(model, jnp.ones((B, I)))
+    assert "  Params with same-step gradients (0): -" in graph.report(verbose=True).splitlines()
+    text = graph.report()
+    assert "same-step" not in text and "warnings" not in text
 
 
 def test_report_names_the_coupled_scope():

@@ -131,7 +131,7 @@ def _assert_close(got, want, keys=None):
 def test_param_inside_a_custom_derivative_is_reported_with_a_same_step_gradient(wrapper):
     learner = braintrace.compile(WrappedLeaky(WRAPPERS[wrapper]), "d_rtrl", _data(1)[0][0])
     assert learner.graph.traced_param_paths == ()
-    report = learner.report()
+    report = learner.report(verbose=True)
     assert f"drive.kernel: {wrapper}_call" in report
     assert "opaque" in report
 

@@ -14,6 +14,8 @@ import io
 import pathlib
 import re
 import runpy
+import sys
+import tomllib
 
 import jax
 import jax.numpy as jnp
@@ -367,16 +369,24 @@ def _check_dropout(example):
                                rtol=1e-6, atol=1e-6)
 
 
-def _run_page(page: pathlib.Path) -> dict:
+def _run_page(page: pathlib.Path, budget: tuple[str, str] | None = None) -> dict:
     """Runs the page's ``python`` blocks in order, in one namespace, as a reader would;
     ``__blocks__`` holds a copy of the namespace after each block (a later block may reuse
-    a name)."""
+    a name), ``__printed__`` what each block printed. ``budget`` is ``(line, smaller)``: the
+    page's line that sets a benchmark's budget, run as ``smaller``."""
     namespace: dict = {"__name__": "__main__"}
-    after = []
-    for block in re.findall(r"^```python\n(.*?)^```$", page.read_text(), re.DOTALL | re.MULTILINE):
-        exec(compile(block, str(page.relative_to(ROOT)), "exec"), namespace)  # noqa: S102
+    after, printed = [], []
+    text = page.read_text()
+    if budget is not None:
+        assert text.count(f"\n{budget[0]}\n") == 1, f"{page.name} has no line {budget[0]!r}"
+        text = text.replace(f"\n{budget[0]}\n", f"\n{budget[1]}\n")
+    for block in re.findall(r"^```python\n(.*?)^```$", text, re.DOTALL | re.MULTILINE):
+        output = io.StringIO()
+        with contextlib.redirect_stdout(output):
+            exec(compile(block, str(page.relative_to(ROOT)), "exec"), namespace)  # noqa: S102
         after.append(dict(namespace))
-    namespace["__blocks__"] = after
+        printed.append(output.getvalue())
+    namespace["__blocks__"], namespace["__printed__"] = after, printed
     return namespace
 
 
@@ -436,10 +446,37 @@ def _check_online_rules(ns):
     assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(_params(fptt["model"])))
 
 
+def _check_training_spiking(ns):
+    page = (DOCS / "training_spiking.md").read_text()
+    plain = braintrace.spike_rates(ns["plain"], ns["batch"].xs, batch_size=ns["B"])
+    assert set(plain.flagged.values()) == {"silent"} and len(plain.flagged) == 2
+    lines = ns["__printed__"][:2]  # the defaults' rates, then the recipe's, before training
+    assert lines[0] == plain.line() + "\n" and not {"SILENT", "SATURATED"} & set(lines[1].split())
+    assert all(f"```text\n{line}```" in page for line in lines)  # the page shows what they print
+    history = ns["history"]
+    assert len(history) == ns["steps"] == 2  # the test's budget (PAGE_BUDGETS)
+    assert [r["step"] for r in history.spike_rates] == [1, 2]
+    assert ns["trainer"].update_every == ns["task"].seq_len
+    assert 0.0 <= ns["accuracy"] <= 1.0 and np.all(np.isfinite(history.losses))
+
+
+def _check_spiking_kit(ns):
+    # two CuBaLIF layers trained online: the classes are learned (chance is 1/3) and the
+    # regulariser holds the hidden layer near its target (about 0.3 without it)
+    assert ns["test_accuracy"] >= 0.8
+    assert abs(ns["hidden_rate"] - 0.05) < 0.03
+    assert "count.c, n2.i, n2.v  shape=(8, 3)  S=3" in ns["counting"].report(verbose=True)
+    assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(ns["grads"]))
+
+
 PAGE_CHECKS = {"tasks.md": _check_tasks, "devices.md": _check_devices,
                "checkpoints.md": _check_checkpoints, "nir.md": _check_nir,
-               "online_rules.md": _check_online_rules}
+               "online_rules.md": _check_online_rules, "spiking_kit.md": _check_spiking_kit,
+               "training_spiking.md": _check_training_spiking}
 """Each page whose code the reader runs, and what the page says that code does."""
+
+PAGE_BUDGETS = {"training_spiking.md": ("steps = 100", "steps = 2")}
+"""A page whose code trains for its benchmark's budget runs here with a smaller one."""
 
 
 def test_every_page_with_python_code_is_run_by_a_test():
@@ -450,4 +487,30 @@ def test_every_page_with_python_code_is_run_by_a_test():
 @pytest.mark.parametrize("page", sorted(PAGE_CHECKS))
 def test_page_code_runs_and_does_what_the_page_says(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    PAGE_CHECKS[page](_run_page(DOCS / page))
+    PAGE_CHECKS[page](_run_page(DOCS / page, PAGE_BUDGETS.get(page)))
+
+
+def test_the_dev_install_opens_and_runs_the_notebooks_as_the_readme_says():
+    readme = " ".join((ROOT / "README.md").read_text().split())  # lines joined
+    bin_dir = pathlib.Path(sys.executable).parent
+    for command in ("lab notebooks/", "nbconvert --execute --to notebook"):
+        assert f"`.venv/bin/jupyter {command}" in readme
+        assert (bin_dir / f"jupyter-{command.split()[0]}").exists(), (
+            f"`jupyter {command.split()[0]}` is not installed: pip install -e '.[dev]'")
+    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["dev"]
+    assert {"jupyterlab", "nbconvert"} <= {re.split(r"[<>=\[ ]", d)[0] for d in dev}
+
+
+EARLIER_NAMES = ("braintrace.D_RTRL", "braintrace.ES_D_RTRL", "braintrace.pp_prop",
+                 ".etrace_evolve(")
+"""What the notebooks once called and the README does not: the aliases of ``DRTRL`` and
+``ESDRTRL``, and running a test sequence through the learner instead of ``evaluate``."""
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_uses_the_readmes_names(path):
+    code = "\n".join(cell.source for cell in nbformat.read(path, as_version=4).cells
+                     if cell.cell_type == "code")
+    for name in EARLIER_NAMES:
+        assert name not in code, f"{path.name}: {name}"

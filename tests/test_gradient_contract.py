@@ -93,7 +93,8 @@ def _bptt_t1(name):
 
 RTRL_EXACT = {"gru", "lstm", "simple-cell", "recurrent-lif", "recurrent-lif-2-layers",
               "alif-leaky-readout", "lif-leaky-readout", "recurrent-alif", "encoder-gru",
-              "encoder-recurrent-lif", "lru-2-layers", "conv-encoder-recurrent-convlif"}
+              "encoder-recurrent-lif", "lru-2-layers", "conv-encoder-recurrent-convlif",
+              "recurrent-cuba-lif"}
 """Models D-RTRL only approximates (recurrent weights, coupled layers, an ETP operation that
 reaches the state only through another) where RTRL is exact."""
 
@@ -236,9 +237,10 @@ def test_snap_equals_rtrl_from_its_saturation_and_strict_refuses_it_below(name):
     assert max(relative_errors(below, rtrl).values()) > 1e-7  # the dropped influence is real
 
 
-STRICT_MODELS = ("lif", "gru", "recurrent-alif")
+STRICT_MODELS = ("lif", "gru", "recurrent-alif", "if", "cuba-lif")
 """Models on which every algorithm's ``strict`` verdict is checked against BPTT: one where
-D-RTRL is exact, a dense recurrence with one state per unit and one with two."""
+D-RTRL is exact, a dense recurrence with one state per unit and one with two, and the other
+neurons: IF (no leak) and CuBaLIF (a synaptic current feeding its membrane in the step)."""
 
 
 @pytest.mark.parametrize("algorithm", sorted(set(ALGORITHMS) - {"d_rtrl", "rtrl"}))

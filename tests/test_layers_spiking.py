@@ -1,4 +1,4 @@
-"""Spike function, LIF/ALIF dynamics, synapse, readout and the recurrent spiking layer."""
+"""Spike function, LIF/ALIF/IF/CuBaLIF dynamics, synapse, readouts and the recurrent spiking layer."""
 
 import math
 
@@ -19,6 +19,9 @@ SURROGATE_DERIVATIVES = {
     "superspike": lambda x, a: 1 / (1 + a * np.abs(x)) ** 2,
     "triangle": lambda x, a: a * np.maximum(0, 1 - a * np.abs(x)),
     "arctan": lambda x, a: a / 2 / (1 + (np.pi / 2 * a * x) ** 2),
+    "tanh": lambda x, a: a / 2 / np.cosh(a * x) ** 2,
+    "boxcar": lambda x, a: np.where(np.abs(x) < 1 / a, a / 2, 0.0),
+    "rectangular": lambda x, a: np.where(np.abs(x) < 1 / a, a / 2, 0.0),
 }
 
 
@@ -135,7 +138,14 @@ def test_alif_matches_a_plain_reference_and_adapts_its_threshold(reset):
     (lambda: layers.LeakyReadout(3, 4, rngs=nnx.Rngs(0)), {"y"}),
     (lambda: layers.RecurrentSpiking(3, layers.ALIF(4), rngs=nnx.Rngs(0)),
      {"neuron.v", "neuron.a"}),
-], ids=["LIF", "LIF-refractory", "ALIF", "ExpSynapse", "LeakyReadout", "RecurrentSpiking"])
+    (lambda: layers.IF(4), {"v"}),
+    (lambda: layers.CuBaLIF(4), {"v", "i"}),
+    (lambda: layers.RecurrentSpiking(3, layers.CuBaLIF(4), rngs=nnx.Rngs(0)),
+     {"neuron.v", "neuron.i"}),
+    (lambda: layers.SumOverTime(4), {"c"}),
+    (lambda: layers.MaxOverTime(4), {"m"}),
+], ids=["LIF", "LIF-refractory", "ALIF", "ExpSynapse", "LeakyReadout", "RecurrentSpiking", "IF",
+        "CuBaLIF", "RecurrentCuBaLIF", "SumOverTime", "MaxOverTime"])
 def test_hidden_states_of_one_layer_share_the_per_sample_shape(make, states):
     layer = make()
     flat = nnx.to_flat_state(nnx.state(layer, braintrace.HiddenState))
@@ -162,6 +172,7 @@ def test_leaky_readout_integrates_the_linear_map():
     (lambda: layers.ALIF(3, learn_tau_a=True), "tau_a"),
     (lambda: layers.ExpSynapse(3, learn_tau=True), "tau"),
     (lambda: layers.LeakyReadout(3, 3, learn_tau=True, rngs=nnx.Rngs(0)), "tau"),
+    (lambda: layers.CuBaLIF(3, learn_tau_syn=True), "tau_syn"),
 ])
 def test_learnable_time_constant_is_a_param_read_through_the_elementwise_primitive(make, attr):
     layer = make()
@@ -193,6 +204,8 @@ def test_recurrent_spiking_feeds_back_the_previous_spikes():
 
 @pytest.mark.parametrize("make", [
     lambda: layers.LIF(3), lambda: layers.ALIF(3), lambda: layers.ExpSynapse(3),
+    lambda: layers.IF(3), lambda: layers.CuBaLIF(3), lambda: layers.SumOverTime(3),
+    lambda: layers.MaxOverTime(3),
     lambda: layers.LeakyReadout(5, 3, rngs=nnx.Rngs(0)),
     lambda: layers.RecurrentSpiking(5, layers.LIF(3), rngs=nnx.Rngs(0)),
 ])

@@ -5,7 +5,8 @@
 from it (``tests/test_tables.py`` checks the pages against it). These tests check that the
 record is what the code prints today: the ``--quick`` run again (every number but the times),
 the full run's memory and data columns by compiling its train steps, and both runs' sentences
-from their tables.
+from their tables; and, for the full run's accuracy and loss, which only a full run (over a
+minute) gives, that the record was made from the sources there are now (its fingerprint).
 """
 
 import importlib.util
@@ -110,6 +111,32 @@ def _recorded_runs() -> tuple[Quoted, Quoted]:
 def _stale(what: str) -> str:
     return (f"{what}: main_job.json records other numbers than the code prints; run `python "
             "benchmarks/readme_main_job.py` and commit the JSON and the pages")
+
+
+def test_the_record_was_made_from_the_current_sources():
+    recorded = json.loads(script.RECORD.read_text()).get("sources_sha256")
+    assert recorded == script.sources_fingerprint(), (
+        "benchmarks/results/main_job.json, which the README's main-job block and "
+        "docs/main_job.md are rendered from, was recorded from other sources than "
+        f"{', '.join(script.SOURCES)} hold now, so `python -m braintrace` may print other "
+        "numbers: run `python benchmarks/readme_main_job.py` (about 2 minutes on a 2-core CPU; "
+        "it runs the main job and --quick, writes the JSON and renders the pages) and commit "
+        "the JSON, README.md and docs/main_job.md with the change")
+
+
+def test_the_fingerprint_sees_an_edit_a_new_file_and_this_script(tmp_path):
+    for name in ("braintrace/__main__.py", "layers/_lif.py", "benchmarks/readme_main_job.py",
+                 "docs/index.md"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(f"# {name}\n")
+    seen = {script.sources_fingerprint(tmp_path)}
+    (tmp_path / "docs/index.md").write_text("not a source")
+    assert script.sources_fingerprint(tmp_path) in seen  # outside the sources
+    for edit in ("braintrace/__main__.py", "layers/_lif.py", "benchmarks/readme_main_job.py",
+                 "layers/_new.py"):
+        (tmp_path / edit).write_text("x = 1\n")
+        seen.add(script.sources_fingerprint(tmp_path))
+    assert len(seen) == 5
 
 
 def test_the_record_holds_a_full_run_whose_sentences_match_its_table():
@@ -284,6 +311,7 @@ def test_the_record_holds_each_run_from_its_table_on_with_its_times():
     recorded = script.record(*runs)
     assert recorded["benchmark"] == "main_job"
     assert recorded["environment"]["braintrace"]["commit"]
+    assert recorded["sources_sha256"] == script.sources_fingerprint()
     full, quick = recorded["runs"]["full"], recorded["runs"]["quick"]
     assert full["output"] == f"{HEADER}\nrow full\nplot: braintrace_main.png"
     assert "preamble" not in quick["output"] and "row quick" in quick["output"]

@@ -1,4 +1,5 @@
-"""The README's quick example, and its "Inside your own train step" after it, run as written."""
+"""The README's quick example, its "Inside your own train step" and its classification recipe
+after it, run as written."""
 
 import pathlib
 import re
@@ -22,3 +23,14 @@ def test_readme_quick_example_and_train_step_section_run():
     assert bool(namespace["stats"].finite)
     assert np.all(np.isfinite(np.asarray(namespace["outputs"])))
     assert jax.tree.leaves(namespace["state"].traces)  # the traces carried across chunks
+
+
+def test_readme_classification_recipe_runs():
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+    recipe = next(b for b in blocks if "mask=last" in b)
+    namespace: dict = {}
+    exec(compile(blocks[0].split("model = Net(")[0], str(README), "exec"), namespace)  # noqa: S102
+    exec(compile(recipe, str(README), "exec"), namespace)  # noqa: S102
+    assert namespace["labels"].shape == (16,) and namespace["ys"].shape == (100, 16)
+    assert float(namespace["last"].sum()) == 1.0 and float(namespace["last"][-1]) == 1.0
+    assert 0.0 <= float(namespace["accuracy"]) <= 1.0

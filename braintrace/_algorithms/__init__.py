@@ -33,6 +33,7 @@ from braintrace._algorithms._osttp import OSTTP as OSTTP
 from braintrace._algorithms._otpe import OTPE as OTPE
 from braintrace._algorithms._ottt import OTTT as OTTT
 from braintrace._algorithms._registry import ALGORITHMS as ALGORITHMS
+from braintrace._algorithms._registry import algorithm_name as algorithm_name
 from braintrace._algorithms._registry import get_algorithm as get_algorithm
 from braintrace._algorithms._relation_rule import BlockSteps as BlockSteps
 from braintrace._algorithms._relation_rule import Jacobians as Jacobians
@@ -74,6 +75,7 @@ __all__ = [
     "RelationRule",
     "SnAp",
     "ThreeFactor",
+    "algorithm_name",
     "check_trace_dtype",
     "fptt_regularizer",
     "get_algorithm",

@@ -66,7 +66,7 @@ FEEDBACKS = ("symmetric", "random")
 def feedback_equations(graph: ETraceGraph) -> list[int]:
     """ETP equations with an input ``x`` that depends on the new hidden state ``h^t``."""
     jaxpr = graph.jaxpr
-    depends = {v for v in graph.layout.hidden_outvars(jaxpr) if is_var(v)}
+    depends = {v for v in graph.new_state_vars() if is_var(v)}
     found = []
     for index, eqn in enumerate(jaxpr.eqns):
         reads = [is_var(v) and v in depends for v in eqn.invars]

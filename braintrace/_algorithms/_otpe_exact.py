@@ -18,7 +18,11 @@ of the layer's weights through reader ``j`` at step ``t`` is
   is linear in its input: every built-in ETP primitive is);
 * the step's output reads neither a previous state nor a traced output other
   than through the new state (the reading group's ``h^t`` holds all of step ``t``'s
-  credit, ``'reads-before-update'``).
+  credit, ``'reads-before-update'``);
+* no new state is computed from another new state of its own group (a
+  ``CuBaLIF``'s membrane from its synaptic current, an ``ExpSynapse`` or a
+  ``SumOverTime`` of a layer's spikes): the signal on the new states and the
+  group's traces would both hold that path.
 
 Any number of reading operations qualifies, on the spikes or on any position-wise
 function of them (``2·s``), and any path from the spikes that is not a reading
@@ -51,7 +55,7 @@ def _couples_previous_state(graph: ETraceGraph) -> bool:
     reads the previous hidden state other than through the new one: a recurrence across
     units (recurrent weights), which no estimate here follows."""
     jaxpr = graph.jaxpr
-    new = {v for v in graph.layout.hidden_outvars(jaxpr) if is_var(v)}
+    new = {v for v in graph.new_state_vars() if is_var(v)}
     through_new = {(i, k) for i, eqn in enumerate(jaxpr.eqns)
                    for k, v in enumerate(eqn.invars) if is_var(v) and v in new}
     old, _ = reached(jaxpr, graph.layout.hidden_invars(jaxpr), through_new)
@@ -59,11 +63,33 @@ def _couples_previous_state(graph: ETraceGraph) -> bool:
     return any(is_var(v) and v in old for i in unfollowed for v in jaxpr.eqns[i].invars)
 
 
+def _new_from_new_within_a_group(graph: ETraceGraph) -> list[str]:
+    """The new states computed from another new state of their own group in the same step (a
+    synaptic current feeding its membrane, a count of the spikes): OTPE's signal on the new
+    state then holds that path as well as the group's traces do."""
+    jaxpr = graph.jaxpr
+    outs = graph.new_state_vars()
+    out = []
+    for g in graph.groups:
+        for k in g.leaves:
+            if not is_var(outs[k]):
+                continue
+            values, _ = reached(jaxpr, [outs[k]])
+            later = [graph.hidden_paths[j] for j in g.leaves
+                     if j != k and is_var(outs[j]) and outs[j] is not outs[k] and outs[j] in values]
+            if later:
+                out.append(f"the new value of {states_phrase(graph.modules, later)} is computed "
+                           f"from that of {states_phrase(graph.modules, [graph.hidden_paths[k]])} "
+                           "in the same step, in one hidden group (the signal on the new state "
+                           "and the group's traces both hold that path)")
+    return out
+
+
 def _reading_obstacles(graph: ETraceGraph, decay: float) -> list[str]:
     """Per group whose new state another new state is computed from: what keeps those
     states from being reading neurons whose dynamics the estimate is (module docstring)."""
     jaxpr, found = graph.jaxpr, readers(graph)
-    outs = graph.layout.hidden_outvars(jaxpr)
+    outs = graph.new_state_vars()
     constant = constant_jacobians(graph)
 
     def later(g: int, blocked=()) -> set[int]:
@@ -135,6 +161,7 @@ of `layers.1` (LIF) and leaks by 0.904837, not by decay=0.5
         out.append("an operation the traces do not follow reads the previous hidden state "
                    "(a recurrence across units)")
     out += [o.detail for o in fast_signal_obstacles(graph) if o.kind == "reads-before-update"]
+    out += _new_from_new_within_a_group(graph)
     return tuple(dict.fromkeys(out + _reading_obstacles(graph, decay)))
 
 

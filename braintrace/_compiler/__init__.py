@@ -7,11 +7,13 @@ group's new state unit by unit (``readers``), the structural unit
 patterns (``reach``, ``unit_patterns``), the jaxpr walks and phrases an
 algorithm uses to describe what it approximates (``feeding``, ``reached``,
 ``eqn_names``, ``operations``, ``params_phrase``, ``states_phrase``), what keeps the fast learning
-signal from being exact (``fast_signal_obstacles``), which operations' outputs are
+signal from being exact (``fast_signal_obstacles``), which Flax cells learn without
+credit over time (``flax_cell_advice``), which operations' outputs are
 added before anything reads them (``summed_outputs``) and the model split helpers.
 """
 
 from braintrace._compiler import _programs as programs
+from braintrace._compiler._alternatives import flax_cell_advice as flax_cell_advice
 from braintrace._compiler._batch_shards import batch_shards as batch_shards
 from braintrace._compiler._batch_shards import splitting_batch as splitting_batch
 from braintrace._compiler._compile import compile_graph as compile_graph
@@ -48,5 +50,5 @@ _REPORTER.append(_graph_report)
 __all__ = ["Approximation", "ETraceGraph", "ElementwiseRelation", "Exclusion", "HiddenGroup",
            "InputRelation", "Relation", "SignalObstacle", "StepLeaves", "batch_shards",
            "compile_graph",
-           "eqn_names", "fast_signal_obstacles", "feeding", "is_var", "leaf_paths", "operations", "params_phrase", "programs", "reach", "reached", "reader_list", "readers",
+           "eqn_names", "fast_signal_obstacles", "feeding", "flax_cell_advice", "is_var", "leaf_paths", "operations", "params_phrase", "programs", "reach", "reached", "reader_list", "readers",
            "split_model", "splitting_batch", "states_phrase", "summed_outputs", "unit_patterns"]

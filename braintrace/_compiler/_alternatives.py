@@ -13,11 +13,13 @@ from typing import Any
 import jax.extend.core as jex_core
 
 from braintrace._compiler._build import build_graph
+from braintrace._compiler._flax_cells import DROP_INS, cell_sentence, flax_cells
 from braintrace._compiler._graph import ETraceGraph
 from braintrace._compiler._phrases import RTRL_TIME
 from braintrace._compiler._records import Approximation
 
-__all__ = ["approximations_of", "exact_algorithms", "exact_alternatives", "rescope"]
+__all__ = ["approximations_of", "exact_algorithms", "exact_alternatives", "flax_cell_advice",
+           "rescope"]
 
 
 def approximations_of(graph: ETraceGraph, algorithm: Any = None) -> tuple[Approximation, ...]:
@@ -84,3 +86,15 @@ def exact_alternatives(graph: ETraceGraph) -> str:
     if not names:
         return ""
     return f"Exact on this model (strict=True accepts them): {', '.join(names)}.\n"
+
+
+def flax_cell_advice(graph: ETraceGraph, algorithm: Any = None) -> list[str]:
+    """One sentence per Flax recurrent cell (``nnx.LSTMCell``, ...) whose Params get no credit
+    over time under ``algorithm`` (an ``'untraced-path'`` among :func:`approximations_of`),
+    naming its drop-in in ``braintrace.layers``; empty when there is none (BPTT: never)."""
+    if not set(graph.modules.classes.values()) & set(DROP_INS):
+        return []  # no Flax cell: the algorithm's approximations are not even asked for
+    untraced = [p for a in approximations_of(graph, algorithm) if a.kind == "untraced-path"
+                for p in a.param_paths]
+    return [cell_sentence(graph.modules, cell, params)
+            for cell, params in flax_cells(graph.modules, dict.fromkeys(untraced)).items()]

@@ -38,6 +38,7 @@ from collections.abc import Collection, Iterable, Sequence
 
 import jax.extend.core as jex_core
 
+from braintrace._compiler._flax_cells import cell_sentence, flax_cells
 from braintrace._compiler._layout import StepLayout
 from braintrace._compiler._modules import ModuleMap
 from braintrace._compiler._phrases import (
@@ -203,29 +204,37 @@ def _coupling(jaxpr, layout, modules, groups, group_params, coupling_eqns, feeds
                     "traces keep only each unit's own recurrence")
             spikes = _through_spikes(jaxpr, [hidden_in[leaf] for g in sources
                                              for leaf in groups[g].leaves], eqns)
-            remedy = SPIKING_REMEDY if spikes else RECURRENT_REMEDY
+            remedy, own = ((SPIKING_REMEDY, SPIKING_OWN) if spikes
+                           else (RECURRENT_REMEDY, RECURRENT_OWN))
         else:
             fed = states_phrase(modules, [p for p in fed_paths if p not in paths])
             what = (f"{ops} {states_phrase(modules, paths)} into {fed} (a feed-forward "
                     "connection between two stateful layers, or a matrix or a reduction), but "
                     "the diagonal traces keep each hidden group's own recurrence only")
-            remedy = f"{EXACT_ALTERNATIVES}."
+            remedy, own = f"{EXACT_ALTERNATIVES}.", ""
+        what = f"{what}, so the credit over time of {params_phrase(params)} through that coupling"
         yield Approximation(
             "hidden-coupling", tuple(params),
             f"{eqn_names(jaxpr, eqns)} read hidden state {paths} and feed hidden state without "
             "being elementwise; D keeps only the elementwise part of ∂h^t/∂h^{t-1}",
-            f"{what}, so the credit over time of {params_phrase(params)} through that coupling "
-            f"is dropped; {remedy}")
+            f"{what} is dropped; {remedy}", f"{what} is dropped{own}.")
 
 
 RECURRENT_REMEDY = (f"{EXACT_ALTERNATIVES}, or use a layer with an elementwise recurrence "
                     "(MinGRUCell, MinLSTMCell, LRU).")
 """What to do about recurrent weights of a non-spiking layer."""
 
+RECURRENT_OWN = "; layers with an elementwise recurrence (MinGRUCell, MinLSTMCell, LRU) have none"
+""":data:`RECURRENT_REMEDY` without the shared exact alternatives (a short report's)."""
+
 SPIKING_REMEDY = ("drop the recurrent weights if the task allows (a spiking layer fed only "
                   "forward, ETPLinear into LIF or ALIF, has exact DRTRL() traces), or keep them: "
                   f"{EXACT_ALTERNATIVES}.")
 """What to do about recurrent weights between spiking neurons."""
+
+SPIKING_OWN = ("; drop the recurrent weights if the task allows (a spiking layer fed only "
+               "forward, ETPLinear into LIF or ALIF, has exact DRTRL() traces)")
+""":data:`SPIKING_REMEDY` without the shared exact alternatives (a short report's)."""
 
 _COMPARISONS = frozenset({"gt", "ge", "lt", "le"})
 
@@ -255,29 +264,30 @@ def _moved_positions(jaxpr, layout, modules, groups, group_params):
         params = tuple(sorted(group_params.get(g.index, ())))
         if g.colours is None or not params:
             continue
+        what = (f"The step moves values of {states_phrase(modules, g.paths)} between positions "
+                "(a roll or a flip), but the diagonal traces keep only each position's own "
+                f"recurrence, so the credit over time of {params_phrase(params)} that moves is "
+                "dropped")
         yield Approximation(
             "moved-positions", params,
             f"the step moves values of hidden group {list(g.paths)} between positions; D "
-            "keeps only the same-position part",
-            f"The step moves values of {states_phrase(modules, g.paths)} between positions (a "
-            "roll or a flip), but the diagonal traces keep only each position's own "
-            f"recurrence, so the credit over time of {params_phrase(params)} that moves is "
-            f"dropped; {EXACT_ALTERNATIVES}.")
+            "keeps only the same-position part", f"{what}; {EXACT_ALTERNATIVES}.", f"{what}.")
 
 
 def _output_mixing(jaxpr, modules, group, r, mixing):
     """``'output-mixing'``: a traced output reaches hidden state through mixing operations."""
     op = modules.eqn_label(r.eqn_index, f"'{r.primitive.name}'")
+    what = (f"Between {op} and {states_phrase(modules, group.paths)}, "
+            f"{operations(jaxpr, modules, mixing, ('mixes', 'mix'))} units (e.g. a "
+            f"normalisation), but the diagonal traces of {params_phrase(r.all_param_paths)} "
+            "keep only the unit-to-unit part of that map")
     return Approximation(
         "output-mixing", r.all_param_paths,
         f"the output of '{r.primitive.name}' (eqn {r.eqn_index}) reaches hidden group "
         f"{list(group.paths)} also through {eqn_names(jaxpr, mixing)}, which mix "
         "units; Df keeps only the elementwise part of ∂h/∂y",
-        f"Between {op} and {states_phrase(modules, group.paths)}, "
-        f"{operations(jaxpr, modules, mixing, ('mixes', 'mix'))} units (e.g. a normalisation), "
-        "but the "
-        f"diagonal traces of {params_phrase(r.all_param_paths)} keep only the unit-to-unit part "
-        f"of that map; {EXACT_ALTERNATIVES}, or normalise before the ETP layer instead.")
+        f"{what}; {EXACT_ALTERNATIVES}, or normalise before the ETP layer instead.",
+        f"{what}; normalising before the ETP layer avoids it.")
 
 
 def _untraced_paths(jaxpr, layout, modules, relations, exclusions, feeds_hidden):
@@ -292,27 +302,43 @@ def _untraced_paths(jaxpr, layout, modules, relations, exclusions, feeds_hidden)
             excluded.setdefault(p, []).append(x)
         if x.eqn_index in traced_eqns and x.param_paths:
             op = modules.eqn_label(x.eqn_index, f"'{x.primitive}'")
+            what = (f"{op} is traced into one hidden group but not into another ({x.reason}), "
+                    f"so the credit over time of {params_phrase(x.param_paths)} along that path "
+                    "is dropped")
             yield Approximation(
                 "untraced-path", tuple(x.param_paths),
                 f"'{x.primitive}' (eqn {x.eqn_index}) is traced into one hidden group but not "
-                f"another: {x.reason}",
-                f"{op} is traced into one hidden group but not into another ({x.reason}), so "
-                f"the credit over time of {params_phrase(x.param_paths)} along that path is "
-                f"dropped; {EXACT_ALTERNATIVES}.")
+                f"another: {x.reason}", f"{what}; {EXACT_ALTERNATIVES}.", f"{what}.")
     targets = {v for v in layout.hidden_outvars(jaxpr) if is_var(v)}
+    untraced = {}
     for var, path in zip(layout.param_invars(jaxpr), layout.param_paths):
         values, eqns = reached(jaxpr, [var], blocked)
-        if not values & targets:
-            continue
-        on_path = [i for i in eqns if any(is_var(v) and v in feeds_hidden
-                                          for v in jaxpr.eqns[i].outvars)]
+        if values & targets:
+            untraced[path] = [i for i in eqns if any(is_var(v) and v in feeds_hidden
+                                                     for v in jaxpr.eqns[i].outvars)]
+    cells = flax_cells(modules, (p for p in untraced if p not in excluded))
+    cell_of = {p: cell for cell, paths in cells.items() for p in paths}
+    alike: dict[tuple, list[str]] = {}  # excluded alike, in one module: one sentence
+    for path in untraced:
+        x = _excluded_because(excluded.get(path, []))
+        if x is not None:
+            alike.setdefault(_alike(modules, path, x), []).extend(x.param_paths)
+    for path, on_path in untraced.items():
         why = "; ".join(reasons.get(path, [])) or "no traced ETP operation covers this path"
+        x = _excluded_because(excluded.get(path, []))
+        if path in cell_of:
+            summary, short = cell_sentence(modules, cell_of[path], cells[cell_of[path]]), ""
+        elif x is not None:
+            summary, short = _excluded_summary(
+                jaxpr, modules, path, x, sorted(set(alike[_alike(modules, path, x)])))
+        else:
+            summary, short = _untraced_summary(jaxpr, modules, path, on_path,
+                                               any(path in r.all_param_paths for r in relations))
         yield Approximation(
             "untraced-path", (path,),
             f"reaches hidden state through {eqn_names(jaxpr, on_path)}, which no trace follows "
-            f"({why}); it gets its exact same-step gradient but no credit over time",
-            _untraced_summary(jaxpr, modules, path, on_path, excluded.get(path, []),
-                              any(path in r.all_param_paths for r in relations)))
+            f"({why}); it gets its exact same-step gradient but no credit over time", summary,
+            short)
 
 
 EXCLUDED_BECAUSE = {
@@ -333,25 +359,43 @@ EXCLUDED_BECAUSE = {
 """Per exclusion kind: why an ETP operation is not traced, and what to do (summaries)."""
 
 
-def _untraced_summary(jaxpr, modules, path, on_path, excluded, traced):
-    """The summary of an untraced path: the excluded ETP operation and why, or the plain
-    operations no trace follows (``traced``: the Param is traced elsewhere)."""
-    x = next((x for x in excluded if x.kind in EXCLUDED_BECAUSE), None)
-    if x is None:
-        fix = ("use a traced weight only through its ETP operation" if traced else
-               "route the operation through an ETP layer (e.g. layers.ETPLinear for "
-               "nnx.Linear, layers.ETPElemwise for a gain)")
-        return (f"{modules.leaf_label(path)} reaches hidden state through "
-                f"{operations(jaxpr, modules, on_path)}, where no eligibility trace follows it, "
-                f"so that path gives only its same-step gradient (no credit over time); {fix}.")
+def _excluded_because(excluded: Sequence[Exclusion]) -> Exclusion | None:
+    """The first of a Param's exclusions that :data:`EXCLUDED_BECAUSE` explains."""
+    return next((x for x in excluded if x.kind in EXCLUDED_BECAUSE), None)
+
+
+def _alike(modules, path, x):
+    """What makes exclusions one sentence: the Param's module, the kind, the operations
+    between, and the specifics where the sentence quotes them."""
+    quoted = x.reason if "{reason}" in EXCLUDED_BECAUSE[x.kind][0] else None
+    return modules.module_of(path), x.kind, x.via, quoted, x.primitive
+
+
+def _untraced_summary(jaxpr, modules, path, on_path, traced):
+    """The summary (no short one: its advice is its own) of a Param that reaches hidden state
+    through plain operations no trace follows (``traced``: the Param is traced elsewhere)."""
+    fix = ("use a traced weight only through its ETP operation" if traced else
+           "route the operation through an ETP layer (e.g. layers.ETPLinear for "
+           "nnx.Linear, layers.ETPElemwise for a gain)")
+    summary = (f"{modules.leaf_label(path)} reaches hidden state through "
+               f"{operations(jaxpr, modules, on_path)}, where no eligibility trace follows "
+               f"it, so that path gives only its same-step gradient (no credit over time); "
+               f"{fix}.")
+    return summary, ""
+
+
+def _excluded_summary(jaxpr, modules, path, x, params):
+    """The summary and short summary (``Approximation.short``) of the excluded ETP operations
+    of ``params`` (one module's, excluded alike, ``path`` among them): why, what to do."""
     because, fix = EXCLUDED_BECAUSE[x.kind]
     owner = modules.module_of(path)
     of = f" of {modules.label(owner)}" if owner is not None else f" ('{x.primitive}')"
     via = operations(jaxpr, modules, x.via) if x.via else ""
-    one = len(x.param_paths) == 1
-    return (f"{params_phrase(x.param_paths)}{of} {'is' if one else 'are'} not traced: "
+    one = len(params) == 1
+    what = (f"{params_phrase(params)}{of} {'is' if one else 'are'} not traced: "
             f"{because.format(via=via, reason=x.reason)}, so {'it learns' if one else 'they learn'}"
-            f" from the same-step gradient only (no credit over time); {fix}.")
+            " from the same-step gradient only (no credit over time)")
+    return f"{what}; {fix}.", (f"{what}." if fix == EXACT_ALTERNATIVES else "")
 
 
 def _carried_state(jaxpr, layout, modules, relations):

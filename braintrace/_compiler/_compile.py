@@ -9,6 +9,7 @@ from flax import nnx
 
 from braintrace._compiler._alternatives import approximations_of, exact_alternatives
 from braintrace._compiler._build import build_graph
+from braintrace._compiler._flax_cells import drop_in, flax_cells
 from braintrace._compiler._graph import ETraceGraph
 from braintrace._compiler._layout import StepLayout
 from braintrace._compiler._records import Approximation
@@ -195,8 +196,11 @@ def _check_traceable(name: str, graph: ETraceGraph) -> None:
     if graph.relations or any(x.param_paths for x in graph.exclusions):
         return
     listing = ", ".join(repr(p) for p in graph.param_paths)
+    cells = flax_cells(graph.modules, graph.param_paths)
+    drop_ins = "".join(f"; {drop_in(graph.modules, c)} instead of {graph.modules.label(c)}"
+                       for c in cells)
     raise ValueError(
         f"{name}: no ETP primitive reads a Param, so nothing can learn by eligibility traces "
         f"(Params {listing} would get only same-step gradients). Route trainable operations "
         "through braintrace.matmul, braintrace.lora_matmul or braintrace.element_wise, or use "
-        "the layers in braintrace.layers (e.g. ETPLinear instead of nnx.Linear).")
+        f"the layers in braintrace.layers (e.g. ETPLinear instead of nnx.Linear{drop_ins}).")

@@ -86,9 +86,10 @@ def fast_signal_obstacles(graph: ETraceGraph) -> tuple[SignalObstacle, ...]:
 
 
 def _new_outvars(graph: ETraceGraph) -> dict[object, str]:
-    """``{variable of a new state: its path}`` (literals and repeated variables left out)."""
+    """``{variable of a new state: its path}`` (literals and repeated variables left out;
+    ``graph.new_state_vars()``: a value cast into the state's dtype is the new state)."""
     out: dict[object, str] = {}
-    for var, path in zip(graph.layout.hidden_outvars(graph.jaxpr), graph.hidden_paths):
+    for var, path in zip(graph.new_state_vars(), graph.hidden_paths):
         if is_var(var) and var not in out:
             out[var] = path
     return out

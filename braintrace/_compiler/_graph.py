@@ -23,11 +23,12 @@ from braintrace._compiler._records import (
     InputRelation,
     Relation,
 )
+from braintrace._compiler._walk import cast_source, producers
 
 __all__ = ["ETraceGraph"]
 
 
-REPORTER: list[Callable[[Any, Any], str]] = []
+REPORTER: list[Callable[[Any, Any, bool], str]] = []
 """The report writer (``_report.graph_report``, set by the package): the report compiles the
 model in other scopes (``_alternatives``), which builds graphs, so this module does not import
 it; the package's face joins the two."""
@@ -88,17 +89,22 @@ class ETraceGraph:
     notes: tuple[str, ...]
     warnings: tuple[str, ...]
 
-    def report(self, algorithm: Any = None) -> str:
-        """A person-readable report in the model's module terms: a summary (one sentence per
-        approximation, what to do), then the details (groups, traced operations, same-step
-        Params and why, equations).
+    def report(self, algorithm: Any = None, verbose: bool = False) -> str:
+        """A person-readable report in the model's module terms.
+
+        Short by default: the hidden groups, which Params learn by eligibility traces
+        and which by their same-step gradient only, one sentence per approximation
+        (what is approximate, what to do), the exact alternatives once, warnings.
 
         Args:
             algorithm: The algorithm the graph is compiled for (e.g.
                 ``braintrace.UORO()``): the report then also lists what it
                 approximates by construction on this model.
+            verbose: The summary (each approximation with all its advice), then
+                the details: groups, traced operations, every Param and why,
+                equations, what the normalisation pass changed.
         """
-        return REPORTER[0](self, algorithm)
+        return REPORTER[0](self, algorithm, verbose)
 
     def __str__(self) -> str:
         return self.report()
@@ -156,6 +162,19 @@ class ETraceGraph:
         """The jaxpr variable of a relation's input ``x``."""
         eqn = self.jaxpr.eqns[relation.eqn_index]
         return eqn.invars[relation.primitive.x_invar_index]
+
+    def new_state_vars(self) -> list[Any]:
+        """Per hidden leaf, the jaxpr variable where its new value ``h^t`` is defined: its
+        output variable, or the floating-point value that output casts (``_walk.cast_source``).
+
+        A step computed wider than the state it writes (a float64 step into a float32 state,
+        a float32 step into a bfloat16 one) reads that value, not its narrowed copy: the
+        learning signal at ``h^t`` and every analysis of what reads the new state start
+        there.
+        """
+        producer = producers(self.jaxpr)
+        return [cast_source(self.jaxpr, v, producer)
+                for v in self.layout.hidden_outvars(self.jaxpr)]
 
     def relation_output_var(self, eqn_index: int) -> Any:
         """The jaxpr variable of an ETP equation's output ``y``."""

@@ -90,7 +90,8 @@ def forward(graph: ETraceGraph, leaves: StepLeaves,
             each relation's output cotangent ``∂L_t/∂y``, from which the
             relation's own share of ``∂L_t/∂θ`` is ``xy_to_dw(x, ∂L_t/∂y)``.
         state_probes: Per hidden leaf, zeros shaped like its new value ``h^t``
-            (:func:`state_probes`), added where ``h^t`` is defined, so that
+            (:func:`state_probes`), added where ``h^t`` is defined
+            (``graph.new_state_vars()``: before a cast into the state's dtype), so that
             every read of ``h^t`` in the step (the readout, a later state)
             sees it; the relations' trainable operands are cut as with
             ``output_probes``. Differentiating with respect to the probes gives
@@ -141,9 +142,9 @@ def forward_cutting_inputs(graph: ETraceGraph, leaves: StepLeaves, cut_inputs: S
         if probe is not None:
             injections[r.eqn_index] = (r.primitive.y_outvar_index, probe)
     probed: dict[Any, jax.Array] = {}
-    for var, probe in zip(graph.layout.hidden_outvars(graph.jaxpr), state_probes or ()):
+    for var, probe in zip(graph.new_state_vars(), state_probes or ()):
         if not isinstance(var, jex_core.Literal) and var not in probed:
-            probed[var] = probe
+            probed[var] = probe.astype(var.aval.dtype)  # h^t computed wider than stored
     at_reads: dict[int, dict[int, jax.Array]] = {}
     for index, probe in (input_probes or {}).items():
         r = graph.relations[index]
@@ -171,15 +172,14 @@ def reader_jacobians(graph: ETraceGraph, leaves: StepLeaves,
     mode through ``custom_vjp`` functions as :func:`evaluate` makes it.
     """
     jaxpr = graph.jaxpr
-    outvars = graph.layout.hidden_outvars(jaxpr)
     probes = state_probes(graph)
     first = {}
-    for k, var in enumerate(outvars):
+    for k, var in enumerate(graph.new_state_vars()):
         if not isinstance(var, jex_core.Literal):
             first.setdefault(var, k)
 
     def inputs(values, readers):
-        injected = {var: values[k] for var, k in first.items()}
+        injected = {var: values[k].astype(var.aval.dtype) for var, k in first.items()}
         _, recorded = evaluate(jaxpr, graph.consts, leaves.args(), var_injections=injected,
                                record=[graph.relation_input_var(graph.relations[i])
                                        for i in readers], forward_mode=True)

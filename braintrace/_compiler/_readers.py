@@ -57,7 +57,7 @@ def readers(graph: ETraceGraph) -> tuple[tuple[int, ...], ...]:
         >>> [g.paths for g in graph.groups], readers(graph)  # the readout reads the spikes
         ([('layers.1.v',), ('layers.2.y',)], ((1,), ()))
     """
-    outvars = graph.layout.hidden_outvars(graph.jaxpr)
+    outvars = graph.new_state_vars()
     return tuple(_read_by(graph, [outvars[k] for k in g.leaves if is_var(outvars[k])], g)
                  for g in graph.groups)
 

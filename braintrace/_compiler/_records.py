@@ -272,12 +272,16 @@ class Approximation:
         detail: Which operations (equation numbers) and states, for the details.
         summary: One plain sentence in module terms: what is approximate and
             what to do (a strict-exact alternative).
+        short: The summary without the advice it shares with the graph's other
+            approximations (the strict-exact alternatives, which a short report
+            gives once); empty when the summary has no shared advice.
     """
 
     kind: str
     param_paths: tuple[str, ...]
     detail: str
     summary: str
+    short: str = ""
 
     def describe(self) -> str:
         """One line: the Params, the kind and the detail."""

@@ -18,8 +18,9 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import jax.extend.core as jex_core
+import jax.numpy as jnp
 
-__all__ = ["feeding", "is_var", "producers", "reached", "sources_of"]
+__all__ = ["cast_source", "feeding", "is_var", "producers", "reached", "sources_of"]
 
 
 def is_var(v: Any) -> bool:
@@ -30,6 +31,34 @@ def is_var(v: Any) -> bool:
 def producers(jaxpr: jex_core.Jaxpr) -> dict[Any, int]:
     """``{variable: index of the equation that computes it}``."""
     return {v: i for i, eqn in enumerate(jaxpr.eqns) for v in eqn.outvars if is_var(v)}
+
+
+def cast_source(jaxpr: jex_core.Jaxpr, var: Any, producer: Mapping[Any, int]) -> Any:
+    """The computed value ``var`` is a floating-point cast of, or ``var`` itself.
+
+    Follows ``convert_element_type`` equations from one floating dtype to another back to
+    the value they cast, when that value is computed by an equation of its own (a cast
+    of a jaxpr input is left as it is): the step's float64 value that a float32 hidden state
+    stores (``_flatten``'s whole-operand scatter). ``producer`` is :func:`producers`'s.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> jaxpr = jax.make_jaxpr(lambda a: jnp.sin(a).astype(jnp.bfloat16))(1.0).jaxpr
+        >>> cast_source(jaxpr, jaxpr.outvars[0], producers(jaxpr)) is jaxpr.eqns[0].outvars[0]
+        True
+    """
+    source = var
+    while is_var(source) and source in producer:
+        eqn = jaxpr.eqns[producer[source]]
+        if not (eqn.primitive.name == "convert_element_type" and _floating(eqn.invars[0])
+                and _floating(source)):
+            return source
+        source = eqn.invars[0]
+    return var
+
+
+def _floating(v: Any) -> bool:
+    return is_var(v) and jnp.issubdtype(v.aval.dtype, jnp.floating)
 
 
 def sources_of(jaxpr: jex_core.Jaxpr, start: Iterable[Any], producer: Mapping[Any, int],

@@ -11,7 +11,8 @@ back into the model. Helpers: ``_inputs`` (argument checks), ``_model_state``
 (a model's arrays as flat lists and back), ``_states`` (hidden-state
 initialisation), ``_sharding`` (data parallel), ``_checkpoint`` (orbax items and
 digests), ``_manager`` (:class:`CheckpointManager`: numbered steps over orbax's
-manager), and ``_fit`` (the streaming training loop of ``OnlineTrainer.fit``).
+manager), ``_fit`` (the streaming training loop of ``OnlineTrainer.fit``) and
+``_spike_rates`` (each spiking layer's rate on real inputs, which ``fit`` logs).
 """
 
 from braintrace._drivers._compile import compile as compile
@@ -29,10 +30,12 @@ from braintrace._drivers._functional import online_update as online_update
 from braintrace._drivers._learner import OnlineLearner as OnlineLearner
 from braintrace._drivers._manager import CheckpointManager as CheckpointManager
 from braintrace._drivers._model_state import model_leaves as model_leaves
+from braintrace._drivers._spike_rates import SpikeRates as SpikeRates
+from braintrace._drivers._spike_rates import spike_rates as spike_rates
 from braintrace._drivers._states import init_states as init_states
 from braintrace._drivers._trainer import OnlineTrainer as OnlineTrainer
 
 __all__ = ["Callback", "CheckpointManager", "EarlyStopping", "GradStats", "History",
            "OnlineGradient", "OnlineLearner", "OnlineState", "OnlineTrainer",
-           "OnlineUpdate", "UpdateStats", "compile", "evaluate", "init_states", "model_leaves",
-           "online_grad", "online_update"]
+           "OnlineUpdate", "SpikeRates", "UpdateStats", "compile", "evaluate", "init_states",
+           "model_leaves", "online_grad", "online_update", "spike_rates"]

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import jax
 from flax import nnx
 
 from braintrace._algorithms import AbstractAlgorithm, check_trace_dtype, get_algorithm
-from braintrace._drivers._inputs import check_example_batch
+from braintrace._compiler import flax_cell_advice
+from braintrace._drivers._inputs import check_example_batch, shape_of
 from braintrace._drivers._learner import OnlineLearner
 from braintrace._drivers._sharding import check_mesh
-from braintrace._drivers._states import check_batch_size, check_sample_shapes, init_states
+from braintrace._drivers._states import (
+    check_batch_size,
+    check_sample_shapes,
+    init_states,
+    runs_at_batch_size,
+)
 from braintrace._hidden import state_batch_size
 
 __all__ = ["compile"]
@@ -131,8 +138,35 @@ def compile(
     check_sample_shapes(model, example_x, batched)
     if batch_size is not None:
         init_states(model, batch_size)
-    return OnlineLearner(model, algorithm, example_x, strict=strict, mesh=mesh,
-                         data_axis=data_axis, neuron_axis=neuron_axis, trace_dtype=trace_dtype)
+    try:
+        learner = OnlineLearner(model, algorithm, example_x, strict=strict, mesh=mesh,
+                                data_axis=data_axis, neuron_axis=neuron_axis,
+                                trace_dtype=trace_dtype)
+    except (ValueError, TypeError) as err:
+        hint = None if batched is not None else _missing_batch_size(model, example_x)
+        if hint is None:
+            raise
+        raise ValueError(hint) from err
+    for sentence in flax_cell_advice(learner.graph, learner.algorithm):
+        warnings.warn(f"braintrace.compile: {sentence} learner.report() lists it; strict=True "
+                      "refuses it.", UserWarning, stacklevel=2)
+    return learner
+
+
+def _missing_batch_size(model: nnx.Module, example_x: Any) -> str | None:
+    """Why a model with per-sample hidden states failed on ``example_x``, when the example
+    leads with a batch axis the model runs at (``batch_size`` was not given); else ``None``."""
+    leading = {shape_of(a)[0] if shape_of(a) else None for a in jax.tree.leaves(example_x)}
+    if len(leading) != 1 or None in leading:
+        return None
+    n = leading.pop()
+    if runs_at_batch_size(model, example_x, None) or not runs_at_batch_size(model, example_x, n):
+        return None  # the model runs per sample (it failed for another reason), or not at n
+    shapes = ", ".join(str(shape_of(a)) for a in jax.tree.leaves(example_x))
+    return (f"braintrace.compile: example_x has shape {shapes}, a batch of {n}, but the "
+            "model's hidden states hold one sample: compile was given no batch_size. Pass it: "
+            f"braintrace.compile(model, algorithm, example_x, batch_size={n}). Nothing was "
+            "changed.")
 
 
 def _check_trace_dtype(algorithm: AbstractAlgorithm, trace_dtype: Any) -> Any:

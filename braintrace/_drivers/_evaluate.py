@@ -13,10 +13,13 @@ from braintrace._compiler import leaf_paths
 from braintrace._drivers._model_state import strong
 from braintrace._drivers._states import check_batch_size, init_states
 
-__all__ = ["batch_size_of", "evaluate"]
+__all__ = ["SECOND_AXIS", "batch_size_of", "evaluate"]
+
+SECOND_AXIS: Any = type("SecondAxis", (), {"__repr__": lambda self: "xs.shape[1]"})()
+"""The default batch size of :func:`evaluate`: the second axis of ``xs`` (time-major inputs)."""
 
 
-def evaluate(model: nnx.Module, xs: Any, *, batch_size: int | None) -> Any:
+def evaluate(model: nnx.Module, xs: Any, *, batch_size: int | None = SECOND_AXIS) -> Any:
     """The model's outputs over ``xs`` (time axis leading), from its initial hidden states.
 
     A pure function of the model: it runs a copy, in the model's current mode
@@ -31,16 +34,18 @@ def evaluate(model: nnx.Module, xs: Any, *, batch_size: int | None) -> Any:
 
     Args:
         model: A stateful NNX module whose call ``model(x)`` is one time step.
-        xs: Inputs, time axis leading.
-        batch_size: The batch size of ``xs`` (its second axis), or ``None`` for one
-            sample without a batch axis.
+        xs: Inputs, time axis leading: ``(T, batch, *features)``.
+        batch_size: The batch size of ``xs``, by default its second axis
+            (``xs.shape[1]``, of every leaf); ``None`` for one sample without a batch
+            axis, ``(T, *features)``.
 
     Returns:
         The outputs of every step, time axis leading.
 
     Raises:
-        ValueError: ``batch_size`` is not a positive int or ``None``; the
-            model's step fails on ``xs`` because its second axis is not the batch
+        ValueError: ``batch_size`` is not a positive int or ``None``; it is not given
+            and the leaves of ``xs`` have no second axis, or second axes of different
+            lengths; the model's step fails on ``xs`` because its second axis is not the batch
             (batch-major inputs, or another batch size: the message says which to
             pass; the model's error is chained); or a step changes a state's
             dtype (a float input of another width: the message names the state and
@@ -52,12 +57,17 @@ def evaluate(model: nnx.Module, xs: Any, *, batch_size: int | None) -> Any:
         >>> import braintrace
         >>> from braintrace import layers
         >>> model = nnx.Sequential(layers.ETPLinear(3, 4, rngs=nnx.Rngs(0)), layers.LIF(4))
-        >>> braintrace.evaluate(model, jnp.ones((6, 10, 3)), batch_size=10).shape
+        >>> braintrace.evaluate(model, jnp.ones((6, 10, 3))).shape  # batch_size=10
         (6, 10, 4)
         >>> model.layers[1].v.shape                  # the model's own state is untouched
         (4,)
+        >>> braintrace.evaluate(model, jnp.ones((6, 3)), batch_size=None).shape  # one sample
+        (6, 4)
     """
-    if batch_size is not None:
+    inferred = batch_size is SECOND_AXIS
+    if inferred:
+        batch_size = _second_axis(xs)
+    elif batch_size is not None:
         batch_size = check_batch_size("evaluate: batch_size", batch_size)
     graphdef, state = nnx.split(model)
     traced = any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves((state, xs)))
@@ -65,9 +75,29 @@ def evaluate(model: nnx.Module, xs: Any, *, batch_size: int | None) -> Any:
         return (_run if traced else _RUN)(graphdef, state, xs, batch_size)
     except Exception as err:  # the model's own error, told in terms of xs where that fits
         hint = _batch_axis_hint(xs, batch_size)
+        if hint is None and inferred:
+            hint = (f"batch_size was taken from xs's second axis ({batch_size}), and the model "
+                    "fails on it. Inputs are time-major: (T, batch, *features); for one "
+                    "sequence without a batch axis, (T, *features), pass batch_size=None.")
         if hint is None:
             raise
         raise ValueError(f"evaluate: {hint}") from err
+
+
+def _second_axis(xs: Any) -> int:
+    """The common length of the second axis of ``xs``'s leaves (the batch of time-major inputs).
+
+    Raises:
+        ValueError: A leaf has no second axis, or they differ.
+    """
+    shapes = [tuple(np.shape(a)) for a in jax.tree.leaves(xs)]
+    lengths = {s[1] if len(s) >= 2 else None for s in shapes}
+    if len(lengths) != 1 or None in lengths:
+        raise ValueError(
+            f"evaluate: batch_size is by default the second axis of xs (time-major: T, batch, "
+            f"*features), but xs has shape(s) {', '.join(map(str, shapes))}. Pass batch_size: "
+            "None for one sequence without a batch axis, or the batch size.")
+    return int(lengths.pop())
 
 
 def _batch_axis_hint(xs: Any, batch_size: int | None) -> str | None:

@@ -25,6 +25,7 @@ import numpy as np
 from flax import nnx
 
 from braintrace._arguments import check_integer
+from braintrace._drivers._spike_rates import log_spike_rates
 
 __all__ = ["Callback", "EarlyStopping", "History", "fit", "scored_mean", "validation_metrics"]
 
@@ -44,6 +45,9 @@ class History:
         evaluations: ``{'step', 'val_loss', ...}`` per evaluation; ``val_accuracy``
             for classification and ``val_<name>`` for each user metric.
         stopped_early: Whether a callback stopped the training.
+        spike_rates: ``{'step', <layer path>: rate, ...}``: each spiking layer's mean rate
+            on the first batch and on the last, each after its update, for a model with
+            spiking layers (:func:`braintrace.spike_rates`).
 
     Example:
         >>> history = History(steps=[{'step': 1, 'epoch': 0, 'loss': 0.5},
@@ -55,6 +59,7 @@ class History:
     steps: list[dict[str, float]] = dataclasses.field(default_factory=list)
     evaluations: list[dict[str, float]] = dataclasses.field(default_factory=list)
     stopped_early: bool = False
+    spike_rates: list[dict[str, float]] = dataclasses.field(default_factory=list)
 
     @property
     def losses(self) -> np.ndarray:
@@ -342,6 +347,8 @@ def fit(trainer: Any, batches: Iterable[Any], *, epochs: int = 1, steps: int | N
                 break
             last_epoch = epoch
             record = _train_batch(trainer, history, n, epoch, batch, reset_each_batch)
+            if n == 1:
+                log_spike_rates(trainer, history, unpack(batch)[0], n, bar)
             bar.set_postfix(loss=f"{record['loss']:.4g}", refresh=False)
             bar.update()
             stop = any(bool(c.on_step(trainer, record)) for c in callbacks)
@@ -354,6 +361,8 @@ def fit(trainer: Any, batches: Iterable[Any], *, epochs: int = 1, steps: int | N
             history.evaluations[-1]["step"] == len(history)
         if validation is not None and history.steps and not stopped and not evaluated:
             _evaluate(trainer, history, len(history), validation, metrics, callbacks, bar)
+        if len(history) > 1:
+            log_spike_rates(trainer, history, unpack(batch)[0], len(history), bar)
     history.stopped_early = stopped
     for callback in callbacks:
         callback.on_end(trainer, history)

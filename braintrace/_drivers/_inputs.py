@@ -152,6 +152,13 @@ def _shape_mismatch(shape: tuple[int, ...], step: tuple[int, ...],
     got = (f"xs has shape {shape}: {shape[0]} time steps of shape {shape[1:]}, but the model "
            f"was compiled for steps of shape {step}.")
     time_major = "Inputs are time-major: (T, batch, *features)."
+    if len(shape) == len(step) + 2 and shape[2:] == step:  # batches on a per-sample model
+        b = shape[1]
+        other = (another_batch(b) if another_batch is not None
+                 else f"call learner.reset(batch_size={b}).")
+        return (f"{got} {time_major} The model was compiled for one sample (without batch_size);"
+                f" for batches of {b}, compile with braintrace.compile(..., batch_size={b}), or "
+                f"{other}")
     batched = len(shape) == len(step) + 1 and len(step) >= 1 and shape[2:] == step[1:]
     swap = (f"This looks batch-major ({step[0]} sequences of {shape[1]} steps): pass "
             "jnp.swapaxes(xs, 0, 1) (and the same for ys).")

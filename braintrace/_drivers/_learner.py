@@ -280,10 +280,12 @@ class OnlineLearner(Checkpointable):
         if optimizer is not None:
             nnx.update(optimizer, restored["optimizer"])
 
-    def report(self) -> str:
-        """The compiled graph's report for this algorithm: what is approximate (the graph's
-        traces and the algorithm's own approximations) and what to do, then the details."""
-        return self.graph.report(self.algorithm)
+    def report(self, verbose: bool = False) -> str:
+        """The compiled graph's report for this algorithm: which Params learn by traces,
+        what is approximate (the graph's traces and the algorithm's own approximations)
+        and what to do; ``verbose=True`` adds every Param, operation and equation
+        (:meth:`ETraceGraph.report`)."""
+        return self.graph.report(self.algorithm, verbose=verbose)
 
     # -- running -------------------------------------------------------------
 

@@ -12,7 +12,8 @@ from flax import nnx
 from braintrace._arguments import check_integer
 from braintrace._hidden import HiddenState
 
-__all__ = ["KEEP", "check_batch_size", "check_sample_shapes", "init_states"]
+__all__ = ["KEEP", "check_batch_size", "check_sample_shapes", "init_states",
+           "runs_at_batch_size"]
 
 KEEP: Any = type("Keep", (), {"__repr__": lambda self: "KEEP"})()
 """The default batch size of ``learner.reset`` and ``online.init``: keep the current one
@@ -98,6 +99,27 @@ def _step_shapes(model: nnx.Module, example_x: Any, batch_size: int) -> None:
     after = [tuple(a.shape) for a in jax.eval_shape(step, state, example)]
     if after != before:
         raise ValueError(f"the hidden states change shape in a step: {before} -> {after}")
+
+
+def runs_at_batch_size(model: nnx.Module, example_x: Any, batch_size: int | None) -> bool:
+    """Whether a copy of ``model``, its states initialised for ``batch_size`` (``None``: per
+    sample), steps on ``example_x`` as it is, keeping their shapes (traced for shapes only;
+    the model is not touched)."""
+    copy = nnx.clone(model)
+    init_states(copy, batch_size)
+    before = [tuple(v.shape) for _, v in nnx.iter_graph(copy) if isinstance(v, HiddenState)]
+    graphdef, state = nnx.split(copy)
+
+    def step(state: Any, x: Any) -> list[Any]:
+        stepped = nnx.merge(graphdef, state, copy=True)
+        stepped(x)
+        return [v[...] for _, v in nnx.iter_graph(stepped) if isinstance(v, HiddenState)]
+
+    try:
+        after = jax.eval_shape(step, state, example_x)
+    except Exception:  # noqa: BLE001 -- any failure of the model's step means it does not
+        return False
+    return [tuple(a.shape) for a in after] == before
 
 
 def check_sample_shapes(model: nnx.Module, example_x: Any, batch_size: int | None) -> None:

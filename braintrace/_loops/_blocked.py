@@ -22,10 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from braintrace._algorithms import BlockSteps, GraphRules
+from braintrace._arguments import call_loss
 from braintrace._compiler import programs
 from braintrace._loops._context import LoopContext
 from braintrace._loops._groups import scan_grouped
-from braintrace._loops._per_step import ScanCarry
+from braintrace._loops._per_step import ScanCarry, keep_dtype
 from braintrace._loops._step import add_same_step, probed_loss_terms, step_jacobians, step_leaves
 
 __all__ = ["run_blocked", "stacked_bytes_per_step"]
@@ -128,8 +129,8 @@ def _run_block(ctx: LoopContext, carry: ScanCarry, inputs: Any) -> tuple[ScanCar
             signal, stacked_jac = terms.signal, (list(jac.d), list(jac.df))
         reads = list(jac.reads) if stack_steps and rules.readers else []  # not deferred then
         stacked = (signal, stacked_jac, reads, terms.rel_x, rules.unshared(terms.dy), outs)
-        return (terms.hidden, terms.other, add_same_step(same, terms.same_step_rest),
-                stepped), (stacked, terms.loss)
+        new = (terms.hidden, terms.other, add_same_step(same, terms.same_step_rest), stepped)
+        return jax.tree.map(keep_dtype, new, state), (stacked, terms.loss)
 
     # only the block_step relations' states go through the steps
     start = (list(carry.hidden), list(carry.other), list(carry.same_step),
@@ -143,7 +144,7 @@ def _run_block(ctx: LoopContext, carry: ScanCarry, inputs: Any) -> tuple[ScanCar
     traces, term = rules.block_finish(carry.traces, views, ctx.operands)
     summed = jax.tree.map(jnp.add, carry.summed, term)
     return carry._replace(hidden=hidden, other=other, traces=traces, summed=summed,
-                          same_step=same), losses
+                          same_step=same).typed_as(carry), losses
 
 
 def _loss_dtype(ctx: LoopContext, carry: ScanCarry, xs: Any, ys: Any) -> Any:
@@ -153,7 +154,8 @@ def _loss_dtype(ctx: LoopContext, carry: ScanCarry, xs: Any, ys: Any) -> Any:
     def loss():
         leaves = step_leaves(ctx, carry.hidden, carry.other, first(xs))
         outs, _ = programs.forward(ctx.graph, leaves, ctx.rules.feedback)
-        return ctx.loss_fn(jax.tree.unflatten(ctx.graph.out_treedef, outs.y), first(ys))
+        return call_loss(ctx.loss_fn, jax.tree.unflatten(ctx.graph.out_treedef, outs.y),
+                         first(ys))
 
     return jax.eval_shape(loss).dtype
 

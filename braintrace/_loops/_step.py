@@ -40,6 +40,7 @@ inputs send back instead.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -47,6 +48,7 @@ import jax
 import jax.numpy as jnp
 
 from braintrace._algorithms import GraphRules, Jacobians, is_batched
+from braintrace._arguments import call_loss
 from braintrace._compiler import ETraceGraph, StepLeaves, programs, reader_list
 from braintrace._loops._context import LoopContext
 from braintrace._loops._masks import stop_unscored, weigh
@@ -163,7 +165,7 @@ def step_loss(loss_fn: Callable[[Any, Any], jax.Array], y: Any, y_t: Any,
     y = stop_unscored(y, weight_t)
     if jnp.ndim(weight_t) == 1:  # per-sample weights: a (T, B) mask
         return per_sample_loss(loss_fn, y, y_t, weight_t)
-    loss = loss_fn(y, y_t)
+    loss = call_loss(loss_fn, y, y_t)
     _check_scalar(loss)
     return weigh(loss, weight_t), jnp.where(weight_t != 0, loss, 0)
 
@@ -199,7 +201,7 @@ def per_sample_loss(loss_fn: Callable[[Any, Any], jax.Array], y: Any, y_t: Any,
         >>> float(weighted), float(reported)
         (4.5, 9.0)
     """
-    losses = jax.vmap(loss_fn)(y, y_t)
+    losses = jax.vmap(functools.partial(call_loss, loss_fn))(y, y_t)
     if jnp.shape(losses) != jnp.shape(weight_t):
         raise ValueError(
             f"With a per-sample mask, loss_fn runs on one sample (no batch axis) and must "

@@ -66,7 +66,7 @@ def run_windowed(ctx: LoopContext, carry: ScanCarry, xs: Any, ys: Any, weights: 
         else:
             traces = carry.traces
         return carry._replace(hidden=list(h_end), other=list(o_end), traces=traces,
-                              summed=summed, same_step=same), losses
+                              summed=summed, same_step=same).typed_as(carry), losses
 
     starts = jnp.arange(length // window, dtype=jnp.int32) * window
     carry, losses = jax.lax.scan(one_window, carry, (*(jax.tree.map(split, a)

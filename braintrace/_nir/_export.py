@@ -103,6 +103,9 @@ def _lif_node(nir: ModuleType, lif: LIF, nir_shape: Shape, path: str, dt: float)
     """NIR LIF of a hard-reset LIF without refractoriness."""
     if type(lif) is ALIF:
         raise _alif_error(path)
+    if type(lif) is not LIF:  # IF, CuBaLIF: not a NIR LIF (no leak; a synaptic current)
+        raise TypeError(f"to_nir: the neuron at '{_where(path)}' is {type(lif).__name__}, which "
+                        f"has no NIR mapping; a LIF neuron exports here.")
     if lif.reset != "hard":
         raise ValueError(
             f"to_nir: the LIF at '{_where(path)}' uses reset='soft' (subtracts v_th - v_reset "

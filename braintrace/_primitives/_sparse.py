@@ -57,6 +57,7 @@ from braintrace._primitives._rules import (
     zeros_like_output,
     zeros_like_params,
 )
+from braintrace._primitives._sparse_cells import Cells, cells
 from braintrace._primitives._sparse_kernels import ByOutput, by_output, group_by, sum_rows
 from braintrace._primitives._sparse_product import sparse_product_p, weight_pullback
 from braintrace._primitives._sparse_slices import Slices, slices
@@ -158,6 +159,18 @@ class Connectivity:
         """The connections grouped by output (``_sparse_kernels.ByOutput``), or ``None``
         when the fan-ins differ so much that padding them would more than triple the work."""
         return by_output(self.pre, self.post, self.num_in, self.num_out)
+
+    def cells(self, side: str, chunk: int, block: int) -> Cells | None:
+        """The ``'incoming'`` (sources ``pre``, targets ``post``) or ``'outgoing'`` connections
+        cut into cells of ``chunk`` source rows by ``block`` target rows for the TPU kernels
+        (``_sparse_cells.py``), or ``None`` when too uneven; built once per arguments."""
+        cache = self.__dict__.setdefault("_cells", {})
+        if (side, chunk, block) not in cache:
+            sources, targets, counts = ((self.pre, self.post, (self.num_in, self.num_out))
+                                        if side == "incoming" else
+                                        (self.post, self.pre, (self.num_out, self.num_in)))
+            cache[side, chunk, block] = cells(sources, targets, *counts, chunk, block)
+        return cache[side, chunk, block]
 
     @property
     def in_output_order(self) -> bool:

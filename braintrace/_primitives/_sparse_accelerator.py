@@ -1,4 +1,7 @@
-"""The sparse primitive's sums as XLA:TPU (and GPU) run them fast: gathers only.
+"""The sparse primitive's sums as XLA runs them fast on accelerators: gathers only.
+
+The formulation of GPUs, and on a TPU the reference and fallback of the Pallas kernels
+(``_sparse_tpu.py``), which read the gathered rows from the core's memory instead.
 
 The same sums as ``_sparse_kernels.py`` (the CPU formulation), for ``x (R, I)``,
 ``d (R, O)``, cotangent ``ȳ (R, O)`` and ``nnz`` connections ``pre[k] -> post[k]``:

@@ -34,6 +34,7 @@ from jax.interpreters import ad, batching, mlir
 
 from braintrace._platform import by_platform
 from braintrace._primitives import _sparse_accelerator as accelerator
+from braintrace._primitives import _sparse_tpu as tpu
 from braintrace._primitives._sparse_kernels import pullback, slot_product, sum_rows
 
 __all__ = ["product", "sparse_product_p", "weight_pullback"]
@@ -73,12 +74,13 @@ def _whole_inputs(x: jax.Array) -> jax.Array:
 
 
 def product(x: jax.Array, weight: jax.Array, connectivity: Any) -> jax.Array:
-    """``y (R, O)`` for ``x (R, I)`` in plain JAX: on the CPU the slot sum over the
-    connections grouped by output, or (fan-ins too uneven to group) a ``segment_sum`` over
-    ``post``; elsewhere ``_sparse_accelerator.product``."""
+    """``y (R, O)`` for ``x (R, I)``: on the CPU the slot sum over the connections grouped by
+    output, or (fan-ins too uneven to group) a ``segment_sum`` over ``post``; on a TPU the
+    Pallas kernels (``_sparse_tpu.product``); elsewhere ``_sparse_accelerator.product``."""
     return by_platform(cpu=functools.partial(_cpu_product, connectivity=connectivity),
                        accelerator=functools.partial(accelerator.product,
-                                                     connectivity=connectivity)
+                                                     connectivity=connectivity),
+                       tpu=functools.partial(tpu.product, connectivity=connectivity)
                        )(_whole_inputs(x), weight)
 
 
@@ -96,7 +98,8 @@ def weight_pullback(x: jax.Array, d: jax.Array, connectivity: Any) -> jax.Array:
 
     Where ``R·nnz ≥ I·O`` (dense-like, many rows) it is ``(xᵀ d)[pre, post]``, one
     matrix product and a gather. Otherwise, on the CPU, summed a group of rows at a time
-    (never ``R × nnz`` values at once); elsewhere ``_sparse_accelerator.weight_pullback``.
+    (never ``R × nnz`` values at once); on a TPU the Pallas kernels
+    (``_sparse_tpu.weight_pullback``); elsewhere ``_sparse_accelerator.weight_pullback``.
     """
     conn = connectivity
     x = _whole_inputs(x)
@@ -105,7 +108,8 @@ def weight_pullback(x: jax.Array, d: jax.Array, connectivity: Any) -> jax.Array:
         return outer[conn.pre, conn.post]
     return by_platform(cpu=functools.partial(_cpu_weight_pullback, connectivity=conn),
                        accelerator=functools.partial(accelerator.weight_pullback,
-                                                     connectivity=conn))(x, d)
+                                                     connectivity=conn),
+                       tpu=functools.partial(tpu.weight_pullback, connectivity=conn))(x, d)
 
 
 def _cpu_weight_pullback(x: jax.Array, d: jax.Array, connectivity: Any) -> jax.Array:
@@ -126,13 +130,15 @@ def _abstract_eval(x: Any, weight: Any, *, connectivity: Any) -> jax.core.Shaped
 
 def _x_transpose(ct: jax.Array, x: Any, weight: jax.Array, *, connectivity: Any) -> jax.Array:
     """The same product over the transposed connectivity: on the CPU its slot sum, elsewhere
-    the gathers over each input's outgoing connections
-    (``_sparse_accelerator.transposed_product``)."""
+    the sums over each input's outgoing connections (``_sparse_tpu.transposed_product``
+    on a TPU, ``_sparse_accelerator.transposed_product``)."""
     del x
     transposed = lambda ct, w: sparse_product_p.bind(ct, w, connectivity=connectivity.transposed)
     return by_platform(cpu=transposed,
                        accelerator=functools.partial(accelerator.transposed_product,
-                                                     connectivity=connectivity))(ct, weight)
+                                                     connectivity=connectivity),
+                       tpu=functools.partial(tpu.transposed_product,
+                                             connectivity=connectivity))(ct, weight)
 
 
 def _w_transpose(ct: jax.Array, x: jax.Array, weight: Any, *, connectivity: Any) -> jax.Array:
@@ -141,13 +147,16 @@ def _w_transpose(ct: jax.Array, x: jax.Array, weight: Any, *, connectivity: Any)
 
 
 def _batch(args: Any, dims: Any, *, connectivity: Any) -> tuple[jax.Array, int]:
-    """Mapped ``x`` alone: more rows. A mapped weight: the plain product, vmapped."""
+    """Mapped ``x`` alone: more rows. A mapped weight: the plain product's pure-JAX
+    formulations, vmapped (the TPU kernels take one weight vector)."""
     (x, weight), (x_dim, w_dim) = args, dims
     if w_dim is None:
         x = jnp.moveaxis(x, x_dim, 0)
         y = sparse_product_p.bind(x.reshape(-1, x.shape[-1]), weight, connectivity=connectivity)
         return y.reshape(*x.shape[:2], y.shape[-1]), 0
-    one = lambda a, w: product(a, w, connectivity)
+    one = by_platform(cpu=functools.partial(_cpu_product, connectivity=connectivity),
+                      accelerator=functools.partial(accelerator.product,
+                                                    connectivity=connectivity))
     return jax.vmap(one, in_axes=(x_dim, w_dim))(x, weight), 0
 
 

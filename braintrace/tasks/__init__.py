@@ -25,6 +25,13 @@ Three real data sets, with train / validation / test splits, need the optional
 
 Their :meth:`sample` draws a training batch; ``split('test')`` returns a whole
 split as one :class:`Batch`. The class is scored at the last step.
+
+The spiking modeller's kit (``docs/spiking_kit.md``): encoders from values and
+signals to spikes (:func:`rate_encode`, :func:`poisson_encode`,
+:func:`latency_encode`, :func:`delta_encode`), the per-step
+:func:`cross_entropy` of a spiking readout with :func:`last_step_mask`, and the
+activity regularisers :func:`firing_rate_penalty`,
+:func:`silent_neuron_penalty` and :func:`overactivity_penalty`.
 """
 
 from __future__ import annotations
@@ -39,6 +46,15 @@ from braintrace.tasks._batch import accuracy as accuracy
 from braintrace.tasks._datasets import MNIST1D as MNIST1D
 from braintrace.tasks._datasets import SequentialDigits as SequentialDigits
 from braintrace.tasks._datasets import SpikingDigits as SpikingDigits
+from braintrace.tasks._encoders import delta_encode as delta_encode
+from braintrace.tasks._encoders import latency_encode as latency_encode
+from braintrace.tasks._encoders import poisson_encode as poisson_encode
+from braintrace.tasks._encoders import rate_encode as rate_encode
+from braintrace.tasks._losses import cross_entropy as cross_entropy
+from braintrace.tasks._losses import last_step_mask as last_step_mask
+from braintrace.tasks._regularizers import firing_rate_penalty as firing_rate_penalty
+from braintrace.tasks._regularizers import overactivity_penalty as overactivity_penalty
+from braintrace.tasks._regularizers import silent_neuron_penalty as silent_neuron_penalty
 
 __all__ = [
     "MNIST1D",
@@ -49,6 +65,15 @@ __all__ = [
     "SpikePatterns",
     "SpikingDigits",
     "accuracy",
+    "cross_entropy",
+    "delta_encode",
+    "firing_rate_penalty",
+    "last_step_mask",
+    "latency_encode",
+    "overactivity_penalty",
+    "poisson_encode",
+    "rate_encode",
+    "silent_neuron_penalty",
 ]
 
 

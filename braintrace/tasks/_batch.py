@@ -29,11 +29,19 @@ class Batch(NamedTuple):
 def accuracy(outputs: jax.Array, batch: Batch) -> jax.Array:
     """Fraction of sequences whose mask-weighted mean output picks the right class.
 
-    Outputs at steps the mask weighs 0 are never read (a NaN there changes nothing).
+    Each sample's votes are its outputs summed over its scored steps, weighted
+    by the mask: with raw spikes scored at every step, its spike counts (a
+    rate-coded accuracy); with a readout scored at the last step alone
+    (:class:`~braintrace.layers.SumOverTime`, :class:`~braintrace.layers.MaxOverTime`,
+    a membrane), that readout's value there. Outputs at steps the mask weighs 0
+    are never read (a NaN there changes nothing). A per-sample mask ``(T, B)``
+    scores each sample at its own steps; a sample it never scores (all padding)
+    is left out of the fraction.
 
     Args:
         outputs: Logits ``(T, B, C)`` of a classification task.
-        batch: The batch they answer; its labels are read at the last scored step.
+        batch: The batch they answer; each sample's label is read at its last
+            scored step. Its mask is ``(T,)`` or per sample ``(T, B)``.
 
     Returns:
         A scalar in ``[0, 1]``.
@@ -45,9 +53,17 @@ def accuracy(outputs: jax.Array, batch: Batch) -> jax.Array:
         >>> logits = jnp.array([[[0., 9], [9, 0]], [[1, 0], [0, 1]], [[1, 0], [1, 0]]])
         >>> float(accuracy(logits, batch))
         0.5
+        >>> per_sample = jnp.array([[0., 0], [0, 1], [1, 0]])  # sample 1 ends at step 1
+        >>> float(accuracy(logits, batch._replace(mask=per_sample)))
+        1.0
     """
-    weights = batch.mask / jnp.sum(batch.mask)
-    scored = jnp.where((batch.mask != 0)[:, None, None], outputs, 0)  # 0 · nan would be nan
-    votes = jnp.einsum("t,tbc->bc", weights, scored)
-    last = jnp.max(jnp.nonzero(batch.mask, size=batch.mask.shape[0], fill_value=0)[0])
-    return jnp.mean(jnp.argmax(votes, axis=-1) == batch.ys[last])
+    steps, size = outputs.shape[:2]
+    mask = jnp.broadcast_to(batch.mask.reshape(steps, -1), (steps, size))
+    scored = mask != 0
+    votes = jnp.einsum("tb,tbc->bc", mask,
+                       jnp.where(scored[..., None], outputs, 0))  # 0 · nan would be nan
+    last = steps - 1 - jnp.argmax(scored[::-1], axis=0)
+    labels = batch.ys[last, jnp.arange(size)]
+    counted = jnp.any(scored, axis=0)
+    right = (jnp.argmax(votes, axis=-1) == labels) & counted
+    return jnp.sum(right) / jnp.maximum(jnp.sum(counted), 1)

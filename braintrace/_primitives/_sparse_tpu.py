@@ -1,0 +1,129 @@
+"""The sparse primitive's sums on a TPU: the Pallas kernels over the connectivity's cells.
+
+The same three sums as ``_sparse_accelerator.py`` (the XLA formulation, which stays the
+reference and the fallback), for ``x (R, I)``, cotangent ``ȳ (R, O)``, ``d (R, O)``:
+
+* the product ``y = gather_sum(xᵀ)ᵀ`` over each output's incoming connections;
+* the ``x``-cotangent ``x̄ = gather_sum(ȳᵀ)ᵀ`` over each input's outgoing connections;
+* the weight pullback ``dw = pair_sum(xᵀ, dᵀ)`` over the incoming connections.
+
+Each side is cut into cells once per :class:`~braintrace._primitives._sparse.Connectivity`
+(``Connectivity.cells``): source chunks of at most :data:`CHUNK_ROWS` rows (by default as
+many 128-value rows as ``_sparse_pallas.VMEM_BUDGET`` holds: 163,832, so one chunk up to
+that many neurons), target blocks of :data:`BLOCK_ROWS` rows (by default a power of two
+from 256 to 4,096 near :data:`CELL_SLOTS` slots per cell). A float32 sum whose
+connectivity cuts into cells runs the kernels; another dtype, or connections too uneven to
+cut (``_sparse_cells.MAX_FILL``), the XLA formulation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from braintrace._platform import interpreting
+from braintrace._primitives import _sparse_accelerator as accelerator
+from braintrace._primitives._sparse_cells import Cells
+
+__all__ = ["BLOCK_ROWS", "CELL_SLOTS", "CHUNK_ROWS", "cut", "product", "transposed_product",
+           "weight_pullback"]
+
+CHUNK_ROWS: int | None = None
+"""Source rows per chunk; ``None``: ``_sparse_pallas.chunk_rows()``, balanced over chunks."""
+
+BLOCK_ROWS: int | None = None
+"""Target rows per block (a multiple of 8); ``None``: chosen from :data:`CELL_SLOTS`."""
+
+CELL_SLOTS = 8192
+"""About this many connections per cell when the block is chosen (one grid step's work)."""
+
+INTERPRET: Any = True
+"""The ``interpret`` argument of the kernels' calls off a TPU (``formulation('pallas')``):
+JAX's interpreter; the tests of the kernels alone set Pallas' TPU interpreter
+(``pltpu.InterpretParams``, which raises on a read out of bounds but whose callbacks the
+learners' programs do not take)."""
+
+
+def cut(connectivity: Any, side: str) -> Cells | None:
+    """The cells of ``connectivity``'s ``'incoming'`` (sources ``pre``, targets ``post``) or
+    ``'outgoing'`` side (the reverse), with this module's chunk and block sizes.
+
+    Example:
+        >>> import numpy as np
+        >>> from braintrace._primitives._sparse import Connectivity
+        >>> from braintrace._primitives._sparse_tpu import cut
+        >>> conn = Connectivity.from_indices(np.arange(4), np.repeat(np.arange(2), 2), 4, 2)
+        >>> c = cut(conn, "incoming")
+        >>> c.uniform, c.chunks, c.blocks
+        (2, 1, 1)
+    """
+    conn = connectivity
+    sources, targets = (conn.num_in, conn.num_out) if side == "incoming" else (conn.num_out,
+                                                                                conn.num_in)
+    from braintrace._primitives._sparse_pallas import chunk_rows  # Pallas: imported on use
+
+    most = CHUNK_ROWS or chunk_rows()
+    chunks = -(-max(sources, 1) // most)
+    chunk = -(-max(sources, 1) // chunks)
+    if CHUNK_ROWS is None:
+        chunk = -(-chunk // 8) * 8
+    block = BLOCK_ROWS
+    if block is None:
+        per_target = conn.nnz / max(targets * chunks, 1)
+        block = 1 << max(int(CELL_SLOTS / max(per_target, 1.0)).bit_length() - 1, 0)
+        block = min(max(block, 256), 4096)
+    return conn.cells(side, chunk, block)
+
+
+def _float32(*arrays: jax.Array) -> bool:
+    return all(a.dtype == jnp.float32 for a in arrays)
+
+
+def _row_major(a: jax.Array) -> jax.Array:
+    """``a (R, N)`` laid out row-major. The kernels read ``aᵀ`` and write a transposed result;
+    left to itself XLA:TPU makes those transposes free by laying ``a`` out column-major, where
+    its minor axis of ``R`` values fills whole 128-lane tiles: 4× the memory at ``R = 32``, in
+    every step a time loop stores (BPTT at 131,072 neurons, batch 32, compiled for a v5e:
+    6.7 GiB of temporaries, 2.2 GiB row-major)."""
+    from jax.experimental.layout import Layout, with_layout_constraint
+
+    return with_layout_constraint(a, Layout(major_to_minor=(0, 1)))
+
+
+def _kernels():
+    """``_sparse_pallas`` (imported on first use: Pallas is not needed off a TPU) and the
+    ``interpret`` argument of its calls (:data:`INTERPRET` off a TPU)."""
+    from braintrace._primitives import _sparse_pallas
+
+    return _sparse_pallas, INTERPRET if interpreting() else False
+
+
+def product(x: jax.Array, weight: jax.Array, connectivity: Any) -> jax.Array:
+    """``y (R, O)``: the gather-sum of ``xᵀ`` over each output's incoming connections."""
+    cells = cut(connectivity, "incoming")
+    if cells is None or not _float32(x, weight):
+        return accelerator.product(x, weight, connectivity)
+    kernels, interpret = _kernels()
+    return _row_major(kernels.gather_sum(_row_major(x).T, weight, cells, interpret=interpret).T)
+
+
+def transposed_product(ct: jax.Array, weight: jax.Array, connectivity: Any) -> jax.Array:
+    """``x̄ (R, I)`` for ``ȳ = ct (R, O)``: the gather-sum of ``ȳᵀ`` over each input's
+    outgoing connections."""
+    cells = cut(connectivity, "outgoing")
+    if cells is None or not _float32(ct, weight):
+        return accelerator.transposed_product(ct, weight, connectivity)
+    kernels, interpret = _kernels()
+    return _row_major(kernels.gather_sum(_row_major(ct).T, weight, cells, interpret=interpret).T)
+
+
+def weight_pullback(x: jax.Array, d: jax.Array, connectivity: Any) -> jax.Array:
+    """``dw (nnz,)``: the pair-sum of ``xᵀ`` and ``dᵀ`` over the incoming connections."""
+    cells = cut(connectivity, "incoming")
+    if cells is None or not _float32(x, d):
+        return accelerator.weight_pullback(x, d, connectivity)
+    kernels, interpret = _kernels()
+    return kernels.pair_sum(_row_major(x).T, _row_major(d).T, cells, connectivity.nnz,
+                            interpret=interpret)

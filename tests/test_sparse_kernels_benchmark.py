@@ -1,0 +1,112 @@
+"""The benchmarks of the sparse kernels: ``scale.py``'s batches and throughput, the device
+script ``sparse_kernels_tpu.py`` (one sum measured, a kernel that fails recorded and the rest
+measured) and the tables that show them."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import scale  # noqa: E402
+import sparse_kernels_tpu as kernels_run  # noqa: E402
+from _accelerator_tables import sparse_kernels  # noqa: E402
+from _table_format import RESULTS, Results  # noqa: E402
+from _tables import scale_tpu  # noqa: E402
+
+from braintrace._platform import formulation  # noqa: E402
+from braintrace._primitives import _sparse_tpu as tpu  # noqa: E402
+from braintrace._primitives._sparse import Connectivity  # noqa: E402
+
+
+def _record(batch: int, method: str, seconds: float) -> dict:
+    return {"neurons": 131072, "T": 30, "method": method, "batch": batch, "executed": True,
+            "s_per_update": seconds, "s_per_step": seconds / 30, "loop": None,
+            "rss": {"peak_bytes": 2**31}, "xla": {"peak_bytes": 2**30}}
+
+
+RECORDS = [_record(32, "bptt", 0.4), _record(32, "es_d_rtrl", 0.3),
+           _record(128, "bptt", 0.5), _record(128, "es_d_rtrl", 0.35)]
+
+
+def test_scale_summarises_each_batch_against_its_own_bptt_with_sample_steps_per_second():
+    summary = scale.summarise(RECORDS, 32)
+    assert set(summary) == {"N=131072,T=30", "N=131072,T=30,B=128"}  # the first batch as before
+    large = summary["N=131072,T=30,B=128"]["es_d_rtrl"]
+    assert large["sample_steps_per_s"] == pytest.approx(128 * 30 / 0.35)
+    assert large["time_ratio_to_bptt"] == pytest.approx(0.35 / 0.5)
+    assert summary["N=131072,T=30"]["es_d_rtrl"]["time_ratio_to_bptt"] == pytest.approx(0.75)
+    assert set(scale.summarise(RECORDS[:2], None)) == {"N=131072,T=30"}  # --batch auto
+    assert scale._batch("32,128") == [32, 128] and scale._batch("auto") == "auto"
+
+
+def test_the_scale_table_labels_a_second_batch_and_reads_its_summary(tmp_path):
+    run = json.loads((RESULTS / "scale_tpu.json").read_text())
+    run["results"], run["summary"] = RECORDS, scale.summarise(RECORDS, 32)
+    results = tmp_path / "results"
+    results.mkdir()
+    for name in ("scale_tpu_t300.json", "scale_tpu_1m_t300.json"):
+        (results / name).write_text((RESULTS / name).read_text())
+    (results / "scale_tpu.json").write_text(json.dumps(run))
+    rows = [line for line in scale_tpu(Results(results)).splitlines()
+            if line.startswith("| 131,072 | 30 |")]
+    assert [r.split(" | ")[2] for r in rows] == ["`bptt`", "`es_d_rtrl`", "`bptt` (batch 128)",
+                                                 "`es_d_rtrl` (batch 128)"]
+    assert "0.70×" in rows[3]  # over BPTT at batch 128, not at 32
+
+
+def _connectivity(n: int = 48) -> Connectivity:
+    return Connectivity.from_indices(*scale.connectivity(n, 4), n, n)
+
+
+def test_the_device_script_measures_a_sum_both_ways_and_survives_a_kernel_that_fails(
+        monkeypatch):
+    conn = _connectivity()
+    assert tpu.cut(conn, "incoming").uniform  # each group writes its eight rows at once
+    with formulation("pallas"):  # the kernels in interpret mode
+        programs = kernels_run.compile_all(conn, {"forward": 6}, None)
+        entry = kernels_run.measure_sum("forward", conn, 6, 1, programs["forward"])
+    assert entry["xla"]["max_abs_error"] == 0.0 and entry["pallas"]["max_rel_error"] < 1e-6
+    assert entry["pallas"]["ms_median"] > 0 and entry["xla_over_pallas"] > 0
+    assert entry["floor_ms"] == pytest.approx(conn.nnz * kernels_run.ROW_NS * 1e-6)
+    assert "pallas_small" not in entry and "tables" not in entry  # the fallback only where the kernels failed
+
+    def broken(*args):
+        raise RuntimeError("Mosaic failed to compile the kernel")
+
+    monkeypatch.setattr(tpu, "product", broken)
+    programs = kernels_run.compile_all(conn, {"forward": 3}, None)
+    entry = kernels_run.measure_sum("forward", conn, 3, 1, programs["forward"])
+    assert "Mosaic failed" in entry["pallas"]["error"]
+    assert "Mosaic failed" in entry["pallas_small"]["error"]
+    assert "Mosaic failed" in entry["pallas_staged"]["error"]
+    assert entry["xla"]["ms_median"] > 0 and "xla_over_pallas" not in entry
+    assert kernels_run._line(48, 3, "forward", entry).count("ERROR") == 3
+
+
+def test_the_kernels_table_shows_each_sum_its_fallback_and_a_failure(tmp_path):
+    timed = {"ms_median": 1.0, "over_floor": 1.5, "max_rel_error": 2e-7}
+    entry = {"rows": 32, "floor_ms": 0.5, "xla": {"ms_median": 3.0}, "pallas": dict(timed),
+             "xla_over_pallas": 3.0}
+    record = {"neurons": 131072, "batch": 32, **{s: copy.deepcopy(entry)
+                                                  for s in kernels_run.SUMS}}
+    record["x_bar"]["pallas_small"] = record["x_bar"].pop("pallas")
+    record["dw"]["pallas"] = {"error": "failed"}
+    del record["dw"]["xla_over_pallas"]
+    env = json.loads((RESULTS / "scale_tpu.json").read_text())["environment"]
+    payload = {"environment": env, "results": [record],
+               "config": {"degree": 8, "block": 3, "repeats": 5, "row_ns": 1.2}}
+    (tmp_path / kernels_run.NAME).with_suffix(".json").write_text(json.dumps(payload))
+    text = sparse_kernels(Results(tmp_path))
+    rows = {line.split(" | ")[2]: line for line in text.splitlines() if "| 131,072 |" in line}
+    assert "1.00 ms" in rows["forward `y`"] and "3.00×" in rows["forward `y`"]
+    assert "(small blocks)" in rows["input pullback `x̄`"]
+    assert rows["weight pullback `dw`"].count("—") == 4
+    assert np.isclose(float(rows["forward `y`"].split(" | ")[-1].rstrip(" |")), 2e-7)
