@@ -7,7 +7,7 @@ the lowering pick one. The CPU suite runs the accelerator formulation too
 * the sparse sums of ``_sparse_accelerator.py`` (product, the cotangent of ``x``, the
   weight pullback over few and many rows and over groups of rows, ``contract``) against the
   masked dense map, for every connectivity layout;
-* a hidden map spread by reshapes (``FlatMap``) equals its gather;
+* a hidden map spread by reshapes (``FlatMap``), a broadcast or tiled, equals its gather;
 * whole learners (D-RTRL and ES-D-RTRL, blocked and per step, on a GRU and on the sparse
   ALIF network of ``benchmarks/scale.py``, and BPTT through the sparse layer) give the same
   gradients under both formulations;
@@ -145,13 +145,33 @@ def test_sparse_rules_agree_under_both_formulations(x64, kind):
     (np.arange(12).reshape(3, 4).T.reshape(-1), 12),                 # a transpose
     (np.repeat(np.arange(4), 2), 4),                                 # each unit twice
     ((np.arange(6)[:, None] * 4 + np.tile(np.arange(4), 3)[None]).reshape(-1), 24),  # per sample
+    (np.tile(np.repeat(np.arange(3), 2), 3), 3),                     # repeated outside and in
+    (np.tile(np.arange(3), 20), 3),                                  # many copies: broadcast
 ])
 def test_spread_hidden_map_equals_its_gather(x64, index, source):
+    """Both reshape forms, the broadcast (the CPU's) and the tiled one (accelerators')."""
     flat = FlatMap.of(index, source)
     assert flat.is_reshape and not flat.is_identity
     values = jnp.asarray(np.random.default_rng(0).standard_normal((source, 2)))
     np.testing.assert_array_equal(flat._spread(values), flat._gather(values))
+    np.testing.assert_array_equal(flat._tiled(values), flat._gather(values))
     np.testing.assert_array_equal(flat.take(values, feeds_large=True), flat._gather(values))
+    with formulation("accelerator"):
+        np.testing.assert_array_equal(jax.jit(flat.take)(values), flat._gather(values))
+
+
+def test_gru_gates_map_lowered_for_a_tpu_concatenates_whole_rows():
+    """A GRU's ``(B, H) -> (B, 3H)`` map: copies concatenated along ``H`` for a TPU, a
+    broadcast over a ``(B, 3, H)`` array on the CPU (the negative control)."""
+    batch, hidden = 2, 4
+    index = (np.arange(batch)[:, None] * hidden + np.tile(np.arange(hidden), 3)[None]).reshape(-1)
+    flat = FlatMap.of(index, batch * hidden)
+    assert flat.repeats_outside
+    traced = jax.jit(flat.take).trace(jnp.ones((batch * hidden, 1)))
+    cpu = traced.lower(lowering_platforms=("cpu",)).as_text()
+    tpu = traced.lower(lowering_platforms=("tpu",)).as_text()
+    assert "stablehlo.concatenate" in tpu and "stablehlo.concatenate" not in cpu
+    assert "tensor<2x3x4x1xf32>" in cpu and "tensor<2x3x4x1xf32>" not in tpu
 
 
 @built_on_the_host
