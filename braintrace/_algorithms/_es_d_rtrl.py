@@ -143,8 +143,9 @@ def input_side_block(r: InputRelation, x_trace: jax.Array, ones: jax.Array, x: j
         ``(ε_x, ε_1, term)`` after the block.
     """
     c, e = decayed_sums(ds, decay, None if dy is None else dy.astype(ds.dtype))
-    merged = _block_products(r, theta, merged=r.primitive in GATHER_BOUND)
-    grad = by_platform(cpu=_block_products(r, theta, merged=False), accelerator=merged)(
+    on_accelerator = _block_products(r, theta, merged=r.primitive in GATHER_BOUND,
+                                     sample_major=True)
+    grad = by_platform(cpu=_block_products(r, theta, merged=False), accelerator=on_accelerator)(
         x, e, x_trace, c)
     length = ds.shape[0]
     through = decay ** length  # α^K: what of the entering ε_x survives the block
@@ -194,18 +195,25 @@ def es_block_rules(f_update, x_decay: float, after_update: bool = False):
     return block_step, block_finish
 
 
-def _block_products(r: InputRelation, theta: dict, merged: bool):
+def _block_products(r: InputRelation, theta: dict, merged: bool, sample_major: bool = False):
     """``(x, e, ε_x, c) -> xy_to_dw(x_j, e_j) summed over the block's steps j + xy_to_dw(ε_x,
     c)``; ``merged``: one product with ``(ε_x, c)`` as one more step, so that a gather-bound
     product (the sparse one on accelerators) reads its indices once per block, at the cost
     of copying the stacks (two products on the CPU, where the sums cost the same, and for
-    every other primitive)."""
+    every other primitive).
+
+    ``sample_major`` (accelerators, two products): the steps' rows sample by sample
+    (``merge_steps``). XLA:TPU computes the decayed sums ``e`` as a convolution whose output
+    it lays out sample-major; rows in step order then copy ``e`` whole (a GRU at hidden
+    1024, batch 64: two ``(32, 64, 3072)`` copies per block, 1.5 µs per step on a TPU v5e),
+    while in sample order only the narrower inputs ``x`` are reordered."""
     xy_to_dw = r.primitive.rule("xy_to_dw")
     if merged:
         rows = lambda steps, entering: merge_steps(r, jnp.concatenate([steps, entering[None]]))
         return lambda x, e, x_trace, c: xy_to_dw(rows(x, x_trace), rows(e, c), theta, **r.params)
+    rows = lambda steps: merge_steps(r, steps, sample_major=sample_major)
     return lambda x, e, x_trace, c: jax.tree.map(
-        jnp.add, xy_to_dw(merge_steps(r, x), merge_steps(r, e), theta, **r.params),
+        jnp.add, xy_to_dw(rows(x), rows(e), theta, **r.params),
         xy_to_dw(x_trace, c, theta, **r.params))
 
 
