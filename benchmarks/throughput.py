@@ -115,18 +115,26 @@ def method_parts(method: str) -> tuple[str, int | None, Any]:
 def jit_step(model, learner, block_size: int | None, xs, ys) -> Callable[[], Any]:
     """The online gradient as a user's own jitted train step computes it: ``online_grad``'s
     pure ``grad`` inside ``jax.jit`` over the model's split state (compiled here), dispatched as
-    the BPTT baseline is, without ``learner.etrace_grad``'s host-side checks and write-back."""
+    the BPTT baseline is, without ``learner.etrace_grad``'s host-side checks and write-back.
+
+    The carried state (hidden state and traces) is donated and each call carries on from the
+    last one's, as a training loop does: a trace the step may not overwrite is copied whole
+    at every call (D-RTRL at hidden 1024, batch 64, T 100 on a TPU v5e: 24 µs per step)."""
     online = braintrace.online_grad(learner, mse, block_size=block_size)
     graphdef, state = nnx.split(model)
-    carried = online.init(model)
+    carried = [online.init(model)]
 
-    @jax.jit
     def step(state, carried, xs, ys):
         grads, carried, stats = online.grad(nnx.merge(graphdef, state), carried, xs, ys)
         return grads, carried, stats.losses
 
-    compiled = step.lower(state, carried, xs, ys).compile()
-    return lambda: compiled(state, carried, xs, ys)
+    compiled = jax.jit(step, donate_argnums=1).lower(state, carried[0], xs, ys).compile()
+
+    def run():
+        grads, carried[0], losses = compiled(state, carried[0], xs, ys)
+        return grads, losses
+
+    return run
 
 
 def prepare(model_name: str, method: str, cfg: dict, xs, ys, with_jit_step: bool = False,
