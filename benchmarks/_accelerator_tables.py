@@ -261,9 +261,10 @@ def _kernel_label(label: str) -> str:
 
 def sparse_kernels(results: Results) -> str:
     """Per size, batch and sum: XLA's time, each kernel variant's, the XLA gather of the
-    tables that the kernels' call makes (the weights into slot order; hoisted out of a time
-    loop), the row-rate floor and the fastest variant's time over it, XLA's over it, and its
-    largest difference to XLA's values (relative to its largest)."""
+    tables that the fastest variant's call makes (the weights into slot order, hoisted out of
+    a time loop; or the pullback's values into connection order), the row-rate floor and the
+    fastest variant's time over it, XLA's over it, and its largest difference to XLA's values
+    (relative to its largest)."""
     run = results(KERNELS)
     config = run["config"]
     labels = list(dict.fromkeys(
@@ -282,11 +283,13 @@ def sparse_kernels(results: Results) -> str:
             if entry is None:
                 continue
             timed = {k: entry[k] for k in labels if "ms_median" in entry.get(k, {})}
-            best = min(timed.values(), key=lambda e: e["ms_median"]) if timed else None
+            fastest = min(timed, key=lambda k: timed[k]["ms_median"]) if timed else None
+            best = timed.get(fastest)
+            tables = entry.get("tables") or entry.get(f"tables:{str(fastest).partition(':')[2]}")
             xla = entry.get("xla", {})
             rows.append((
                 f"{record['neurons']:,}", str(record["batch"]), what, str(entry["rows"]),
-                time(xla), *(time(entry.get(k)) for k in labels), time(entry.get("tables")),
+                time(xla), *(time(entry.get(k)) for k in labels), time(tables),
                 f"{entry['floor_ms']:.2f} ms",
                 MISSING if best is None else ratio(best["ms_median"] / entry["floor_ms"]),
                 MISSING if best is None or "ms_median" not in xla
@@ -296,9 +299,13 @@ def sparse_kernels(results: Results) -> str:
         f"{source(results, KERNELS)}: the recurrent sparse sums of `scale.py` ({config['degree']}"
         " synapses per neuron) alone, on `rows` rows (the batch, or ES-D-RTRL's block product's "
         f"`(K + 1)·B`, `K = {config['block']}`); median of {config['repeats']} calls. XLA: "
-        "its gathers (`_sparse_accelerator.py`); Pallas: the kernels (`_sparse_pallas.py`), "
-        "each call with the XLA gather of its tables (the weights into slot order; in a time "
-        "loop XLA computes it once, before the loop), also timed alone. Floor: one row load per "
+        "its gathers (`_sparse_accelerator.py`); Pallas: "
+        + ("each variant of the kernels (`_sparse_tpu.KERNELS`: `cells`, `_sparse_pallas.py`; "
+           "`staged`, `_sparse_staged.py`; `@ROWS`: that many target rows per block), "
+           if all(":" in label for label in labels) else "the kernels (`_sparse_pallas.py`), ")
+        + "each call with the XLA gather of its tables (the weights into slot order, which a time "
+        "loop computes once, before the loop; or the weight pullback's values into connection "
+        "order), the fastest variant's also timed alone. Floor: one row load per "
         f"synapse and per 128 values at {config['row_ns']} ns "
         "(`benchmarks/sparse_kernels_tpu.py`); the fastest kernels' time over it, XLA's time "
         "over theirs, and their largest difference to XLA's values over XLA's largest value.",

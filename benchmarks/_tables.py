@@ -275,13 +275,16 @@ def scale_cpu(results: Results) -> str:
     return _scale(results, ("scale.json", "scale_t300.json"))
 
 
+KERNEL_SCALE_RUNS = ("scale_tpu_cells.json", "scale_tpu_staged.json", "scale_tpu_1m_kernels.json")
+"""``scale.py --kernels VARIANT`` runs on a TPU (``config['sparse_sums']`` names the kernels),
+shown once committed: 131,072 neurons with each variant in one device call, and 1,048,576."""
 SCALE_TPU_RUNS = ("scale_tpu.json", "scale_tpu_t300.json", "scale_tpu_1m_t300.json",
-                  *PALLAS_SCALE_RUNS)
+                  *PALLAS_SCALE_RUNS, *KERNEL_SCALE_RUNS)
 """The ``scale.py`` runs on a TPU that ``scale_tpu`` shows, the XLA formulation's first."""
 
 
 def scale_tpu(results: Results) -> str:
-    return _scale(results, SCALE_TPU_RUNS, sums=True)
+    return _scale(results, results.present(SCALE_TPU_RUNS), sums=True)
 
 
 SCALE_MEMORY_RUNS = ("scale_bptt_1m_compiled.json",)
