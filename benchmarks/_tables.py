@@ -19,6 +19,8 @@ from typing import Any
 import _accelerator_tables as accelerator
 import _readme_tables as readme
 from _online_rules_table import online_rules
+from _shd_table import shd_compare
+from _spyx_table import spyx_compare
 from _table_format import (
     MISSING,
     THROUGHPUT_FIGURES,
@@ -440,5 +442,7 @@ BLOCKS: dict[str, Callable[[Results], str]] = {
     "fast_signal": fast_signal,
     "published": published,
     "mingru_credit": mingru_credit,
+    "spyx_compare": spyx_compare,
+    "shd_compare": shd_compare,
 }
 """Every generated block, by the name its markers carry."""

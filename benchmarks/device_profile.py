@@ -40,26 +40,32 @@ import braintrace
 
 
 def compiled_pass(model_name: str, method: str, cfg: dict, xs, ys):
-    """``(compiled, args)``: one training pass over ``xs`` as a compiled program and its
-    arguments (BPTT's grad; an online method's ``online_grad`` in a jitted step)."""
+    """``(compiled, run)``: one training pass over ``xs`` as a compiled program and a call of it
+    (BPTT's grad; an online method's ``online_grad`` in a jitted step that donates the carried
+    state, each call carrying on from the last one's, as ``throughput.jit_step``)."""
     model = build(model_name, cfg["inputs"], cfg["hidden"], cfg["outputs"], cfg["batch"])
     if method == "bptt":
         grad_fn, params, hidden = bptt_grad_fn(model)
-        args = (params, hidden, xs, ys)
-        return grad_fn.lower(*args).compile(), args
+        compiled = grad_fn.lower(params, hidden, xs, ys).compile()
+        return compiled, lambda: compiled(params, hidden, xs, ys)
     name, block_size, trace_dtype = method_parts(method)
     learner = braintrace.compile(model, name, xs[0], batch_size=cfg["batch"],
                                  trace_dtype=trace_dtype)
     online = braintrace.online_grad(learner, mse, block_size=block_size)
     graphdef, state = nnx.split(model)
+    carried = [online.init(model)]
 
-    @jax.jit
     def step(state, carried, xs, ys):
         grads, carried, stats = online.grad(nnx.merge(graphdef, state), carried, xs, ys)
         return grads, carried, stats.losses
 
-    args = (state, online.init(model), xs, ys)
-    return step.lower(*args).compile(), args
+    compiled = jax.jit(step, donate_argnums=1).lower(state, carried[0], xs, ys).compile()
+
+    def run():
+        grads, carried[0], losses = compiled(state, carried[0], xs, ys)
+        return grads, losses
+
+    return compiled, run
 
 
 def op_times(fn, steps: int, top: int) -> dict:
@@ -112,10 +118,9 @@ def main(argv: list[str] | None = None) -> dict:
             key = f"{model_name}_h{hidden}_b{batch}_T{T}_{method}"
             try:
                 start = time.perf_counter()
-                compiled, call_args = compiled_pass(model_name, method, cfg, xs, ys)
+                compiled, run = compiled_pass(model_name, method, cfg, xs, ys)
                 compile_s = time.perf_counter() - start
                 hlo[key] = compiled.as_text()
-                run = lambda compiled=compiled, call_args=call_args: compiled(*call_args)
                 block(run())
                 results[key] = {"compile_s": compile_s, **op_times(run, int(T), args.top)}
             except Exception as e:  # noqa: BLE001  (record and go on: one call, every answer)

@@ -37,6 +37,7 @@ from braintrace._drivers import CheckpointManager as CheckpointManager
 from braintrace._drivers import EarlyStopping as EarlyStopping
 from braintrace._drivers import GradStats as GradStats
 from braintrace._drivers import History as History
+from braintrace._drivers import ModelCheckpoint as ModelCheckpoint
 from braintrace._drivers import OnlineGradient as OnlineGradient
 from braintrace._drivers import OnlineLearner as OnlineLearner
 from braintrace._drivers import OnlineState as OnlineState
@@ -93,6 +94,7 @@ __all__ = [
     "History",
     "LinearSynthesizer",
     "MissingRuleError",
+    "ModelCheckpoint",
     "OSTLFeedforward",
     "OSTLRecurrent",
     "OnlineGradient",

@@ -38,14 +38,21 @@ is an :class:`~braintrace.layers.ExpSynapse`
 and the membrane as above; the membrane reads the synapse's current of the
 same step, as in snnTorch's ``Synaptic``.
 
+An IF (:math:`\dot v = R\, I`, no leak) stepped by Euler is
+:math:`v_t = v_{t-1} + R\, dt\, I_t`; an :class:`~braintrace.layers.IF` layer (or a
+``ConvLIF`` with ``tau=math.inf``) adds its input with gain 1, so the export
+writes :math:`R = 1/dt`, and the import folds a gain :math:`R\, dt \ne 1` (spyx
+writes :math:`R = 1`) into the weights before it.
+
 **Spikes and resets.** Voltages are not rescaled (the gain is 1):
 ``v_threshold = v_th`` and ``v_reset = v_reset``. NIR fires
 :math:`z = H(v - v_{threshold})` and sets :math:`v \leftarrow v_{reset}` at
 once; a braintrace LIF with ``reset='hard'`` fires on the same condition and
 sets :math:`\tilde v = v_{reset}` before the next step's leak, which gives the
-same spikes. ``reset='soft'`` (subtract :math:`v_{th} - v_{reset}`, the
-default), ``refractory_steps > 0`` and ALIF's adaptive threshold have no NIR
-counterpart and are refused with an error naming the layer.
+same spikes (an IF likewise). ``reset='soft'`` (subtract
+:math:`v_{th} - v_{reset}`, the default), ``refractory_steps > 0`` and ALIF's
+adaptive threshold have no NIR counterpart and are refused with an error naming
+the layer.
 
 **Layout.** NIR weights are ``(out, in)`` (``kernel.T``), convolution weights
 ``(out, in/groups, *kernel)`` and data channels first: a braintrace frame
@@ -53,7 +60,10 @@ counterpart and are refused with an error naming the layer.
 symmetric for the frame size (NIR pads both sides of an axis equally); a
 grouped one is written as the equal ``groups=1`` weight with zeros between the
 groups (nir's type check reads the input channels off the weight). A CubaLIF
-node is named after its LIF.
+node is named after its LIF. Pooling keeps its window, stride and padding (both
+sides of an axis, counted in an average), and :class:`~braintrace.layers.Flatten`
+flattens a frame channels first, which is NIR's ``Flatten`` of the whole frame
+(``start_dim=0``, ``end_dim=-1``): a weight after it is not permuted either way.
 
 =========================================  ==============================================
 braintrace (a chain of these)              NIR nodes (names: the layer's module path)
@@ -63,6 +73,7 @@ braintrace (a chain of these)              NIR nodes (names: the layer's module 
                                            the connectivity (imports as ``ETPLinear``)
 ``ETPConv`` (1-D, 2-D)                     ``Conv1d`` / ``Conv2d``
 ``LIF`` (hard reset)                       ``LIF``
+``IF`` (hard reset)                        ``IF``, ``R = 1/dt``
 ``ExpSynapse`` directly before a ``LIF``   ``CubaLIF``
 ``ExpSynapse`` (otherwise)                 ``LI``
 ``LeakyReadout``                           ``Affine``/``Linear`` (``.linear``), ``LI``
@@ -70,13 +81,17 @@ braintrace (a chain of these)              NIR nodes (names: the layer's module 
                                            subgraph ``input → LIF ⇄ Linear (dense_h)``,
                                            ``LIF → output`` (snnTorch's layout)
 ``ConvLIF``                                ``Conv1d``/``Conv2d`` (``.conv``), ``LIF``
-                                           ``(C, *out_spatial)`` (``.neuron``)
+                                           ``(C, *out_spatial)`` (``.neuron``); ``IF`` when
+                                           ``tau=math.inf``
+``SumPool2d`` / ``AvgPool2d``              ``SumPool2d`` / ``AvgPool2d``
+``Flatten``                                ``Flatten`` (``start_dim=0``, ``end_dim=-1``)
 =========================================  ==============================================
 
 :func:`from_nir` reads the same node kinds back in a chain (an Affine or
 Linear followed by an LI is a ``LeakyReadout``, by a recurrent subgraph a
-``RecurrentSpiking``; a Conv followed by a LIF is a ``ConvLIF``) and refuses
-anything else (Flatten, pooling, IF, Delay, ...) with an error naming the node.
+``RecurrentSpiking``; a Conv followed by a LIF or an IF is a ``ConvLIF``) and
+refuses anything else (Delay, Threshold, a Flatten of part of a frame, an IF
+inside a recurrent subgraph, ...) with an error naming the node.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from ._einsum import ETPLinearGeneral as ETPLinearGeneral
 from ._elemwise import ETPElemwise as ETPElemwise
 from ._elemwise import ExpDecay as ExpDecay
 from ._embed import ETPEmbed as ETPEmbed
+from ._flatten import Flatten as Flatten
 from ._grouped import ETPGroupedLinear as ETPGroupedLinear
 from ._if import IF as IF
 from ._linear import ETPLinear as ETPLinear
@@ -27,6 +28,8 @@ from ._min_lstm import MinLSTMCell as MinLSTMCell
 from ._optimized_lstm import OptimizedLSTMCell as OptimizedLSTMCell
 from ._over_time import MaxOverTime as MaxOverTime
 from ._over_time import SumOverTime as SumOverTime
+from ._pooling import AvgPool2d as AvgPool2d
+from ._pooling import SumPool2d as SumPool2d
 from ._readout import LeakyReadout as LeakyReadout
 from ._recurrent import GRUCell as GRUCell
 from ._recurrent import LSTMCell as LSTMCell
@@ -47,6 +50,7 @@ __all__ = [
     "LIF",
     "LRU",
     "SURROGATES",
+    "AvgPool2d",
     "ConvLIF",
     "CuBaLIF",
     "ETPConv",
@@ -61,6 +65,7 @@ __all__ = [
     "ETPSparseLinear",
     "ExpDecay",
     "ExpSynapse",
+    "Flatten",
     "GRUCell",
     "LRUCell",
     "LSTMCell",
@@ -73,5 +78,6 @@ __all__ = [
     "SimpleCell",
     "Stateful",
     "SumOverTime",
+    "SumPool2d",
     "spike",
 ]

@@ -172,7 +172,12 @@ class AbstractLIF(nnx.Module):
         """
         check_step_input(type(self).__name__, jnp.shape(x), self.v, self.num_neurons, "v")
         x = jnp.asarray(x, dtype=self.v[...].dtype)
-        z = self.spikes()
+        return self._advance(x, self.spikes())
+
+    def _advance(self, x: jax.Array, z: jax.Array) -> jax.Array:
+        """The step after the input check: ``x = x_t`` and ``z = z_{t-1}`` (:meth:`spikes`,
+        which a caller that read it already passes on: one spike function per step, one
+        surrogate derivative kept for the backward pass); returns ``z_t``."""
         self._adapt(z)
         self._integrate(self._current(x), z)
         return self.spikes()
@@ -388,5 +393,6 @@ class RecurrentSpiking(nnx.Module):
         """One step on ``x`` of shape ``(*batch, in_features)``; returns the spikes ``z_t``."""
         check_step_input(type(self).__name__, jnp.shape(x), self.neuron.v, self.in_features,
                          "neuron.v")
-        current = self.dense_i(x) + self.dense_h(self.neuron.spikes())
-        return self.neuron(current)
+        z = self.neuron.spikes()
+        current = self.dense_i(x) + self.dense_h(z)
+        return self.neuron._advance(current.astype(self.neuron.v[...].dtype), z)

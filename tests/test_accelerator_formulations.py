@@ -7,13 +7,15 @@ the lowering pick one. The CPU suite runs the accelerator formulation too
 * the sparse sums of ``_sparse_accelerator.py`` (product, the cotangent of ``x``, the
   weight pullback over few and many rows and over groups of rows, ``contract``) against the
   masked dense map, for every connectivity layout;
-* a hidden map spread by reshapes (``FlatMap``) equals its gather;
+* a hidden map spread by reshapes (``FlatMap``), a broadcast or tiled, equals its gather;
 * whole learners (D-RTRL and ES-D-RTRL, blocked and per step, on a GRU and on the sparse
   ALIF network of ``benchmarks/scale.py``, and BPTT through the sparse layer) give the same
   gradients under both formulations;
 * a program lowered for a TPU holds only the accelerator formulation (cross-platform
   lowering, no TPU needed): no element gathers in a GRU's D-RTRL step, no slot loop in the
-  sparse product, no product over the stacked steps in ES-D-RTRL's block.
+  sparse product, no product over the stacked steps in ES-D-RTRL's block, one product per
+  weight and step in the per-step ES-D-RTRL;
+* loops running several steps per iteration (as on accelerators) give the same gradients.
 """
 
 from __future__ import annotations
@@ -143,13 +145,33 @@ def test_sparse_rules_agree_under_both_formulations(x64, kind):
     (np.arange(12).reshape(3, 4).T.reshape(-1), 12),                 # a transpose
     (np.repeat(np.arange(4), 2), 4),                                 # each unit twice
     ((np.arange(6)[:, None] * 4 + np.tile(np.arange(4), 3)[None]).reshape(-1), 24),  # per sample
+    (np.tile(np.repeat(np.arange(3), 2), 3), 3),                     # repeated outside and in
+    (np.tile(np.arange(3), 20), 3),                                  # many copies: broadcast
 ])
 def test_spread_hidden_map_equals_its_gather(x64, index, source):
+    """Both reshape forms, the broadcast (the CPU's) and the tiled one (accelerators')."""
     flat = FlatMap.of(index, source)
     assert flat.is_reshape and not flat.is_identity
     values = jnp.asarray(np.random.default_rng(0).standard_normal((source, 2)))
     np.testing.assert_array_equal(flat._spread(values), flat._gather(values))
+    np.testing.assert_array_equal(flat._tiled(values), flat._gather(values))
     np.testing.assert_array_equal(flat.take(values, feeds_large=True), flat._gather(values))
+    with formulation("accelerator"):
+        np.testing.assert_array_equal(jax.jit(flat.take)(values), flat._gather(values))
+
+
+def test_gru_gates_map_lowered_for_a_tpu_concatenates_whole_rows():
+    """A GRU's ``(B, H) -> (B, 3H)`` map: copies concatenated along ``H`` for a TPU, a
+    broadcast over a ``(B, 3, H)`` array on the CPU (the negative control)."""
+    batch, hidden = 2, 4
+    index = (np.arange(batch)[:, None] * hidden + np.tile(np.arange(hidden), 3)[None]).reshape(-1)
+    flat = FlatMap.of(index, batch * hidden)
+    assert flat.repeats_outside
+    traced = jax.jit(flat.take).trace(jnp.ones((batch * hidden, 1)))
+    cpu = traced.lower(lowering_platforms=("cpu",)).as_text()
+    tpu = traced.lower(lowering_platforms=("tpu",)).as_text()
+    assert "stablehlo.concatenate" in tpu and "stablehlo.concatenate" not in cpu
+    assert "tensor<2x3x4x1xf32>" in cpu and "tensor<2x3x4x1xf32>" not in tpu
 
 
 @built_on_the_host
@@ -234,6 +256,26 @@ def test_gru_d_rtrl_step_lowered_for_a_tpu_spreads_its_gates_without_gathers():
     assert "stablehlo.gather" not in tpu
 
 
+def test_per_step_es_lowered_for_a_tpu_takes_one_product_per_weight_and_step():
+    """Per step, ES-D-RTRL's temporal term ``xy_to_dw(ε_x, d)`` and the weight's same-step
+    share ``xy_to_dw(x, dy)`` are one product over the rows of both for a TPU; two on the
+    CPU (the negative control). A GRU's two kernels, ``(3, 24)`` and ``(8, 24)``."""
+    batch = 4
+    model = layers.Stateful(layers.GRUCell(3, 8, rngs=nnx.Rngs(0)))
+    braintrace.init_states(model, batch)
+    learner = braintrace.compile(model, "es_d_rtrl", jnp.zeros((batch, 3)), batch_size=batch)
+    xs, ys = jnp.ones((4, batch, 3)), jnp.zeros((4, batch, 8))
+    cpu, tpu = _lowered_for_tpu(learner, xs, ys, block_size=1)
+
+    def kernel_products(text):
+        dots = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
+        return [sum(f"-> tensor<{shape}xf32>" in line for line in dots)
+                for shape in ("3x24", "8x24")]
+
+    assert kernel_products(cpu) == [2, 2]
+    assert kernel_products(tpu) == [1, 1]
+
+
 @pytest.mark.parametrize("kind", ["ungrouped", "odd"])
 def test_sparse_sums_lowered_for_a_tpu_gather_and_never_scatter(kind):
     """The product, its two transposes, the trace rules and the event-driven path, on a
@@ -289,16 +331,19 @@ def test_sparse_product_lowered_for_a_tpu_has_no_slot_loop():
     assert "stablehlo.while" not in traced.lower(lowering_platforms=("tpu",)).as_text()
 
 
-@pytest.mark.parametrize("make, method", [(_gru, "d_rtrl"), (_sparse_alif, "es_d_rtrl")],
-                         ids=["gru-d_rtrl", "sparse-alif-es_d_rtrl"])
-def test_blocks_stacking_steps_in_groups_give_the_same_gradients(x64, monkeypatch, make, method):
-    """Accelerators run a block's steps 8 per loop iteration (``_blocked.step_group``), a short
+@pytest.mark.parametrize("make, method, block_size",
+                         [(_gru, "d_rtrl", 16), (_sparse_alif, "es_d_rtrl", 16),
+                          (_gru, "es_d_rtrl", 1)],
+                         ids=["gru-d_rtrl", "sparse-alif-es_d_rtrl", "gru-es_d_rtrl@1"])
+def test_loops_stacking_steps_in_groups_give_the_same_gradients(x64, monkeypatch, make, method,
+                                                                block_size):
+    """Accelerators run a loop's steps 8 per iteration (``_groups.step_group``), a short
     block all at once; the CPU one. Blocks of 16 steps (two groups) and a last one of 5 (one
-    group), both ways, float64."""
-    from braintrace._loops import _blocked
+    group), and the per-step loop over 21 steps (three groups of 7), both ways, float64."""
+    from braintrace._loops import _groups
 
     if jax.default_backend() == "cpu":
-        assert _blocked.step_group(16) == 1
+        assert _groups.step_group(16) == 1
 
     batch, steps = 2, 21
     rng = np.random.default_rng(4)
@@ -310,11 +355,11 @@ def test_blocks_stacking_steps_in_groups_give_the_same_gradients(x64, monkeypatc
     def gradients():
         jax.clear_caches()
         learner = braintrace.compile(nnx.clone(model), method, example, batch_size=batch)
-        return jax.tree.leaves(learner.etrace_grad(xs, ys, mse, block_size=16))
+        return jax.tree.leaves(learner.etrace_grad(xs, ys, mse, block_size=block_size))
 
-    monkeypatch.setattr(_blocked, "step_group", lambda length: 1)
+    monkeypatch.setattr(_groups, "step_group", lambda length: 1)
     one_by_one = gradients()
-    monkeypatch.setattr(_blocked, "step_group", lambda length: 8 if length == 16 else length)
+    monkeypatch.setattr(_groups, "step_group", lambda length: {16: 8, 21: 7}.get(length, length))
     grouped = gradients()
     for a, b in zip(one_by_one, grouped, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-10, atol=1e-12)

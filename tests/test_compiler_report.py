@@ -74,8 +74,9 @@ def test_report_gives_a_summary_in_module_terms_then_the_details():
                "operation" in line for line in same_step[2:])
     # The details of the approximations keep the equations.
     assert any("moved-positions" in line and "hidden group ['m']" in line for line in lines)
-    # What the normalisation pass did, located by module (the spike function is opaque).
-    assert any("custom_jvp_call at eqn" in line and "in `rnn.neuron` (ALIF) kept opaque" in line
+    # What the normalisation pass did, located by module (the spike function is opaque; the
+    # recurrent layer reads its neuron's spikes once, in its own step).
+    assert any("custom_jvp_call at eqn" in line and "in `rnn` (RecurrentSpiking) kept opaque" in line
                for line in lines)
 
 

@@ -103,7 +103,7 @@ SCRIPT = textwrap.dedent("""
     print("RESULT" + json.dumps(out))
 """)
 
-PROGRAMS = ("jit_grad_program", "jit_train_program", "jit_evolve_program")
+PROGRAMS = ("jit_checked_grad_program", "jit_checked_train_program", "jit_evolve_program")
 MOVING = ("all-gather", "collective-permute", "all-to-all", "reduce-scatter", "ragged-all-to-all")
 CONFIGS = ("gru d_rtrl", "gru es_d_rtrl", "alif d_rtrl")
 
@@ -190,7 +190,8 @@ def _shapes(line: str) -> list[tuple[int, ...]]:
 def test_the_sharded_programs_were_compiled_and_read(four):
     _, programs = four
     names = " ".join(programs)
-    assert all(p in names for p in ("jit_grad_program", "jit_train_program")), names
+    assert all(p in names for p in ("jit_checked_grad_program", "jit_checked_train_program")), \
+        names
     loops = [_loop_computations(_computations(t)) for t in programs.values()]
     assert all(loops)  # every program has its time loop
 

@@ -396,6 +396,11 @@ def _check_tasks(ns):
     assert list(ns["steps"]) == [10, 20, 30, 40]
     assert all(0.0 <= a <= 1.0 for a in ns["val_accuracy"])
     assert all("val_mean_output" in record for record in history.evaluations)
+    # the SHD-format file read, binned and trained on: 2 epochs of 13 batches, the validation
+    # split (one sample of each class, its last batch filled up) learned above chance (1/20)
+    assert ns["batch"].xs.shape == (20, 16, 700) and ns["batch"].mask.shape == (20, 16)
+    assert len(ns["shd_history"]) == 26 and ns["shd"].size("validation") == 20
+    assert ns["shd_history"].metric("val_accuracy")[1][-1] >= 0.5
 
 
 def _check_devices(ns):
@@ -414,12 +419,23 @@ def _check_checkpoints(ns):
                  params(ns["trainer"]))  # plain orbax read the Params without braintrace
     fresh = nnx.to_pure_dict(nnx.state(ns["net"](), nnx.Param))
     assert _differs(fresh, params(ns["trainer"]))  # the negative control: training moved them
+    # the fit stopped by Ctrl+C after its 13th batch, resumed by another trainer from there
+    interrupted, history = ns["interrupted"], ns["history"]
+    assert interrupted.interrupted and len(interrupted) == 13
+    assert history.steps[:13] == interrupted.steps  # the checkpoint's History, continued
+    assert [r["step"] for r in history.steps] == list(range(1, len(history) + 1))
+    assert len(history) == 20 or history.stopped_early
 
 
 def _check_nir(ns):
     assert ns["y"].shape == (8, 2)
     assert [type(layer).__name__ for layer in ns["restored"].layers] == [
         "ETPLinear", "LIF", "LeakyReadout"]
+    assert ns["kinds"] == ["Input", "Conv2d", "IF", "SumPool2d", "Flatten", "Affine", "IF",
+                           "Output"]
+    assert ns["same"] and [type(layer) for layer in ns["copy"].layers] == [
+        type(layer) for layer in ns["cnn"].layers]
+    assert np.asarray(ns["spikes"]).any()  # the network is live: equal spikes, not equal silence
 
 
 def _check_online_rules(ns):

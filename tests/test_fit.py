@@ -145,3 +145,33 @@ def test_bad_early_stopping_settings_are_named():
         braintrace.EarlyStopping(patience=0)
     with pytest.raises(KeyError, match="val_f1"):
         braintrace.EarlyStopping("val_f1").on_evaluation(None, {"step": 1, "val_loss": 1.0})
+
+
+class WithSpikes(nnx.Module):
+    """Logits and the hidden spikes, as a model whose loss adds an activity regulariser."""
+
+    def __init__(self, task):
+        self.enc = layers.ETPLinear(task.num_inputs, 8, rngs=nnx.Rngs(0))
+        self.lif = layers.LIF(8, tau=5.0)
+        self.out = layers.LeakyReadout(8, task.num_classes, rngs=nnx.Rngs(1))
+
+    def __call__(self, x):
+        spikes = self.lif(self.enc(x))
+        return self.out(spikes), spikes
+
+
+def test_validation_of_a_model_with_several_outputs_reports_its_loss():
+    t = task()
+    model = WithSpikes(t)
+    learner = braintrace.compile(model, "es_d_rtrl", jnp.zeros((B, t.num_inputs)),
+                                 batch_size=B)
+    ce = lambda y, target: (optax.softmax_cross_entropy_with_integer_labels(y[0], target).mean()
+                            + 0.1 * braintrace.tasks.firing_rate_penalty(y[1], 0.05))
+    trainer = braintrace.OnlineTrainer(learner, optax.adam(1e-2), loss_fn=ce)
+    batch = t.sample(jax.random.key(3), B)
+    right = lambda outputs, b: jnp.mean(jnp.argmax(outputs[0][-1], -1) == b.ys[-1])
+    history = trainer.fit([batch], validation=batch, metrics={"last": right}, progress=False,
+                          steps=1)
+    record = history.evaluations[-1]
+    assert np.isfinite(record["val_loss"]) and "val_accuracy" not in record
+    assert 0.0 <= record["val_last"] <= 1.0

@@ -128,23 +128,44 @@ def test_non_finite_mask_is_an_error_naming_the_step():
                             reduction="sum")
 
 
+def zeros(grads):
+    return all(np.array_equal(g, np.zeros_like(g)) for g in jax.tree.leaves(grads))
+
+
+def params_and_opt_state(learner, trainer=None):
+    """Host copies of the Params (and the optimiser state): what a call never changes to
+    values that are not finite, even before its check is read."""
+    arrays = jax.tree.leaves(nnx.state(learner.model, nnx.Param))
+    return [np.asarray(a) for a in arrays + jax.tree.leaves(getattr(trainer, "opt_state", []))]
+
+
 @pytest.mark.parametrize("bad", [jnp.inf, jnp.nan])
 def test_non_finite_loss_names_the_step_and_keeps_the_learner(bad):
+    """The call returns at once, with zero gradients; the next call reads its check, puts
+    back the hidden state and traces it started from, raises its error and changes nothing;
+    the error is raised once."""
     xs, ys = data(5)
     learner = warmed(leaky())
     before = snapshot(learner)
-    with pytest.raises(FloatingPointError, match=r"loss at time step 2 is (inf|nan), not finite"):
-        learner.etrace_grad(xs, ys.at[2].set(bad), mse)
+    assert zeros(learner.etrace_grad(xs, ys.at[2].set(bad), mse))
+    with pytest.raises(FloatingPointError, match=r"etrace_grad \(the last call.*\): the loss at "
+                                                 r"time step 2 is (inf|nan), not finite"):
+        learner.etrace_grad(xs, ys, mse)
     assert_same(before, snapshot(learner))
+    assert not zeros(learner.etrace_grad(xs, ys, mse))
+    learner.sync()
 
 
-def test_non_finite_gradient_with_finite_losses_names_the_param_and_keeps_the_learner():
+def test_non_finite_gradient_with_finite_losses_names_the_param_and_keeps_the_learner(tmp_path):
     xs, ys = data(3)
     learner = warmed(leaky())
     before = snapshot(learner)
+    assert zeros(learner.etrace_grad(xs, ys, sqrt_of_excess))
     with pytest.raises(FloatingPointError, match=r"gradient of Param .*'out.kernel'.* not finite"):
-        learner.etrace_grad(xs, ys, sqrt_of_excess)
+        learner.save(str(tmp_path / "ckpt"))  # a save reads the check first
+    assert not (tmp_path / "ckpt").exists()
     assert_same(before, snapshot(learner))
+    learner.sync()  # raised once
 
 
 def test_empty_time_axis_is_an_error():
@@ -163,14 +184,17 @@ def test_trainer_non_finite_loss_discards_the_whole_call_and_says_so(bad):
     learner = warmed(leaky())
     trainer = braintrace.OnlineTrainer(learner, optax.adam(0.1), loss_fn=mse, update_every=2)
     trainer.step(xs, ys)
-    before = snapshot(learner, trainer)
+    before, kept = snapshot(learner, trainer), params_and_opt_state(learner, trainer)
+    trainer.step(xs, ys.at[3].set(bad))
+    assert_same(kept, params_and_opt_state(learner, trainer))  # kept on the device
     with pytest.raises(FloatingPointError,
-                       match=r"time step 3 of this call is (inf|nan).*whole call was discarded"):
-        trainer.step(xs, ys.at[3].set(bad))
+                       match=r"time step 3 of that call is (inf|nan).*whole call was discarded"):
+        trainer.sync()
     assert_same(before, snapshot(learner, trainer))
-    with pytest.raises(FloatingPointError, match="time step 0 of this call") as info:
-        trainer.fit([(xs, ys), (xs, ys.at[0].set(bad))], progress=False)
+    with pytest.raises(FloatingPointError, match="time step 0 of that call") as info:
+        trainer.fit([(xs, ys), (xs, ys.at[0].set(bad)), (xs, ys)], progress=False)
     assert "epoch 0, batch 1; 1 earlier batch(es) stay learnt" in info.value.__notes__[0]
+    assert [r["step"] for r in trainer.history.steps] == [1]  # the discarded batch left out
 
 
 def test_trainer_update_to_non_finite_params_is_an_error_naming_the_param():
@@ -179,9 +203,10 @@ def test_trainer_update_to_non_finite_params_is_an_error_naming_the_param():
     trainer = braintrace.OnlineTrainer(learner, optax.sgd(0.1), loss_fn=sqrt_of_excess,
                                        update_every=2)
     before = snapshot(learner, trainer)
+    trainer.step(xs, ys)
     with pytest.raises(FloatingPointError,
                        match=r"update after time step 1 .*'out.kernel'.*whole call was discarded"):
-        trainer.step(xs, ys)
+        trainer.step(xs, ys)  # the next call raises the last one's error, changing nothing
     assert_same(before, snapshot(learner, trainer))
 
 
@@ -198,10 +223,11 @@ def test_trainer_names_the_first_update_to_non_finite_params_not_the_last():
     tx = optax.chain(optax.sgd(0.1), optax.masked(optax.scale(jnp.inf), kernel_out))
     trainer = braintrace.OnlineTrainer(learner, tx, loss_fn=mse, update_every=2)
     before = snapshot(learner, trainer)
+    trainer.step(xs, ys)
     with pytest.raises(FloatingPointError,
-                       match=r"update after time step 1 of this call made Param 'out.kernel' "
+                       match=r"update after time step 1 of that call made Param 'out.kernel' "
                              r"not finite although"):
-        trainer.step(xs, ys)
+        trainer.sync()
     assert_same(before, snapshot(learner, trainer))
 
 
@@ -417,7 +443,7 @@ def test_reset_to_an_earlier_batch_size_does_not_recompile(monkeypatch):
         learner.reset(batch_size=B)
         grads = learner.etrace_grad(xs, ys, mse)
     assert len(calls) == 2
-    assert compiled.count("grad_program") == 2  # one per batch size
+    assert compiled.count("checked_grad_program") == 2  # one per batch size
     fresh = leaky().etrace_grad(xs, ys, mse)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(fresh)):
         np.testing.assert_allclose(a, b, rtol=1e-6)

@@ -278,15 +278,17 @@ def test_a_non_finite_input_that_reaches_a_scored_step_is_named(bad):
     learner = braintrace.compile(build(), "d_rtrl", xs[0])
     learner.etrace_evolve(xs[:2] + 1.0)  # hidden state and traces that are not initial
     before = snapshot(learner)
+    learner.etrace_grad(xs, ys, mse, mask=last_step_mask())
     with pytest.raises(FloatingPointError,
                        match=rf"the input xs\[2, 1, 0\] at time step 2 is {bad}.*"
                              r"A mask does not hide an input that reaches a scored step"):
-        learner.etrace_grad(xs, ys, mse, mask=last_step_mask())
+        learner.sync()
     assert_same(before, snapshot(learner))
     trainer = braintrace.OnlineTrainer(learner, optax.adam(1e-2), loss_fn=mse)
     before = snapshot(learner, trainer)
+    trainer.step(xs, ys, last_step_mask())
     with pytest.raises(FloatingPointError, match=r"the input xs\[2, 1, 0\] at time step 2"):
-        trainer.step(xs, ys, last_step_mask())
+        trainer.sync()
     assert_same(before, snapshot(learner, trainer))
 
 
@@ -297,15 +299,17 @@ def test_an_infinite_input_with_finite_losses_is_named_not_blamed_on_the_learnin
     xs = xs.at[2, 1, 0].set(jnp.inf)
     learner = braintrace.compile(build(), "d_rtrl", xs[0])
     before = snapshot(learner)
+    learner.etrace_grad(xs, ys, mse)
     with pytest.raises(FloatingPointError, match=r"not finite although every loss is: the "
                                                  r"input xs\[2, 1, 0\] at time step 2 is inf\. "
                                                  r"No gradient.*Replace the non-finite inputs\.$"):
-        learner.etrace_grad(xs, ys, mse)
+        learner.sync()
     assert_same(before, snapshot(learner))
     trainer = braintrace.OnlineTrainer(learner, optax.sgd(0.1), loss_fn=mse)
     before = snapshot(learner, trainer)
+    trainer.step(xs, ys)
     with pytest.raises(FloatingPointError) as info:
-        trainer.step(xs, ys)
+        trainer.sync()
     message = str(info.value)
     assert "the input xs[2, 1, 0] at time step 2 is inf" in message
     assert "learning rate" not in message

@@ -19,6 +19,8 @@ import nir
 import numpy as np
 import pytest
 from flax import nnx
+from nir_euler import channels_first as _channels_first
+from nir_euler import euler_run
 
 import braintrace
 from braintrace import layers
@@ -97,63 +99,8 @@ def _spikes(shape, seed=1, amplitude=0.7):
 
 
 def _run(model, xs):
-    braintrace.init_states(model, batch_size=xs.shape[1])
-    return np.stack([np.asarray(model(x)) for x in xs])
-
-
-def _channels_first(a):
-    return np.moveaxis(a, -1, 2) if a.ndim > 3 else a
-
-
-def euler_run(graph, xs, dt):
-    """Steps a chain NIR graph by forward Euler, from NIR's node equations (channels first)."""
-    order, succ = [], dict(graph.edges)
-    name = next(k for k, n in graph.nodes.items() if isinstance(n, nir.Input))
-    while not isinstance(graph.nodes[succ[name]], nir.Output):
-        name = succ[name]
-        order.append(name)
-    state = {}
-
-    def leak(v, tau, r, i, v_leak):
-        return v + dt / tau * (v_leak - v + r * i)
-
-    def fire(key, v, node):
-        z = (v > node.v_threshold).astype(v.dtype)
-        state[key] = np.where(z > 0, node.v_reset, v)
-        return z
-
-    def apply(key, node, x):
-        if isinstance(node, nir.Affine | nir.Linear):
-            return x @ node.weight.T + (node.bias if isinstance(node, nir.Affine) else 0.0)
-        if isinstance(node, nir.Conv1d | nir.Conv2d):
-            n = node.weight.ndim - 2
-            pad = [(int(p), int(p)) for p in np.broadcast_to(node.padding, (n,))]
-            y = jax.lax.conv_general_dilated(
-                x, node.weight, tuple(np.broadcast_to(node.stride, (n,)).tolist()), pad,
-                rhs_dilation=tuple(np.broadcast_to(node.dilation, (n,)).tolist()),
-                feature_group_count=int(node.groups))
-            return np.asarray(y) + node.bias.reshape(-1, *([1] * n))
-        if isinstance(node, nir.LI):
-            state[key] = leak(state.get(key, 0.0), node.tau, node.r, x, node.v_leak)
-            return state[key]
-        if isinstance(node, nir.LIF):
-            return fire(key, leak(state.get(key, 0.0), node.tau, node.r, x, node.v_leak), node)
-        if isinstance(node, nir.CubaLIF):
-            i = state[key + "/i"] = leak(state.get(key + "/i", 0.0), node.tau_syn, node.w_in, x,
-                                         0.0)
-            return fire(key, leak(state.get(key, 0.0), node.tau_mem, node.r, i, node.v_leak), node)
-        assert isinstance(node, nir.NIRGraph)  # input -> neuron <-> dense_h, neuron -> output
-        rec = node.nodes["dense_h"]
-        z_prev = state.get(key + "/z", np.zeros_like(x))
-        state[key + "/z"] = apply(key + "/neuron", node.nodes["neuron"], x + z_prev @ rec.weight.T)
-        return state[key + "/z"]
-
-    outputs = []
-    for x in np.asarray(xs):
-        for key in order:
-            x = apply(key, graph.nodes[key], x)
-        outputs.append(x)
-    return np.stack(outputs)
+    """The model's outputs over ``xs`` from rest (one compiled scan: cheaper than eager steps)."""
+    return np.asarray(braintrace.evaluate(model, xs, batch_size=xs.shape[1]))
 
 
 @pytest.mark.parametrize("via_file", [False, True], ids=["memory", "file"])
@@ -325,11 +272,15 @@ def _bad_graphs():
     conv = nir.Conv2d(input_shape=(4, 4), weight=np.ones((2, 1, 3, 3)), stride=1, padding=1,
                       dilation=1, groups=1, bias=np.zeros(2))
     return {
-        "flatten": (nir.NIRGraph.from_list(nir.Flatten(input_type={"input": np.array([3, 2])})),
-                    r"node 'flatten' is a Flatten, which has no braintrace layer"),
-        "if": (nir.NIRGraph.from_list(nir.IF(r=np.ones(3), v_threshold=np.ones(3),
-                                             v_reset=np.zeros(3))),
-               r"node 'if' is a IF"),
+        "flatten-part": (nir.NIRGraph.from_list(nir.Flatten(input_type={"input": np.array([3, 2])},
+                                                            start_dim=1)),
+                         (r"node 'flatten' \(Flatten\) flattens axes 1 to -1 of frames \[3, 2\]; "
+                         r"braintrace's Flatten flattens a whole frame")),
+        "if-gain": (nir.NIRGraph.from_list(nir.IF(r=np.ones(3), v_threshold=np.ones(3),
+                                                  v_reset=np.zeros(3))),
+                    r"node 'if' scales its input by R·dt = \[0.001\]"),
+        "delay": (nir.NIRGraph.from_list(nir.Delay(delay=np.ones(3))),
+                  r"node 'delay' is a Delay, which has no braintrace layer"),
         "v-leak": (nir.NIRGraph.from_list(_li(3, v_leak=0.5)), r"'li' has v_leak != 0"),
         "thresholds": (nir.NIRGraph.from_list(lif), r"different v_threshold per neuron"),
         "tau-below-dt": (nir.NIRGraph.from_list(_li(3, tau=DT / 2)), r"time constant .* <= dt"),

@@ -10,6 +10,13 @@ inside windows of ``K`` steps, the hidden state carried across windows but no
 credit (the windowed loop with no traces). It keeps no eligibility traces;
 its memory grows with ``T`` (or ``K``): it is the reference every comparison
 uses, now one word away (``braintrace.compile(model, 'bptt', x)``).
+
+Per step, its reverse pass keeps the state the step starts from and the outputs
+of the step's matrix products, and recomputes the elementwise rest (spikes,
+surrogate derivatives, gates; ``braintrace/_loops/_windowed.py``): on a LIF
+network, two neuron-sized arrays a step where ``jax.grad`` through a plain
+``lax.scan`` keeps three. A scan of one's own keeps the same with its step under
+``jax.checkpoint(step, policy=jax.checkpoint_policies.dots_saveable)``.
 """
 
 from __future__ import annotations

@@ -228,6 +228,14 @@ def _elementwise_contribution(r: ElementwiseRelation, eps: dict, signal: jax.Arr
     return r.scatter_to_y(jnp.sum(signal * eps["weight"], axis=-1))
 
 
+def _elementwise_with_share(r: ElementwiseRelation, eps: dict, signal: jax.Array, x: None,
+                            dy: jax.Array | None, theta: dict[str, jax.Array]) -> jax.Array:
+    """:func:`_elementwise_contribution` plus the same-step share ``dy`` (the term lives at
+    ``y``, as the block's)."""
+    term = _elementwise_contribution(r, eps, signal, theta)
+    return term if dy is None else term + dy.astype(term.dtype)
+
+
 def _elementwise_finalize(r: ElementwiseRelation, total: jax.Array,
                           theta: dict[str, jax.Array]) -> dict:
     return r.primitive.rule("xy_to_dw")(None, total, theta, **r.params)
@@ -253,7 +261,7 @@ def _elementwise_block(r: ElementwiseRelation, eps: dict, steps: BlockSteps,
 DRTRL_ELEMENTWISE = RelationRule(
     init=_elementwise_init, update=_elementwise_update, contribution=_elementwise_contribution,
     finalize=_elementwise_finalize, rules=lambda r: ("init_drtrl", "dt_to_t", "xy_to_dw"),
-    block_finish=_elementwise_block)
+    block_finish=_elementwise_block, contribution_with_share=_elementwise_with_share)
 """D-RTRL for the elementwise primitive: the trace of its output, ``ε = D ε + Df``."""
 
 

@@ -129,6 +129,21 @@ class GraphRules:
         """Whether some relation's block reads the block's stacked signals and Jacobians."""
         return any(rule.block_step is None for rule in self.relation_rules)
 
+    @property
+    def adds_share(self) -> bool:
+        """Whether the per-step loop hands each relation its own share of the same-step
+        gradient, its output cotangent ``dy^t``, to add in its term
+        (:meth:`contribution_with_share`) instead of adding it to the Params' same-step
+        gradient: when every relation's rule can (``RelationRule.contribution_with_share``)
+        and the signal is the loss's ``∂L_t/∂h^{t-1}``, contracted before the update, with
+        every Param keeping its same-step gradient and no readers."""
+        signal = self.learning_signal
+        return (self.traced and not self.readers
+                and all(rule.contribution_with_share is not None
+                        for rule in self.relation_rules)
+                and not (signal.after_update or signal.reads_new_state or signal.reads_outputs)
+                and all(signal.keeps_same_step(self.graph)))
+
     def check(self) -> None:
         """Raises :class:`~braintrace.MissingRuleError` if a relation's primitive lacks a rule.
 
@@ -199,6 +214,16 @@ class GraphRules:
         return [rule.contribution(r, s, self.signal(delta, r), theta)
                 for r, rule, s, theta in zip(self.relations, self.relation_rules,
                                              self._tied(state), operands)]
+
+    def contribution_with_share(self, state: Sequence[Any], delta: Sequence[jax.Array],
+                                rel_x: Sequence[jax.Array | None], dy: Sequence[jax.Array | None],
+                                operands: Sequence[dict[str, jax.Array]]) -> list[Any]:
+        """:meth:`contribution` with each relation's own share of the same-step gradient, from
+        its input ``x^t`` and output cotangent ``dy^t`` (``None`` for a relation whose
+        equation an earlier relation counts), in the same term (:attr:`adds_share`)."""
+        return [rule.contribution_with_share(r, s, self.signal(delta, r), x, d, theta)
+                for r, rule, s, x, d, theta in zip(self.relations, self.relation_rules,
+                                                   self._tied(state), rel_x, dy, operands)]
 
     def contribution_from_outputs(self, state: Sequence[Any], dy: Sequence[jax.Array | None],
                                   operands: Sequence[dict[str, jax.Array]]) -> list[Any]:

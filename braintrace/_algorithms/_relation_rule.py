@@ -64,7 +64,16 @@ class RelationRule(NamedTuple):
     """The pure functions of one algorithm for one kind of relation (the contract:
     :mod:`braintrace._algorithms._base`); ``jacobians=False``: ``update`` reads no ``D``
     and ``Df`` (when no rule of a graph does, the loops do not compute them and pass
-    ``None``)."""
+    ``None``).
+
+    ``contribution_with_share(r, state, δ̄, x, dy, θ) -> term``, optional: ``contribution``
+    plus the relation's own share of the same-step gradient, ``xy_to_dw(x^t, dy^t)`` with
+    ``dy^t = ∂L_t/∂y^t`` its output cotangent (``None``: another relation of the same
+    equation counts it), in the form of the rule's term. When every relation's rule has it,
+    the per-step loop hands it that share instead of adding it to the Params' same-step
+    gradient (``GraphRules.adds_share``): ES-D-RTRL's two products ``xy_to_dw(ε_x, d)`` and
+    ``xy_to_dw(x, dy)`` of the same shape then become one.
+    """
 
     init: Callable[[ETraceGraph, Relation, dict[str, jax.Array]], Any]
     update: Callable[..., Any]
@@ -76,3 +85,4 @@ class RelationRule(NamedTuple):
     own: Callable[[Any], Any] | None = None
     tie: Callable[[Any, Any], Any] | None = None
     jacobians: bool = True
+    contribution_with_share: Callable[..., Any] | None = None

@@ -64,10 +64,11 @@ def param_dtypes(graph: ETraceGraph, relation: Relation) -> dict[str, Any]:
     return out
 
 
-def merge_steps(relation: Relation, a: jax.Array) -> jax.Array:
+def merge_steps(relation: Relation, a: jax.Array, *, sample_major: bool = False) -> jax.Array:
     """A block's ``(K, B, ...)`` stack as ``(K·B, ...)`` rows for one product over steps and
     samples (unchanged for a relation without a batch axis); sample-major, ``(B·K, ...)``,
-    when the batch is split over devices (:func:`batch_split`).
+    when the batch is split over devices (:func:`batch_split`) or ``sample_major`` (the order
+    of the rows is the product's to choose: it sums over them).
 
     Example:
         >>> import jax.numpy as jnp
@@ -78,7 +79,7 @@ def merge_steps(relation: Relation, a: jax.Array) -> jax.Array:
     """
     if not relation.batched:
         return a
-    if batch_split():  # sample-major rows: the split batch axis stays the leading one
+    if sample_major or batch_split():  # a split batch axis stays the leading one
         a = jnp.swapaxes(a, 0, 1)
     return a.reshape(-1, *a.shape[2:])
 

@@ -30,7 +30,10 @@ import numpy as np
 
 from braintrace._platform import by_platform
 
-__all__ = ["FlatMap"]
+__all__ = ["TILED_REPEATS", "FlatMap"]
+
+TILED_REPEATS = 8
+"""The most copies of a repeated axis that :meth:`FlatMap._tiled` concatenates."""
 
 
 def _affine_axes(index: np.ndarray) -> list[tuple[int, int]] | None:
@@ -149,9 +152,20 @@ class FlatMap:
         """
         if self.axes is None:
             return self._gather(values)
+        accelerator = self._tiled if self.repeats_outside else self._spread
         if feeds_large and not self.is_identity:
-            return by_platform(cpu=self._gather, accelerator=self._spread)(values)
+            return by_platform(cpu=self._gather, accelerator=accelerator)(values)
+        if self.repeats_outside:
+            return by_platform(cpu=self._spread, accelerator=accelerator)(values)
         return self._spread(values)
+
+    @functools.cached_property
+    def repeats_outside(self) -> bool:
+        """Whether a repeated axis (stride 0) of at most :data:`TILED_REPEATS` copies lies
+        outside a moving one (a GRU's gates: ``y[b, g·H + j]`` reads ``[b, j]``)."""
+        axes = self.axes or ()
+        return any(not stride and size <= TILED_REPEATS and any(s for _, s in axes[a + 1:])
+                   for a, (size, stride) in enumerate(axes))
 
     def _gather(self, values: jax.Array) -> jax.Array:
         """:meth:`take` as a gather (zeros where ``index`` is ``-1``)."""
@@ -170,6 +184,38 @@ class FlatMap:
         spread = jnp.broadcast_to(moved.reshape(*ones, *tail),
                                   (*[size for size, _ in self.axes], *tail))
         return spread.reshape(self.index.size, *tail)
+
+    def _tiled(self, values: jax.Array) -> jax.Array:
+        """:meth:`_spread` with each repeated axis of at most :data:`TILED_REPEATS` copies that
+        lies outside another made by concatenating its copies along the axis inside it.
+
+        A broadcast makes the repeated axis a dimension of its own, and XLA:TPU tiles the
+        two innermost dimensions of an array: a GRU's ``(B, H) -> (B, 3H)`` map as
+        ``(B, 3, H)`` puts the 3 copies inside tiles of 4 rows and the reshape to ``(B, 3H)``
+        moves every element again (measured on a TPU v5e, hidden 1024, batch 64: 2.7 µs per
+        step of the per-step ES-D-RTRL's 25.8). Concatenated along ``H`` the copies are
+        whole tiles.
+        """
+        tail = values.shape[1:]
+        dims, perm, reversed_axes = self._source_axes()
+        cur = jnp.flip(jnp.transpose(values.reshape(*dims, *tail),
+                                     (*perm, *range(len(dims), len(dims) + len(tail)))),
+                       reversed_axes)
+        groups = [[a] for a, (_, stride) in enumerate(self.axes) if stride]  # per dim of cur
+        for a in reversed(range(len(self.axes))):
+            size, stride = self.axes[a]
+            if stride:
+                continue
+            inner = next((g for g, axes in enumerate(groups) if axes[0] == a + 1), None)
+            if inner is not None and size <= TILED_REPEATS:
+                cur = jnp.concatenate([cur] * size, axis=inner)
+                groups[inner] = [a, *groups[inner]]
+            else:  # an innermost repeat (each value in place), or many copies: a broadcast
+                at = sum(1 for axes in groups if axes[0] < a)
+                cur = jnp.broadcast_to(jnp.expand_dims(cur, at),
+                                       (*cur.shape[:at], size, *cur.shape[at:]))
+                groups.insert(at, [a])
+        return cur.reshape(self.index.size, *tail)
 
     def sum_into(self, values: jax.Array) -> jax.Array:
         """The transpose of :meth:`take`: ``out[s] = Σ_{p: index[p] = s} values[p]``."""

@@ -17,8 +17,11 @@ process, sharded arrays included):
   :class:`~braintrace.OnlineState` of a user's own train step, when one is
   saved (``CheckpointManager.save(step, model=..., state=...)``; the model's
   own Variables are then ``params``, ``hidden`` and ``other`` as above);
+* ``fit`` and ``fit_arrays``: the progress of an ``OnlineTrainer.fit`` that
+  was running (its History and its callbacks' states: JSON values, the arrays
+  among them under indices), when one was (``_fit_run.py``);
 * ``braintrace``: a JSON record of every item's leaves (name, shape, dtype and
-  PRNG implementation).
+  PRNG implementation), and of the JSON items.
 
 Typed PRNG keys (``jax.random.key``, e.g. inside ``nnx.Rngs``) are stored as
 their ``jax.random.key_data``, with the name of their implementation in the
@@ -54,6 +57,7 @@ __all__ = [
     "MANIFEST",
     "RECORD",
     "Item",
+    "JsonItem",
     "check_files",
     "damaged",
     "leaf_names",
@@ -62,6 +66,7 @@ __all__ = [
     "restore_checkpoint",
     "save_args",
     "save_checkpoint",
+    "stored_items",
     "unpack",
     "write_manifest",
 ]
@@ -88,13 +93,24 @@ class Item(NamedTuple):
     flax: bool = True
 
 
+class JsonItem(NamedTuple):
+    """One named item of JSON values (numbers, strings, lists, dicts), stored as orbax's
+    ``JsonSave``; a template for restoring it holds ``value=None``.
+
+    Attributes:
+        value: The JSON value.
+    """
+
+    value: Any = None
+
+
 def leaf_names(prefix: str, tree: Any) -> list[str]:
     """``prefix`` followed by each leaf's key path (``'traces[0].eps'``), in leaf order."""
     flat, _ = jax.tree_util.tree_flatten_with_path(tree)
     return [prefix + jax.tree_util.keystr(path) for path, _ in flat]
 
 
-def save_args(items: dict[str, Item]) -> dict[str, Any]:
+def save_args(items: dict[str, Item | JsonItem]) -> dict[str, Any]:
     """The orbax ``Composite`` items that store ``items`` and their record.
 
     Example:
@@ -107,6 +123,10 @@ def save_args(items: dict[str, Item]) -> dict[str, Any]:
     record: dict[str, Any] = {"format": FORMAT, "items": {}}
     args: dict[str, Any] = {}
     for name, item in items.items():
+        if isinstance(item, JsonItem):
+            record["items"][name] = {"layout": "json", "leaves": []}
+            args[name] = ocp.args.JsonSave(item.value)
+            continue
         leaves = jax.tree.leaves(item.tree)
         if len(leaves) != len(item.names):
             raise ValueError(f"item {name!r}: {len(leaves)} leaves but {len(item.names)} names")
@@ -172,7 +192,7 @@ def write_manifest(where: str | os.PathLike) -> None:
         multihost_utils.sync_global_devices(f"braintrace checkpoint {where}")
 
 
-def restore_args(path: str | os.PathLike, template: dict[str, Item]) -> dict[str, Any]:
+def restore_args(path: str | os.PathLike, template: dict[str, Item | JsonItem]) -> dict[str, Any]:
     """The orbax ``Composite`` restore items for ``template``, after every check.
 
     Checks the files against the manifest's digests, then the record's names,
@@ -189,6 +209,11 @@ def restore_args(path: str | os.PathLike, template: dict[str, Item]) -> dict[str
     where = os.fspath(path)
     check_files(where)
     stored = _read_record(where)
+    json_items = {name for name, item in template.items() if isinstance(item, JsonItem)}
+    if json_items - set(stored_items(where)):
+        raise ValueError(f"The checkpoint {where} does not match: it lacks the item(s) "
+                         f"{_few(sorted(json_items - set(stored_items(where))))}, expected here.")
+    template = {name: item for name, item in template.items() if name not in json_items}
     expected = {name: (item_name, leaf) for item_name, item in template.items()
                 for name, leaf in zip(item.names, jax.tree.leaves(item.tree), strict=True)}
     missing = [name for name in expected if name not in stored]
@@ -223,15 +248,19 @@ def restore_args(path: str | os.PathLike, template: dict[str, Item]) -> dict[str
             abstract = {f"{stored[n]['index']:06d}": _abstract(leaf)
                         for n, leaf in zip(item.names, leaves)}
         args[item_name] = ocp.args.StandardRestore(abstract)
+    args.update({name: ocp.args.JsonRestore() for name in json_items})
     return args
 
 
-def unpack(path: str | os.PathLike, template: dict[str, Item],
+def unpack(path: str | os.PathLike, template: dict[str, Item | JsonItem],
            restored: Any) -> dict[str, Any]:
     """The trees of ``template`` with the values orbax ``restored`` (PRNG keys re-wrapped)."""
     stored = _read_record(os.fspath(path))
     out = {}
     for item_name, item in template.items():
+        if isinstance(item, JsonItem):
+            out[item_name] = restored[item_name]
+            continue
         leaves = jax.tree.leaves(item.tree)
         if not leaves:
             out[item_name] = item.tree
@@ -248,7 +277,8 @@ def unpack(path: str | os.PathLike, template: dict[str, Item],
     return out
 
 
-def restore_checkpoint(path: str | os.PathLike, template: dict[str, Item]) -> dict[str, Any]:
+def restore_checkpoint(path: str | os.PathLike,
+                       template: dict[str, Item | JsonItem]) -> dict[str, Any]:
     """Reads the items written by :func:`save_checkpoint`, checked against ``template``.
 
     Args:
@@ -320,6 +350,18 @@ def check_files(path: str) -> None:
                     "has another SHA-256 digest than when it was saved (truncated or altered)")
             raise ValueError(f"The checkpoint {path} is damaged: its file {name} {what}. "
                              "Restore from another copy.")
+
+
+def stored_items(path: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
+    """The items of the checkpoint at ``path`` as its record lists them: per item, each
+    leaf's ``name``, ``shape``, ``dtype`` and ``impl`` (none for a JSON item); ``{}`` for a
+    checkpoint of the previous format or a directory without a record."""
+    try:
+        with open(os.path.join(os.fspath(path), RECORD, "metadata")) as f:
+            record = json.load(f)
+        return {name: item["leaves"] for name, item in record["items"].items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 def _read_record(path: str) -> dict[str, dict[str, Any]]:

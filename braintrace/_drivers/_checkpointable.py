@@ -23,6 +23,7 @@ from flax import nnx
 from braintrace._compiler import leaf_paths, split_model
 from braintrace._drivers._checkpoint import (
     Item,
+    JsonItem,
     leaf_names,
     optimizer_item,
     restore_checkpoint,
@@ -37,13 +38,21 @@ class Checkpointable(abc.ABC):
     """A driver that saves and restores itself as named checkpoint items (module docstring)."""
 
     @abc.abstractmethod
-    def _checkpoint_items(self, optimizer: nnx.Optimizer | None = None) -> dict[str, Item]:
+    def _checkpoint_items(self, optimizer: nnx.Optimizer | None = None
+                          ) -> dict[str, Item | JsonItem]:
         """What a checkpoint of this driver holds, as named items (``_checkpoint.py``)."""
 
     @abc.abstractmethod
     def _load_checkpoint(self, restored: dict[str, Any],
                          optimizer: nnx.Optimizer | None = None) -> None:
         """Writes restored items (of ``_checkpoint_items``) back into the driver and model."""
+
+    def _restore_items(self, path: str, optimizer: nnx.Optimizer | None = None
+                       ) -> dict[str, Item | JsonItem]:
+        """The items to restore from the checkpoint at ``path``, as templates (by default
+        those :meth:`_checkpoint_items` saves)."""
+        del path
+        return self._checkpoint_items(optimizer)
 
     def save(self, path: str, *, optimizer: nnx.Optimizer | None = None) -> None:
         """Saves Params, hidden and other state (RNG keys included) and traces to ``path``.
@@ -94,7 +103,7 @@ class Checkpointable(abc.ABC):
                 and the first offending leaf. The model, the driver and the
                 optimizer are then unchanged.
         """
-        items = self._checkpoint_items(optimizer)
+        items = self._restore_items(path, optimizer)
         self._load_checkpoint(restore_checkpoint(path, items), optimizer)
 
 
@@ -148,6 +157,12 @@ class ModelAndState:
         if optimizer is not None:
             items["optimizer"] = optimizer_item(optimizer)
         return items
+
+    def _restore_items(self, path: str, optimizer: nnx.Optimizer | None = None
+                       ) -> dict[str, Item]:
+        """The items to restore: those :meth:`_checkpoint_items` saves."""
+        del path
+        return self._checkpoint_items(optimizer)
 
     def _load_checkpoint(self, restored: dict[str, Any],
                          optimizer: nnx.Optimizer | None = None) -> None:

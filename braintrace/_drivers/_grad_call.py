@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import SingleDeviceSharding
 
 from braintrace._drivers._checked_calls import CheckedCalls, call_signature
 from braintrace._drivers._compiled import Entry
@@ -111,6 +112,10 @@ def place_learner_inputs(entry: Entry, tree: Any) -> Any:
     ``jax.ShapeDtypeStruct`` leaves (for ``learner.lower_etrace_grad``) stay as they are.
     """
     lay = entry.layout
-    if any(isinstance(a, jax.ShapeDtypeStruct) for a in jax.tree.leaves(tree)):
+    leaves = jax.tree.leaves(tree)
+    if lay is None and all(isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer)
+                           and type(a.sharding) is SingleDeviceSharding for a in leaves):
+        return tree  # each on one device: nothing to gather (the usual case, checked quickly)
+    if any(isinstance(a, jax.ShapeDtypeStruct) for a in leaves):
         return tree
     return gathered("inputs", tree) if lay is None else place_inputs(lay, tree)

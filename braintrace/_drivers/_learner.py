@@ -4,7 +4,10 @@ A thin shell over the pure programs (``_programs.py``, the same ones the pure
 :func:`~braintrace.online_grad` runs): it holds the model (its Params and hidden
 states live in it) and the traces, checks every argument on the host with clear
 errors, runs a program under ``jax.jit`` and writes the results back. A call that
-raises leaves the model and the learner as they were. It reads the model's mode
+raises leaves the model and the learner as they were. It never waits for the
+device: a call's finiteness check is read by the next call, or by :meth:`sync`
+(``_deferred.py``), which puts back the state a call that went wrong started
+from. It reads the model's mode
 (``model.eval()`` / ``model.train()``) at every call: each mode is compiled once,
 then reused. What does not change between calls is kept, so that a call costs the
 host tens of microseconds, not a walk of the model: the model's view while its
@@ -15,6 +18,7 @@ like an earlier call's (``_checked_calls``), a reset that worked
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +32,7 @@ from braintrace._drivers._checked_calls import CheckedCalls, call_signature
 from braintrace._drivers._checkpoint import Item
 from braintrace._drivers._checkpointable import Checkpointable
 from braintrace._drivers._compiled import CompiledModel, Entry
+from braintrace._drivers._deferred import DeferredCheck
 from braintrace._drivers._evaluate import batch_size_of, evaluate
 from braintrace._drivers._grad_call import grad_call, place_learner_inputs
 from braintrace._drivers._inputs import cast_inputs, check_inputs, refuse_traced
@@ -43,16 +48,19 @@ from braintrace._drivers._learner_state import (
     restored_state,
 )
 from braintrace._drivers._model_state import Leaves, ModelView, ViewCache, model_leaves
-from braintrace._drivers._not_finite import raise_if_grad_not_finite
-from braintrace._drivers._programs import EVOLVE_PROGRAM, GRAD_PROGRAM, GradArgs, GradResult
-from braintrace._drivers._sharding import host_arrays
+from braintrace._drivers._not_finite import grad_verdict
+from braintrace._drivers._programs import (
+    CHECKED_GRAD_PROGRAM,
+    EVOLVE_PROGRAM,
+    GradArgs,
+    GradResult,
+)
 from braintrace._drivers._states import KEEP
 from braintrace._loops import LoopSpec
 
 __all__ = ["OnlineLearner"]
 
-UNCHANGED = ("the model's Params and hidden state and the learner's traces are as they were "
-             "before this call")
+CHECKED_LATER = "the last call, checked by the next call or learner.sync()"
 
 
 class OnlineLearner(Checkpointable):
@@ -62,10 +70,13 @@ class OnlineLearner(Checkpointable):
     are written back after every call); traces live in the learner. A call that
     raises leaves the model and the learner as they were before it.
 
+    No call waits for the device: each returns once its program is dispatched,
+    and its finiteness check is read by the next call or :meth:`sync`
+    (:meth:`etrace_grad` says what happens then).
+
     Attributes:
         model: The model.
         compiled: The analysis of the model (one compiled graph per mode and batch size).
-        traces: The algorithm's current trace state.
 
     Example:
         >>> import jax.numpy as jnp
@@ -94,11 +105,26 @@ class OnlineLearner(Checkpointable):
         self._views = ViewCache()
         self._bound: tuple[ModelView, int | None, Entry] | None = None
         self._checked = CheckedCalls()
+        self._fitting: Entry | None = None  # the entry the traces are known to fit
+        self._deferred = DeferredCheck()
         self._resets: tuple[ModelView | None, dict[int | None, Reset | None]] = (None, {})
         place_model(model, self._entry())
         self.traces = fresh_traces(self.compiled, self._entry(), model)
 
     # -- what was compiled ---------------------------------------------------------------
+
+    @property
+    def traces(self) -> Any:
+        """The algorithm's current trace state."""
+        return self._traces
+
+    @traces.setter
+    def traces(self, traces: Any) -> None:
+        self._traces, self._fitting = traces, None
+
+    def _set_traces(self, traces: Any, entry: Entry) -> None:
+        """Sets traces that a program of ``entry`` returned (they fit it: not checked again)."""
+        self._traces, self._fitting = traces, entry
 
     @property
     def algorithm(self) -> AbstractAlgorithm:
@@ -160,8 +186,12 @@ class OnlineLearner(Checkpointable):
         return view, bound[2]
 
     def _checked_traces(self, entry: Entry) -> Any:
-        """The traces, after checking they fit ``entry`` (a mode may change what is traced)."""
-        return checked_traces(self.compiled, entry, self.traces)
+        """The traces, after checking they fit ``entry`` (a mode may change what is traced;
+        traces a program of ``entry`` returned fit it: not checked again)."""
+        if self._fitting is not entry:
+            checked_traces(self.compiled, entry, self._traces)
+            self._fitting = entry
+        return self._traces
 
     # -- state ---------------------------------------------------------------
 
@@ -260,8 +290,44 @@ class OnlineLearner(Checkpointable):
             self._resets = (view, {})
         return self._resets[1]
 
+    def sync(self) -> None:
+        """Waits for the calls dispatched so far; raises the error of one that went wrong.
+
+        Each call returns once its program is dispatched, and its finiteness
+        check is read by the next call. ``sync()`` reads it now: after it, every
+        call so far has finished, and none of them returned anything non-finite.
+
+        Raises:
+            FloatingPointError: The last call's loss or gradient was not finite
+                (it returned zero gradients; the hidden state and traces it
+                started from are put back); the message names the step, the
+                Param or the input. Raised once.
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> from flax import nnx
+            >>> import braintrace
+            >>> from braintrace import layers
+            >>> model = nnx.Sequential(layers.ETPLinear(3, 4, rngs=nnx.Rngs(0)), layers.LIF(4))
+            >>> learner = braintrace.compile(model, 'd_rtrl', jnp.ones((2, 3)), batch_size=2)
+            >>> mse = lambda y, t: jnp.mean((y - t) ** 2)
+            >>> ys = jnp.zeros((5, 2, 4)).at[3].set(jnp.nan)   # a NaN target at step 3
+            >>> grads = learner.etrace_grad(jnp.ones((5, 2, 3)), ys, mse)   # returns at once
+            >>> learner.sync()
+            Traceback (most recent call last):
+            ...
+            FloatingPointError: learner.etrace_grad (the last call, ...): the loss at time step 3 is nan, not finite. ...
+        """
+        self._deferred.settle()
+        jax.block_until_ready((self._traces, self._views(self.model).leaves()))
+
     def state(self) -> dict[str, Any]:
-        """Everything a resumed run needs: Params, hidden and other state, traces."""
+        """Everything a resumed run needs: Params, hidden and other state, traces.
+
+        Raises:
+            FloatingPointError: The last call went wrong (see :meth:`sync`).
+        """
+        self._deferred.settle()
         params, hidden, other = model_leaves(self.model)
         return {"params": params, "hidden": hidden, "other": other, "traces": self.traces}
 
@@ -270,7 +336,16 @@ class OnlineLearner(Checkpointable):
         self.traces = load_state(self.model, self._entry(), state)
 
     def _checkpoint_items(self, optimizer: nnx.Optimizer | None = None) -> dict[str, Item]:
-        """Params, hidden and other state, traces (and ``optimizer``'s state), as named items."""
+        """Params, hidden and other state, traces (and ``optimizer``'s state), as named items,
+        once the last call's check is read (its error raised: :meth:`sync`)."""
+        self._deferred.settle()
+        return checkpoint_items(self.model, self.graph, self.traces, optimizer)
+
+    def _restore_items(self, path: str, optimizer: nnx.Optimizer | None = None
+                       ) -> dict[str, Item]:
+        """The items to restore (shaped as :meth:`_checkpoint_items`'s; the last call's check
+        stays to be read by the next call)."""
+        del path
         return checkpoint_items(self.model, self.graph, self.traces, optimizer)
 
     def _load_checkpoint(self, restored: dict[str, Any],
@@ -295,16 +370,24 @@ class OnlineLearner(Checkpointable):
         return jax.tree.map(lambda a: a[0], ys)
 
     def etrace_evolve(self, xs: Any) -> Any:
-        """Advances hidden state and traces over ``xs`` (time axis leading); returns outputs."""
+        """Advances hidden state and traces over ``xs`` (time axis leading); returns outputs.
+
+        Raises:
+            ValueError: ``xs`` does not fit the compiled step.
+            FloatingPointError: The learner's last call went wrong (see :meth:`sync`);
+                this one then changes nothing.
+        """
         refuse_traced("learner.etrace_evolve", xs)
         view, entry = self._view_entry()
         xs = self._place_inputs(entry, xs)
         self._checked.check(entry, call_signature(xs), lambda: check_inputs(xs, entry.example))
         params, hidden, other = self._leaves(entry, view)
-        ys, hidden, other, traces = EVOLVE_PROGRAM(entry, params, hidden, other,
-                                                   self._checked_traces(entry), xs)
+        traces = self._checked_traces(entry)
+        self._deferred.settle(wait=False)
+        ys, hidden, other, traces = EVOLVE_PROGRAM(entry, params, hidden, other, traces, xs)
+        self._deferred.settle()
         view.write_state(hidden, other)
-        self.traces = traces
+        self._set_traces(traces, entry)
         return ys
 
     def evaluate(self, xs: Any) -> Any:
@@ -356,8 +439,14 @@ class OnlineLearner(Checkpointable):
 
         A mask of all zeros has no mean: with ``reduction='mean'`` it is an
         error (skip the batch, or use ``reduction='sum'``, whose gradient is
-        then zero). Nothing non-finite is ever returned: a loss or gradient
-        that is not finite raises, and the model and learner stay as they were.
+        then zero). No gradient that is not finite is ever returned: the call
+        returns without waiting for the device, and if its loss or gradient is
+        not finite it returns zero gradients (so an optimiser that applies them
+        adds nothing non-finite to the Params). Its check is read by the
+        learner's next call (``etrace_grad``, ``etrace_evolve``, a trainer's
+        step; it then changes nothing), or by :meth:`sync`, :meth:`save` or
+        :meth:`state`, whichever comes first: the hidden state and traces it
+        started from are then put back and its ``FloatingPointError`` is raised.
 
         Args:
             xs: Inputs, time axis leading (any pytree), at least one step.
@@ -404,35 +493,44 @@ class OnlineLearner(Checkpointable):
                 no longer has the compiled batch size; ``reduction``,
                 ``chunk_size`` or ``mask`` is invalid (non-finite, or all zeros
                 with ``'mean'``); or ``loss_fn`` returns a non-scalar.
-            FloatingPointError: A step's loss is not finite (names the first
-                step), or a Param's gradient is not finite (names the Param).
+            FloatingPointError: The learner's *last* call's loss at a step was not
+                finite (names the first step), or a Param's gradient was not
+                finite (names the Param); this call then changes nothing. The
+                error of this call itself is raised by the next call or
+                :meth:`sync`.
         """
         refuse_traced("learner.etrace_grad", xs, ys, mask)
         view, entry = self._view_entry()
         _, spec, args = self._grad_call(xs, ys, mask=mask, chunk_size=chunk_size,
                                         block_size=block_size, reduction=reduction,
                                         signal_inputs=signal_inputs, bound=(view, entry))
-        result: GradResult = GRAD_PROGRAM(entry, loss_fn, spec, *args, masked=mask is not None)
-        state = view.param_state(result.grads)  # while the device runs
-        losses, finite = host_arrays(result.losses, result.finite)
-        raise_if_grad_not_finite(entry.graph.param_paths, losses, finite, UNCHANGED, xs=xs,
-                                 weights=args.weights)
+        self._deferred.settle(wait=False)  # the last call's check, if the device is done with it
+        result: GradResult = CHECKED_GRAD_PROGRAM(entry, loss_fn, spec, *args,
+                                                  masked=mask is not None)
+        self._deferred.settle()  # else now, while the device runs this call
         view.write_state(result.hidden, result.other)
-        self.traces = result.traces
+        self._set_traces(result.traces, entry)
+        put_back = functools.partial(self._put_back, result.traces, args.hidden, args.other,
+                                     args.traces)
+        self._deferred.defer((result.finite,), functools.partial(
+            grad_verdict, f"learner.etrace_grad ({CHECKED_LATER})", entry.graph.param_paths,
+            args.xs, args.weights, result.losses, put_back))
+        state = view.param_state(result.grads)
         return (state, result.losses) if return_losses else state
 
     def lower_etrace_grad(self, xs: Any, ys: Any, loss_fn: Callable[[Any, Any], jax.Array], *,
                           mask: jax.Array | None = None, chunk_size: int | None = None,
                           block_size: int | None = None, reduction: str = "mean",
                           **signal_inputs: Any) -> jax.stages.Lowered:
-        """The lowered ``etrace_grad`` program (``.compile().memory_analysis()`` measures it).
+        """The lowered ``etrace_grad`` program (``.compile().memory_analysis()`` measures it):
+        :func:`~braintrace._drivers._programs.checked_grad_program`.
 
         ``xs``/``ys`` may be ``jax.ShapeDtypeStruct`` objects, so long sequences need no data.
         """
         entry, spec, args = self._grad_call(xs, ys, mask=mask, chunk_size=chunk_size,
                                             block_size=block_size, reduction=reduction,
                                             signal_inputs=signal_inputs)
-        return GRAD_PROGRAM.lower(entry, loss_fn, spec, *args, masked=mask is not None)
+        return CHECKED_GRAD_PROGRAM.lower(entry, loss_fn, spec, *args, masked=mask is not None)
 
     def grad_args(self, xs: Any, ys: Any, *, mask: jax.Array | None = None,
                   chunk_size: int | None = None, reduction: str = "mean",
@@ -442,7 +540,8 @@ class OnlineLearner(Checkpointable):
         Given to the compiled :meth:`lower_etrace_grad`, they run the very
         program that was lowered (and measured) without compiling it again; it
         returns a ``GradResult`` (gradients per Param leaf, final hidden and
-        other state and traces, losses, finiteness per Param). Nothing is
+        other state and traces, losses, and per Param whether its gradient and
+        every loss are finite; zero gradients where one is not). Nothing is
         written back to the model or the learner.
 
         Raises:
@@ -465,6 +564,14 @@ class OnlineLearner(Checkpointable):
         return self._grad_call(xs, ys, mask=mask, chunk_size=chunk_size, block_size=None,
                                reduction=reduction, signal_inputs=signal_inputs)[2]
 
+    def _put_back(self, written: Any, hidden: list[Any], other: list[Any], traces: Any) -> None:
+        """Puts back the hidden state, other Variables and traces a call started from, if the
+        learner still holds the traces it ``written`` (state set since, by ``reset`` or a
+        restore, is kept): a call found to have gone wrong leaves them as they were."""
+        if self.traces is written:
+            self._views(self.model).write_state(hidden, other)
+            self.traces = traces
+
     def _grad_call(self, xs: Any, ys: Any, *, mask: Any, chunk_size: Any, block_size: Any,
                    reduction: str, signal_inputs: dict[str, Any],
                    bound: tuple[ModelView, Entry] | None = None
@@ -484,3 +591,4 @@ class OnlineLearner(Checkpointable):
     def _place_inputs(entry: Entry, tree: Any) -> Any:
         """Inputs or targets split over the mesh's data axis (:func:`place_learner_inputs`)."""
         return place_learner_inputs(entry, tree)
+

@@ -34,6 +34,7 @@ from braintrace._arguments import check_integer
 from braintrace._drivers._checkpoint import (
     MANIFEST,
     Item,
+    JsonItem,
     damaged,
     restore_args,
     save_args,
@@ -360,7 +361,7 @@ class CheckpointManager:
                 raise ValueError(f"Step {step} is not saved in {self.directory}; saved: "
                                  f"{self.all_steps()}.")
         where = self.step_directory(step)
-        items = holder._checkpoint_items(optimizer)
+        items = holder._restore_items(where, optimizer)
         args = restore_args(where, items)
         try:
             restored = self._manager.restore(step, args=ocp.args.Composite(**args))
@@ -463,9 +464,11 @@ def _step(user: str, step: Any) -> int:
                          note=" (the number of the checkpoint, e.g. the training step)")
 
 
-def _check_concrete(user: str, items: dict[str, Item], saved: str) -> None:
+def _check_concrete(user: str, items: dict[str, Item | JsonItem], saved: str) -> None:
     """Refuses abstract arrays (``jax.ShapeDtypeStruct``), naming the argument that holds one."""
     for name, item in items.items():
+        if isinstance(item, JsonItem):
+            continue
         for leaf_name, leaf in zip(item.names, jax.tree.leaves(item.tree), strict=True):
             if isinstance(leaf, jax.ShapeDtypeStruct):
                 argument = ("state" if name.startswith("state_") else

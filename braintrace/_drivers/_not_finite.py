@@ -2,16 +2,17 @@
 
 The pure programs return finiteness flags (``GradResult.finite``,
 ``TrainResult.bad_update_at`` / ``bad_params``) instead of raising inside
-``jit``; the stateful drivers read them on the host, after the call and before
-writing anything back, and raise with the step and the Param paths. Only then,
-on the way to the error, are the inputs read on the host: a non-finite input
-that reaches a scored step (:func:`first_non_finite_input`) is named with its
-step, since it, not the learning rate or the inputs' scale, is then the cause.
+``jit``; the stateful drivers read them on the host a call later
+(``_deferred.py``: the programs they run then returned nothing non-finite) and
+raise with the step and the Param paths. Only then, on the way to the error,
+are the inputs read on the host: a non-finite input that reaches a scored step
+(:func:`first_non_finite_input`) is named with its step, since it, not the
+learning rate or the inputs' scale, is then the cause.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -20,9 +21,8 @@ import numpy as np
 from braintrace._drivers._sharding import host_array
 from braintrace._loops import reaches_scored
 
-__all__ = ["NonFiniteInput", "first_non_finite_input", "raise_if_grad_not_finite",
+__all__ = ["NonFiniteInput", "first_non_finite_input", "grad_verdict", "raise_if_grad_not_finite",
            "raise_if_update_not_finite"]
-
 
 
 class NonFiniteInput(NamedTuple):
@@ -78,52 +78,67 @@ def first_non_finite_input(xs: Any, weights: Any) -> NonFiniteInput | None:
     return found
 
 
-def raise_if_grad_not_finite(param_paths: Sequence[str], losses: np.ndarray, finite: np.ndarray,
-                             unchanged: str, *, xs: Any = None, weights: Any = None) -> None:
+def raise_if_grad_not_finite(call: str, param_paths: Sequence[str], losses: np.ndarray,
+                             finite: np.ndarray, *, xs: Any = None, weights: Any = None) -> None:
     """Raises ``FloatingPointError`` for the first non-finite loss, else for non-finite grads.
 
     Args:
+        call: The call the flags are of, as the message starts (e.g. ``"learner.etrace_grad
+            (the last call, ...)"``).
         param_paths: The Params' paths, in the order of ``finite``.
         losses: Each step's loss ``(T,)``.
         finite: Per Param leaf, whether its gradient is finite.
-        unchanged: What the call left as it was (ends the message's sentence).
         xs, weights: The call's inputs and loss weights: read only to raise, to name a
             non-finite input that reaches a scored step (:func:`first_non_finite_input`).
     """
+    returned = ("No gradient of it was returned (zeros instead), and the model's hidden state "
+                "and the learner's traces are as they were before it.")
     bad = np.flatnonzero(~np.isfinite(losses))
     if bad.size:
         step = int(bad[0])
         culprit = _culprit(xs, weights, step)
         if culprit is not None:
             raise FloatingPointError(
-                f"The loss at time step {step} is {losses[step]}, not finite: "
-                f"{culprit.describe()}. No gradient is returned and {unchanged}. "
-                f"{_replace(weights)}")
+                f"{call}: the loss at time step {step} is {losses[step]}, not finite: "
+                f"{culprit.describe()}. {returned} {_replace(weights)}")
         raise FloatingPointError(
-            f"The loss at time step {step} is {losses[step]}, not finite; no "
-            f"gradient is returned and {unchanged}. Check the inputs and targets at that "
-            "step (and the Params: lower the learning rate if they grew).")
+            f"{call}: the loss at time step {step} is {losses[step]}, not finite. {returned} "
+            "Check the inputs and targets at that step (and the Params: lower the learning "
+            "rate if they grew).")
     bad = np.flatnonzero(~finite)
     if bad.size:
         names = ", ".join(f"'{param_paths[i]}'" for i in bad)
         culprit = _culprit(xs, weights, len(losses) - 1)
         if culprit is not None:
             raise FloatingPointError(
-                f"The gradient of Param {names} is not finite although every loss is: "
-                f"{culprit.describe()}. No gradient is returned and {unchanged}. "
-                f"{_replace(weights)}")
+                f"{call}: the gradient of Param {names} is not finite although every loss is: "
+                f"{culprit.describe()}. {returned} {_replace(weights)}")
         raise FloatingPointError(
-            f"The gradient of Param {names} is not finite although every loss is; no "
-            f"gradient is returned and {unchanged}. A hidden state or trace overflowed: "
-            "check the inputs' scale, use float64, or shorten the sequences.")
+            f"{call}: the gradient of Param {names} is not finite although every loss is. "
+            f"{returned} A hidden state or trace overflowed: check the inputs' scale, use "
+            "float64, or shorten the sequences.")
 
 
-def raise_if_update_not_finite(param_paths: Sequence[str], losses: np.ndarray,
+def grad_verdict(call: str, param_paths: Sequence[str], xs: Any, weights: Any,
+                 losses: jax.Array, put_back: Callable[[], None], finite: np.ndarray) -> None:
+    """Reads the flag of a learner's gradient call on the host (``finite``: per Param, its
+    gradient and every loss finite): if one was not, puts back the state the call started
+    from (``put_back``) and raises (:func:`raise_if_grad_not_finite`; ``losses`` read then).
+    """
+    if finite.all():
+        return
+    put_back()
+    raise_if_grad_not_finite(call, param_paths, host_array(losses), finite, xs=xs,
+                             weights=weights)
+
+
+def raise_if_update_not_finite(call: str, param_paths: Sequence[str], losses: np.ndarray,
                                bad_update_at: int, bad_params: np.ndarray, *, xs: Any = None,
                                weights: Any = None) -> None:
     """Raises ``FloatingPointError`` if a loss, or an update of the Params, was not finite.
 
     Args:
+        call: The call the flags are of, as the message starts.
         param_paths: The Params' paths, in the order of ``bad_params``.
         losses: Each step's loss ``(T,)``.
         bad_update_at: The step after which an update made a Param non-finite (``-1``: none).
@@ -138,10 +153,10 @@ def raise_if_update_not_finite(param_paths: Sequence[str], losses: np.ndarray,
         culprit = _culprit(xs, weights, step)
         if culprit is not None:
             raise FloatingPointError(
-                f"The loss at time step {step} of this call is {losses[step]}, not finite: "
-                f"{culprit.describe()}; {discarded}. {_replace(weights)}")
+                f"{call}: the loss at time step {step} of that call is {losses[step]}, not "
+                f"finite: {culprit.describe()}; {discarded}. {_replace(weights)}")
         raise FloatingPointError(
-            f"The loss at time step {step} of this call is {losses[step]}, not "
+            f"{call}: the loss at time step {step} of that call is {losses[step]}, not "
             f"finite; {discarded}. Check the inputs and targets at that step, or lower the "
             "learning rate.")
     if bad_update_at >= 0:
@@ -149,13 +164,13 @@ def raise_if_update_not_finite(param_paths: Sequence[str], losses: np.ndarray,
         culprit = _culprit(xs, weights, bad_update_at)
         if culprit is not None:
             raise FloatingPointError(
-                f"The update after time step {bad_update_at} of this call made Param {names} "
-                f"not finite although every loss up to it was finite: {culprit.describe()}; "
-                f"{discarded}. {_replace(weights)}")
+                f"{call}: the update after time step {bad_update_at} of that call made Param "
+                f"{names} not finite although every loss up to it was finite: "
+                f"{culprit.describe()}; {discarded}. {_replace(weights)}")
         raise FloatingPointError(
-            f"The update after time step {bad_update_at} of this call made Param {names} "
-            f"not finite although every loss up to it was finite; {discarded}. Lower the "
-            "learning rate or clip the gradients (optax.clip_by_global_norm).")
+            f"{call}: the update after time step {bad_update_at} of that call made Param "
+            f"{names} not finite although every loss up to it was finite; {discarded}. Lower "
+            "the learning rate or clip the gradients (optax.clip_by_global_norm).")
 
 
 def _replace(weights: Any) -> str:

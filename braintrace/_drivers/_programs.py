@@ -10,7 +10,10 @@ these, under ``jax.jit`` (:data:`GRAD_PROGRAM`, :data:`TRAIN_PROGRAM`,
 
 * :func:`grad_program`: the online gradient of ``Σ_t w_t L_t`` over a sequence;
 * :func:`train_program`: an optax update after every ``k`` steps, inside the loop;
-* :func:`evolve_program`: hidden state and traces advanced without gradients.
+* :func:`evolve_program`: hidden state and traces advanced without gradients;
+* :func:`checked_grad_program`, :func:`checked_train_program`: the first two as
+  the stateful shells run them, returning no gradient or Params that is not
+  finite (they read the flags a call later: ``_deferred.py``).
 
 Floating-point inputs of another width are cast to the compiled input's dtype
 (:func:`~braintrace._drivers._inputs.cast_inputs`). With a mesh (data parallel)
@@ -49,8 +52,9 @@ from braintrace._loops import (
     run,
 )
 
-__all__ = ["EVOLVE_PROGRAM", "GRAD_PROGRAM", "TRAIN_PROGRAM", "GradArgs", "GradResult", "TrainResult",
-           "evolve_program", "grad_program", "train_program"]
+__all__ = ["CHECKED_GRAD_PROGRAM", "CHECKED_TRAIN_PROGRAM", "EVOLVE_PROGRAM", "GRAD_PROGRAM",
+           "TRAIN_PROGRAM", "GradArgs", "GradResult", "TrainResult", "checked_grad_program",
+           "checked_train_program", "evolve_program", "grad_program", "train_program"]
 
 
 class GradArgs(NamedTuple):
@@ -378,6 +382,59 @@ def _train_window(entry: Entry, tx: optax.GradientTransformationExtraArgs,
                           value=value.astype(carry.value.dtype), pending=scored), losses
 
 
+@_on_its_mesh
+def checked_grad_program(entry: Entry, loss_fn: Callable[[Any, Any], jax.Array], spec: LoopSpec,
+                         params, hidden, other, traces, xs, ys, weights,
+                         signal_inputs=None, masked: bool = False) -> GradResult:
+    """:func:`grad_program` that returns no gradient that is not finite, for
+    ``learner.etrace_grad``.
+
+    Its ``finite`` says, per Param, whether its gradient *and every loss* are
+    finite (the one flag the driver reads, a call later: ``_deferred.py``).
+    Where one is not, the gradients are zeros: an optimiser that applies them
+    before the driver reads the flag adds nothing non-finite to the Params. The
+    hidden state and traces are returned as computed: the driver puts back
+    those it gave when it reads the flag (a selection here would cost a pass
+    over the traces at every call).
+    """
+    out = grad_program(entry, loss_fn, spec, params, hidden, other, traces, xs, ys, weights,
+                       signal_inputs, masked)
+    finite = out.finite & jnp.all(jnp.isfinite(out.losses))
+    ok = jnp.all(finite)
+    return out._replace(grads=[jnp.where(ok, g, jnp.zeros_like(g)) for g in out.grads],
+                        finite=finite)
+
+
+@_on_its_mesh
+def checked_train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
+                          loss_fn: Callable[[Any, Any], jax.Array], update_every: int,
+                          spec: LoopSpec, params_def: Any, params, opt_state, hidden, other,
+                          traces, xs, ys, weights, signal_inputs=None,
+                          masked: bool = False) -> TrainResult:
+    """:func:`train_program` (every update applied) that returns no Params that are not
+    finite, for ``OnlineTrainer.step``.
+
+    Where a loss or the Params after the last update are not finite
+    (``losses`` and ``bad_update_at`` say so), it returns the Params and the
+    optimiser state it was given: the model never holds Params a discarded call
+    made. The hidden state and traces are returned as computed (the driver puts
+    back those it gave when it reads the flags, ``_deferred.py``). To name the
+    first update that went wrong, the driver runs the call again with
+    ``skip_non_finite=True``.
+    """
+    out = train_program(entry, tx, loss_fn, update_every, spec, params_def, params, opt_state,
+                        hidden, other, traces, xs, ys, weights, signal_inputs,
+                        skip_non_finite=False, masked=masked)
+    ok = (out.bad_update_at < 0) & jnp.all(jnp.isfinite(out.losses))
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+    params, opt_state = keep(out.params, list(params)), keep(out.opt_state, opt_state)
+    lay = entry.layout
+    if lay is not None:
+        params = constrain(params, lay.params)
+        opt_state = constrain(opt_state, _opt_shardings(lay, tx, opt_state, params_def))
+    return out._replace(params=params, opt_state=opt_state)
+
+
 GRAD_PROGRAM = jax.jit(grad_program, static_argnames=("entry", "loss_fn", "spec", "masked"))
 """:func:`grad_program` under ``jax.jit`` (compiled once per entry, loss, loop and shapes)."""
 
@@ -388,3 +445,11 @@ TRAIN_PROGRAM = jax.jit(train_program, static_argnames=("entry", "tx", "loss_fn"
 
 EVOLVE_PROGRAM = jax.jit(evolve_program, static_argnames=("entry",))
 """:func:`evolve_program` under ``jax.jit``."""
+
+CHECKED_GRAD_PROGRAM = jax.jit(checked_grad_program,
+                               static_argnames=("entry", "loss_fn", "spec", "masked"))
+""":func:`checked_grad_program` under ``jax.jit`` (what ``learner.etrace_grad`` runs)."""
+
+CHECKED_TRAIN_PROGRAM = jax.jit(checked_train_program, static_argnames=(
+    "entry", "tx", "loss_fn", "update_every", "spec", "params_def", "masked"))
+""":func:`checked_train_program` under ``jax.jit`` (what ``OnlineTrainer.step`` runs)."""

@@ -12,7 +12,7 @@ the sequence: ``run(..., finish=False)``, then :func:`finish_carry`).
 
 Modules, imports pointing one way: ``_context``; ``_masks`` (what a mask
 ignores is never read); ``_step`` (one step's loss terms and Jacobians);
-``_per_step`` (the carry, the per-step loop, the final gradients, evolution
+``_groups`` (several steps per loop iteration on accelerators); ``_per_step`` (the carry, the per-step loop, the final gradients, evolution
 without gradients); ``_blocked``; ``_windowed``; ``_spec`` (the choice);
 ``_run`` (the entry point).
 

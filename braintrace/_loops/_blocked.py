@@ -25,10 +25,11 @@ from braintrace._algorithms import BlockSteps, GraphRules
 from braintrace._arguments import call_loss
 from braintrace._compiler import programs
 from braintrace._loops._context import LoopContext
+from braintrace._loops._groups import scan_grouped
 from braintrace._loops._per_step import ScanCarry, keep_dtype
 from braintrace._loops._step import add_same_step, probed_loss_terms, step_jacobians, step_leaves
 
-__all__ = ["STEP_GROUP", "run_blocked", "stacked_bytes_per_step", "step_group"]
+__all__ = ["run_blocked", "stacked_bytes_per_step"]
 
 
 def stacked_bytes_per_step(rules: GraphRules) -> int:
@@ -135,7 +136,7 @@ def _run_block(ctx: LoopContext, carry: ScanCarry, inputs: Any) -> tuple[ScanCar
     start = (list(carry.hidden), list(carry.other), list(carry.same_step),
              [s if h else None for s, h in zip(carry.traces, hooked)])
     (hidden, other, same, stepped), ((signal, jac, reads, rel_x, dy, outs), losses) = (
-        _scan_grouped(step, start, inputs))
+        scan_grouped(step, start, inputs))
     if deferred:  # the block's responses, arranged for all its steps at once
         jac = jax.vmap(lambda responses: programs.assemble_jacobians(graph, responses))(jac)
     views = _relation_steps(rules, signal, list(jac[0]), list(jac[1]), reads, rel_x, dy,
@@ -144,48 +145,6 @@ def _run_block(ctx: LoopContext, carry: ScanCarry, inputs: Any) -> tuple[ScanCar
     summed = jax.tree.map(jnp.add, carry.summed, term)
     return carry._replace(hidden=hidden, other=other, traces=traces, summed=summed,
                           same_step=same).typed_as(carry), losses
-
-
-STEP_GROUP = 8
-"""Steps per loop iteration of a block on accelerators (:func:`step_group`)."""
-
-
-def step_group(length: int) -> int:
-    """How many steps of a block of ``length`` each iteration of its loop runs and stacks.
-
-    XLA:TPU lays a block's stacked per-step values out for the products that read them
-    after the loop, with the step axis inside its tiles of 8 rows: stacking one step then
-    rewrites part of every tile (measured on a TPU v5e, hidden 256, batch 16: 2.5 µs per
-    step for a GRU's ``(16, 768)`` value, 16 µs for a readout's ``(16, 10)``, 40-75% of the
-    step). :data:`STEP_GROUP` steps stacked at once fill whole tiles (D-RTRL on a two-layer
-    LIF network: 21.5 -> 4.8 µs per step on the device; ES-D-RTRL on a GRU: 5.9 -> 2.9).
-    A block of at most :data:`STEP_GROUP` steps runs as one group (131,072 neurons take
-    blocks of 3), a longer one in groups of its largest divisor up to that. On the CPU,
-    whose layouts are row-major, one step per iteration (grouping only adds compile time
-    there). Chosen by the default backend when the loop is traced.
-    """
-    if jax.default_backend() == "cpu":
-        return 1
-    return max(g for g in range(1, min(STEP_GROUP, length) + 1) if length % g == 0)
-
-
-def _scan_grouped(step: Any, start: Any, inputs: Any) -> tuple[Any, Any]:
-    """``jax.lax.scan(step, start, inputs)``, :func:`step_group` steps per iteration."""
-    length = jax.tree.leaves(inputs)[0].shape[0]
-    group = step_group(length)
-    if group == 1:
-        return jax.lax.scan(step, start, inputs)
-
-    def steps(state, grouped):
-        outs = []
-        for k in range(group):
-            state, out = step(state, jax.tree.map(lambda a, k=k: a[k], grouped))
-            outs.append(out)
-        return state, jax.tree.map(lambda *o: jnp.stack(o), *outs)
-
-    split = lambda a: a.reshape(length // group, group, *a.shape[1:])
-    state, stacked = jax.lax.scan(steps, start, jax.tree.map(split, inputs))
-    return state, jax.tree.map(lambda a: a.reshape(length, *a.shape[2:]), stacked)
 
 
 def _loss_dtype(ctx: LoopContext, carry: ScanCarry, xs: Any, ys: Any) -> Any:

@@ -13,12 +13,25 @@ influence of the traced Params on the hidden state ``h^{t-1}``:
 2. the algorithm contracts ``δ̄^t`` with ``ε^{t-1}`` (its temporal credit);
 3. ``D^t`` and ``Df^t`` at ``(h^{t-1}, x^t)`` advance the traces to ``ε^t``.
 
-Step 3 is deferred: the carry holds this step's Jacobians and relation inputs
-(small, ``O(B·(I + O·S))``) and the next step applies them to the traces
-*before* contracting. So the large traces are written once and then read,
-which XLA does in place; contracting the old traces and writing the new ones
-in one step makes XLA copy every loop-carried buffer each step. A run ends
-with :func:`finish_carry`, which applies the last pending update.
+Where the traces are larger than one step's Jacobians and relation inputs
+(D-RTRL's ``O(B·|θ|·S)`` against ``O(B·(I + O·S))``), step 3 is deferred: the
+carry holds this step's Jacobians and relation inputs and the next step
+applies them to the traces *before* contracting. So the large traces are
+written once and then read, which XLA does in place; contracting the old
+traces and writing the new ones in one step makes XLA copy every
+loop-carried buffer each step. A run ends with :func:`finish_carry`, which
+applies the last pending update. Traces no larger than that (ES-D-RTRL's are
+the size of one step's relation inputs and ``Df``) are updated in the step
+itself: carrying the update would move more than it saves.
+
+Where every relation's rule can add its own share of the same-step gradient
+to its term (``GraphRules.adds_share``), step 1 takes each relation's output
+cotangent ``∂L_t/∂y^t`` from the reverse pass instead of its Params' share of
+the same-step gradient, and step 2 adds that share to the relation's term:
+the same sum, with ES-D-RTRL's two products of each weight's shape one
+product on accelerators.
+
+On accelerators the loop runs several steps per iteration (``_groups.py``).
 
 A learning signal that is contracted after the update (``after_update``,
 ThreeFactor's modulators, the fast signal ``∂L_t/∂h^t`` of ``signal='fast'``)
@@ -37,6 +50,7 @@ After the loop, the summed contributions are mapped to the operands
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -46,10 +60,13 @@ import jax.numpy as jnp
 from braintrace._algorithms import GraphRules, Jacobians
 from braintrace._compiler import StepLeaves, programs, reader_list
 from braintrace._loops._context import LoopContext
+from braintrace._loops._groups import scan_grouped
 from braintrace._loops._step import (
+    LossTerms,
     add_same_step,
     loss_terms,
     output_loss_terms,
+    probed_loss_terms,
     reader_probes,
     step_jacobians,
     step_leaves,
@@ -149,7 +166,7 @@ def init_carry(ctx: LoopContext, hidden: Sequence[jax.Array], other: Sequence[ja
                                 ctx.operands)
     zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, accumulator_dtype(s.dtype)), shapes)
     same = [jnp.zeros(jnp.shape(p), accumulator_dtype(jnp.result_type(p))) for p in ctx.params]
-    room = _zero_pending(ctx, hidden, other) if pending else _NOTHING_PENDING
+    room = _zero_pending(ctx, hidden, other, traces) if pending else _NOTHING_PENDING
     return ScanCarry(list(hidden), list(other), traces, zero_sums, same, room,
                      jnp.ones((), bool))
 
@@ -169,8 +186,10 @@ def _has_room(carry: ScanCarry) -> bool:
     return bool(carry.pending.df)
 
 
-def _zero_pending(ctx: LoopContext, hidden, other) -> Pending:
-    """A pending update of the right shapes (never applied: the carry is ``fresh``)."""
+def _zero_pending(ctx: LoopContext, hidden, other, traces) -> Pending:
+    """A pending update of the right shapes (never applied: the carry is ``fresh``), or
+    nothing when the loop does not defer updates: a signal contracted after the update, or
+    traces no larger than one step's update (:func:`_nbytes`; module docstring)."""
     if not ctx.rules.traced or ctx.rules.learning_signal.after_update:
         return _NOTHING_PENDING
     graph = ctx.graph
@@ -181,7 +200,15 @@ def _zero_pending(ctx: LoopContext, hidden, other) -> Pending:
         jac = step_jacobians(ctx.rules, leaves)
         return Pending(list(jac.d), list(jac.df), programs.forward(graph, leaves)[1])
 
-    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(shapes))
+    room = jax.eval_shape(shapes)
+    if _nbytes(traces) <= _nbytes(room):
+        return _NOTHING_PENDING
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), room)
+
+
+def _nbytes(tree: Any) -> int:
+    """The bytes of a pytree's arrays (or of their shapes)."""
+    return sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves(tree))
 
 
 def apply_pending(ctx: LoopContext, carry: ScanCarry, operands: Any = None) -> Any:
@@ -207,32 +234,51 @@ def finish_carry(ctx: LoopContext, carry: ScanCarry, operands: Any = None) -> Sc
     return carry._replace(traces=apply_pending(ctx, carry, operands), fresh=jnp.ones((), bool))
 
 
+def _loss_terms(ctx: LoopContext, leaves: StepLeaves, y_t: Any, w_t: jax.Array
+                ) -> tuple[LossTerms, list[jax.Array | None] | None]:
+    """The step's loss terms, and each relation's output cotangent ``dy^t`` where the rules
+    add their share of the same-step gradient themselves (``GraphRules.adds_share``: the
+    terms' same-step gradient is then without it), else ``None``."""
+    signal = ctx.rules.learning_signal
+    if signal.reads_outputs:
+        return output_loss_terms(ctx, leaves, y_t, w_t), None
+    if ctx.rules.adds_share:
+        t = probed_loss_terms(ctx, leaves, y_t, w_t)
+        return LossTerms(t.hidden, t.other, t.same_step_rest, t.signal, t.rel_x, t.loss), t.dy
+    return loss_terms(ctx, leaves, y_t, w_t, new_state=signal.reads_new_state), None
+
+
 def _step(ctx: LoopContext, keep: Sequence[bool], carry: ScanCarry,
           inputs: Any) -> tuple[ScanCarry, jax.Array]:
     """One time step (module docstring); returns the new carry and ``L_t``."""
     x_t, y_t, w_t, inputs_t = inputs
     rules, signal = ctx.rules, ctx.rules.learning_signal
     leaves = step_leaves(ctx, carry.hidden, carry.other, x_t)
-    terms = (output_loss_terms(ctx, leaves, y_t, w_t) if signal.reads_outputs
-             else loss_terms(ctx, leaves, y_t, w_t, new_state=signal.reads_new_state))
+    terms, dy = _loss_terms(ctx, leaves, y_t, w_t)
     same = add_same_step(carry.same_step, terms.same_step, keep)
+    traces, pending, fresh = carry.traces, carry.pending, carry.fresh
+    updated = traces  # the traces after this step's update
     if not rules.traced:  # no traces (as _zero_pending): no Jacobians, nothing ever pending
-        traces, pending, fresh = carry.traces, carry.pending, carry.fresh
+        pass
     elif signal.after_update:  # ε^t now; nothing is ever pending
-        traces = rules.update(carry.traces, step_jacobians(rules, leaves), terms.rel_x,
-                              ctx.operands)
-        pending, fresh = carry.pending, carry.fresh
-    else:
-        traces = apply_pending(ctx, carry)
+        traces = updated = rules.update(traces, step_jacobians(rules, leaves), terms.rel_x,
+                                        ctx.operands)
+    elif _has_room(carry):  # apply the last step's update, hold this one's
+        traces = updated = apply_pending(ctx, carry)
         jac = step_jacobians(rules, leaves)
         pending, fresh = Pending(list(jac.d), list(jac.df), terms.rel_x), jnp.zeros((), bool)
+    else:  # contract ε^{t-1}, carry ε^t
+        updated = rules.update(traces, step_jacobians(rules, leaves), terms.rel_x, ctx.operands)
     if signal.reads_outputs:  # the relations' output cotangents ∂L_t/∂y^t
         term = rules.contribution_from_outputs(traces, terms.signal, ctx.operands)
+    elif dy is not None:  # with each relation's share of the same-step gradient
+        term = rules.contribution_with_share(traces, signal.signal(terms.signal, inputs_t, w_t),
+                                             terms.rel_x, dy, ctx.operands)
     else:
         term = rules.contribution(traces, signal.signal(terms.signal, inputs_t, w_t),
                                   ctx.operands)
     summed = jax.tree.map(jnp.add, carry.summed, term)
-    return (ScanCarry(terms.hidden, terms.other, traces, summed, same, pending, fresh)
+    return (ScanCarry(terms.hidden, terms.other, updated, summed, same, pending, fresh)
             .typed_as(carry), terms.loss)
 
 
@@ -252,8 +298,9 @@ def run_per_step(ctx: LoopContext, carry: ScanCarry, xs: Any, ys: Any, weights: 
     """
     keep = ctx.rules.learning_signal.keeps_same_step(ctx.graph)
     if not _has_room(carry):  # fresh (only a carry with room can hold an update)
-        carry = carry._replace(pending=_zero_pending(ctx, carry.hidden, carry.other))
-    carry, losses = jax.lax.scan(lambda c, i: _step(ctx, keep, c, i), carry,
+        carry = carry._replace(pending=_zero_pending(ctx, carry.hidden, carry.other,
+                                                     carry.traces))
+    carry, losses = scan_grouped(lambda c, i: _step(ctx, keep, c, i), carry,
                                  (xs, ys, weights, signal_inputs))
     return (finish_carry(ctx, carry) if finish else carry), losses
 

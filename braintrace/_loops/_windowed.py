@@ -13,6 +13,14 @@ truncated BPTT, and one window over the whole sequence is BPTT. Memory grows
 with ``k``, not with the sequence length. An algorithm's window hook
 (``GraphRules.window``, DNI's synthetic gradients) adds to each window's loss at
 its end (``injected``) and corrects its start (``correct``).
+
+What the reverse pass keeps per step (:data:`RESIDUAL_POLICY`): the state the step starts
+from and the outputs of its matrix products and convolutions; the elementwise
+rest (spikes, surrogate derivatives, gates) is recomputed from them, and the
+steps' losses are taken after the scan, over the window's stacked outputs. On
+the LIF network of ``benchmarks/spyx_compare.py`` (700 inputs, 256 neurons,
+batch 64) that keeps two neuron-sized arrays a step where every derivative kept
+took three, at the same time per step.
 """
 
 from __future__ import annotations
@@ -27,7 +35,11 @@ from braintrace._loops._context import LoopContext
 from braintrace._loops._per_step import ScanCarry
 from braintrace._loops._step import step_jacobians, step_leaves, step_loss
 
-__all__ = ["run_windowed"]
+__all__ = ["RESIDUAL_POLICY", "run_windowed"]
+
+RESIDUAL_POLICY = jax.checkpoint_policies.dots_saveable
+"""What a window's reverse pass keeps of each step (module docstring): the outputs of its matrix
+products and convolutions, and the state the step starts from."""
 
 
 def run_windowed(ctx: LoopContext, carry: ScanCarry, xs: Any, ys: Any, weights: jax.Array,
@@ -77,18 +89,21 @@ def run_windowed(ctx: LoopContext, carry: ScanCarry, xs: Any, ys: Any, weights: 
 def _window_loss(ctx: LoopContext, params, hidden, other, xw, yw, ww,
                  t_end) -> tuple[jax.Array, tuple[jax.Array, Any, Any]]:
     """``Σ_k w_k L_k`` of one window from ``hidden`` (plus the window hook's injection at its
-    end); aux: the losses and the state at the window's end."""
+    end); aux: the losses and the state at the window's end.
+
+    The steps run under ``jax.checkpoint`` with :data:`RESIDUAL_POLICY`; ``loss_fn`` runs once
+    over the window's outputs (``jax.vmap`` over its steps), not inside the scan.
+    """
     graph = ctx.graph
 
-    def body(state, inputs):
+    def body(state, x_t):
         h, o = state
-        x_t, y_t, w_t = inputs
         outs, _ = programs.forward(graph, StepLeaves(params, h, o, jax.tree.leaves(x_t)))
-        y = jax.tree.unflatten(graph.out_treedef, outs.y)
-        return (outs.hidden, outs.other), step_loss(ctx.loss_fn, y, y_t, w_t)
+        return (outs.hidden, outs.other), jax.tree.unflatten(graph.out_treedef, outs.y)
 
-    (h_end, o_end), (weighted, losses) = jax.lax.scan(body, (list(hidden), list(other)),
-                                                      (xw, yw, ww))
+    step = jax.checkpoint(body, policy=RESIDUAL_POLICY, prevent_cse=False)
+    (h_end, o_end), y = jax.lax.scan(step, (list(hidden), list(other)), xw)
+    weighted, losses = jax.vmap(lambda *a: step_loss(ctx.loss_fn, *a))(y, yw, ww)
     total = jnp.sum(weighted)
     if ctx.rules.window is not None:
         total = total + ctx.rules.window.injected(params, h_end, t_end)

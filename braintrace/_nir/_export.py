@@ -10,6 +10,7 @@ braintrace's layout (channels last) and are written in NIR's (channels first).
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
@@ -20,25 +21,37 @@ from flax import nnx
 
 from braintrace.layers import (
     ALIF,
+    IF,
     LIF,
+    AvgPool2d,
     ConvLIF,
     ETPConv,
     ETPLinear,
     ETPSparseLinear,
     ExpSynapse,
+    Flatten,
     LeakyReadout,
     RecurrentSpiking,
+    SumPool2d,
 )
 
 from ._package import nir_package
-from ._units import as_tuple, explicit_pads, nir_time_constant, one_minus_decay, positive_dt
+from ._units import (
+    as_tuple,
+    explicit_pads,
+    nir_shape,
+    nir_time_constant,
+    one_minus_decay,
+    positive_dt,
+)
+from ._weightless import flatten_node, pool_node
 
 Shape = tuple[int, ...]
 Segment = list[tuple[str, Any]]  # (node name, NIR node), in chain order
 
 SUPPORTED = ("nnx.Sequential chains (nested allowed) of ETPLinear, ETPSparseLinear, ETPConv "
-             "(1-D, 2-D), LIF, ExpSynapse, LeakyReadout, RecurrentSpiking, ConvLIF, or one of "
-             "these layers")
+             "(1-D, 2-D), LIF, IF, ExpSynapse, LeakyReadout, RecurrentSpiking, ConvLIF, "
+             "SumPool2d, AvgPool2d, Flatten, or one of these layers")
 
 
 def _where(path: str) -> str:
@@ -99,6 +112,41 @@ def _leaky(one_minus: np.ndarray, nir_shape: Shape, dt: float, dtype: Any) -> tu
                  for x in (tau, r))
 
 
+def _check_spikes(neuron: LIF | IF, path: str) -> None:
+    """Nothing, or a ValueError: NIR neurons reset to ``v_reset`` and are never refractory."""
+    kind = type(neuron).__name__
+    if neuron.reset != "hard":
+        raise ValueError(
+            f"to_nir: the {kind} at '{_where(path)}' uses reset='soft' (subtracts v_th - v_reset "
+            f"after a spike); NIR's LIF, CubaLIF and IF set v to v_reset. Build it with "
+            f"reset='hard' to export it.")
+    if neuron.refractory_steps:
+        raise ValueError(
+            f"to_nir: the {kind} at '{_where(path)}' has refractory_steps="
+            f"{neuron.refractory_steps}; NIR neurons have no refractory period.")
+
+
+def _never_leaks(neuron: Any) -> bool:
+    """Whether a neuron is an IF: the ``IF`` layer, or a LIF (a ConvLIF's) with ``τ = ∞``."""
+    return type(neuron) is IF or (isinstance(neuron.tau, float) and math.isinf(neuron.tau))
+
+
+def _if_node(nir: ModuleType, neuron: LIF | IF, nir_shape: Shape, path: str, dt: float) -> Any:
+    """NIR IF (``v̇ = R I``): Euler's step ``v + dt R I`` adds the input with ``R = 1/dt``."""
+    _check_spikes(neuron, path)
+    dtype = neuron.v[...].dtype
+    return nir.IF(r=np.full(nir_shape, 1.0 / dt, dtype),
+                  v_threshold=np.full(nir_shape, neuron.v_th, dtype),
+                  v_reset=np.full(nir_shape, neuron.v_reset, dtype))
+
+
+def _neuron_node(nir: ModuleType, neuron: Any, nir_shape: Shape, path: str, dt: float) -> Any:
+    """The NIR IF or LIF of a standalone or convolutional neuron layer."""
+    if _never_leaks(neuron):
+        return _if_node(nir, neuron, nir_shape, path, dt)
+    return _lif_node(nir, neuron, nir_shape, path, dt)
+
+
 def _lif_node(nir: ModuleType, lif: LIF, nir_shape: Shape, path: str, dt: float) -> Any:
     """NIR LIF of a hard-reset LIF without refractoriness."""
     if type(lif) is ALIF:
@@ -106,15 +154,7 @@ def _lif_node(nir: ModuleType, lif: LIF, nir_shape: Shape, path: str, dt: float)
     if type(lif) is not LIF:  # IF, CuBaLIF: not a NIR LIF (no leak; a synaptic current)
         raise TypeError(f"to_nir: the neuron at '{_where(path)}' is {type(lif).__name__}, which "
                         f"has no NIR mapping; a LIF neuron exports here.")
-    if lif.reset != "hard":
-        raise ValueError(
-            f"to_nir: the LIF at '{_where(path)}' uses reset='soft' (subtracts v_th - v_reset "
-            f"after a spike); NIR's LIF and CubaLIF set v to v_reset. Build it with "
-            f"reset='hard' to export it.")
-    if lif.refractory_steps:
-        raise ValueError(
-            f"to_nir: the LIF at '{_where(path)}' has refractory_steps={lif.refractory_steps}; "
-            f"NIR neurons have no refractory period.")
+    _check_spikes(lif, path)
     dtype = lif.v[...].dtype
     tau, r = _leaky(one_minus_decay(lif.tau, lif.dt, path), nir_shape, dt, dtype)
     return nir.LIF(tau=tau, r=r, v_leak=np.zeros(nir_shape, dtype),
@@ -181,12 +221,6 @@ def _conv_node(nir: ModuleType, conv: ETPConv, shape: Shape, path: str) -> tuple
     return node, tuple(out)
 
 
-def nir_shape(shape: Shape) -> np.ndarray:
-    """NIR's (channels-first) per-sample shape of a braintrace (channels-last) one."""
-    shape = tuple(int(s) for s in shape)
-    return np.array(shape if len(shape) == 1 else (shape[-1], *shape[:-1]))
-
-
 def _linear(nir, path, layer, shape, dt) -> tuple[Segment, Shape]:
     _check_shape(shape, (layer.in_features,), path, layer)
     return [(path or "ETPLinear", _dense_node(nir, layer))], (layer.out_features,)
@@ -208,7 +242,18 @@ def _conv(nir, path, layer, shape, dt) -> tuple[Segment, Shape]:
 
 def _lif(nir, path, layer, shape, dt) -> tuple[Segment, Shape]:
     _check_shape(shape, (layer.num_neurons,), path, layer)
-    return [(path or "LIF", _lif_node(nir, layer, shape, path, dt))], shape
+    node = _neuron_node(nir, layer, shape, path, dt)
+    return [(path or type(layer).__name__, node)], shape
+
+
+def _pool(nir, path, layer, shape, dt) -> tuple[Segment, Shape]:
+    node, out = pool_node(nir, layer, shape, path)
+    return [(path or type(layer).__name__, node)], out
+
+
+def _flat(nir, path, layer, shape, dt) -> tuple[Segment, Shape]:
+    node, out = flatten_node(nir, layer, shape, path)
+    return [(path or "Flatten", node)], out
 
 
 def _synapse(nir, path, layer, shape, dt) -> tuple[Segment, Shape]:
@@ -255,15 +300,15 @@ def _conv_lif(nir, path, layer, shape, dt) -> tuple[Segment, Shape]:
     _check_shape(shape, (*layer.input_size, layer.conv.in_features), path, layer)
     name = path or "ConvLIF"
     conv, out = _conv_node(nir, layer.conv, shape, f"{path}.conv" if path else "conv")
-    neuron = _lif_node(nir, layer.neuron, tuple(nir_shape(out)),
-                       f"{path}.neuron" if path else "neuron", dt)
+    neuron = _neuron_node(nir, layer.neuron, tuple(nir_shape(out)),
+                          f"{path}.neuron" if path else "neuron", dt)
     return [(f"{name}.conv", conv), (f"{name}.neuron", neuron)], out
 
 
 EXPORTERS: dict[type, Callable[..., tuple[Segment, Shape]]] = {
-    ETPLinear: _linear, ETPSparseLinear: _sparse, ETPConv: _conv, LIF: _lif,
+    ETPLinear: _linear, ETPSparseLinear: _sparse, ETPConv: _conv, LIF: _lif, IF: _lif,
     ExpSynapse: _synapse, LeakyReadout: _readout, RecurrentSpiking: _recurrent,
-    ConvLIF: _conv_lif,
+    ConvLIF: _conv_lif, SumPool2d: _pool, AvgPool2d: _pool, Flatten: _flat,
 }
 
 
@@ -286,7 +331,8 @@ def _segments(nir, leaves, shape, dt) -> tuple[Segment, Shape]:
     i = 0
     while i < len(leaves):
         path, layer = leaves[i]
-        if type(layer) is ExpSynapse and i + 1 < len(leaves) and type(leaves[i + 1][1]) is LIF:
+        nxt = leaves[i + 1][1] if i + 1 < len(leaves) else None
+        if type(layer) is ExpSynapse and type(nxt) is LIF and not _never_leaks(nxt):
             segment, shape = _cuba_lif(nir, (path, leaves[i + 1][0]), layer, leaves[i + 1][1],
                                        shape, dt)
             i += 2

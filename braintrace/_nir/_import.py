@@ -9,6 +9,7 @@ both (LeakyReadout, RecurrentSpiking, ConvLIF).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -17,6 +18,7 @@ import numpy as np
 from flax import nnx
 
 from braintrace.layers import (
+    IF,
     LIF,
     ConvLIF,
     ETPConv,
@@ -26,13 +28,22 @@ from braintrace.layers import (
     RecurrentSpiking,
 )
 
-from ._export import nir_shape
 from ._package import nir_package
-from ._units import as_tuple, finite, layer_time_constant, per_channel, positive_dt, uniform
+from ._units import (
+    as_tuple,
+    finite,
+    layer_time_constant,
+    nir_shape,
+    per_channel,
+    positive_dt,
+    uniform,
+)
+from ._weightless import POOLS, flatten_layer, pool_layer
 
 Shape = tuple[int, ...]
-SUPPORTED = ("Affine, Linear, Conv1d, Conv2d, LIF, CubaLIF, LI and recurrent subgraphs "
-             "(input -> LIF <-> Affine/Linear, LIF -> output) after an Affine or Linear")
+SUPPORTED = ("Affine, Linear, Conv1d, Conv2d, LIF, CubaLIF, LI, IF, SumPool2d, AvgPool2d, "
+             "Flatten and recurrent subgraphs (input -> LIF <-> Affine/Linear, LIF -> output) "
+             "after an Affine or Linear")
 _WEIGHTS = ("Affine", "Linear", "Conv1d", "Conv2d")
 
 
@@ -153,11 +164,28 @@ def _synapse(node: Any, build: _Build, name: str) -> tuple[ExpSynapse, np.ndarra
     return synapse, gain
 
 
+def _if_gain(node: Any, build: _Build, name: str) -> np.ndarray:
+    """The input gain ``R dt`` of a NIR IF (Euler's ``v + dt R I``), one per channel."""
+    finite(node.r, name, "r", "its input gain r·dt is multiplied into the weights before it "
+           "and must be finite")
+    return per_channel(node.r, name, "resistances") * build.dt
+
+
+def _if(node: Any, build: _Build, name: str) -> tuple[IF, np.ndarray]:
+    """A hard-reset IF of a NIR IF, and its input gain."""
+    gain = _if_gain(node, build, name)
+    return IF(gain.size, **_spike_kwargs(node, name), param_dtype=build.param_dtype), gain
+
+
 def _neuron(node: Any, name: str, size: int, build: _Build) -> tuple[list[nnx.Module], np.ndarray]:
-    """The layers of a LIF (LIF), CubaLIF (ExpSynapse, LIF) or LI (ExpSynapse), and their gain."""
+    """The layers of a LIF (LIF), IF (IF), CubaLIF (ExpSynapse, LIF) or LI (ExpSynapse), and
+    their gain."""
     if np.atleast_1d(node.output_type["output"]).tolist() != [size]:
         raise ValueError(f"from_nir: node '{name}' ({_kind(node)}) of shape "
                          f"{node.output_type['output']} receives vectors of size {size}.")
+    if _kind(node) == "IF":
+        neuron, gain = _if(node, build, name)
+        return [neuron], gain
     if _kind(node) == "LIF":
         lif, gain = _lif(node, build, name)
         return [lif], gain
@@ -168,12 +196,12 @@ def _neuron(node: Any, name: str, size: int, build: _Build) -> tuple[list[nnx.Mo
     return [synapse, lif], gain * mem_gain
 
 
-def _unit_gain(gain: np.ndarray, name: str) -> None:
+def _unit_gain(gain: np.ndarray, name: str, formula: str) -> None:
     if not np.allclose(gain, 1.0, rtol=1e-6, atol=0.0):
         raise ValueError(
-            f"from_nir: node '{name}' scales its input by R·dt/τ = {np.unique(gain)}; braintrace "
-            f"neurons add their input with gain 1 and no Affine, Linear or Conv node comes "
-            f"before it to take the gain into its weights.")
+            f"from_nir: node '{name}' scales its input by {formula} = {np.unique(gain)}; "
+            f"braintrace neurons add their input with gain 1 and no Affine, Linear or Conv node "
+            f"comes before it to take the gain into its weights.")
 
 
 def _dense(node: Any, name: str, gain: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -235,7 +263,7 @@ def _conv_geometry(node: Any, shape: Shape, name: str, build: _Build) -> dict[st
                              f"'same' is defined for stride 1 only.")
         padding = padding.upper()
     else:
-        padding = [(p, p) for p in as_tuple(padding, n)]
+        padding = tuple((p, p) for p in as_tuple(padding, n))  # hashable: a static of jit
     return {"in_features": weight.shape[1] * groups, "out_features": weight.shape[0],
             "kernel_size": weight.shape[2:], "strides": strides, "padding": padding,
             "kernel_dilation": as_tuple(node.dilation, n), "feature_group_count": groups,
@@ -261,13 +289,17 @@ def _conv(node: Any, name: str, shape: Shape, build: _Build) -> tuple[ETPConv, S
 
 def _conv_lif(conv: Any, node: Any, names: tuple[str, str], shape: Shape,
               build: _Build) -> tuple[ConvLIF, Shape]:
-    """A ConvLIF of a conv node and the LIF after it (per channel, shared over positions)."""
-    tau, gain = _membrane(node, build, names[1])
+    """A ConvLIF of a conv node and the LIF (or IF: ``τ = ∞``) after it, per channel."""
+    if _kind(node) == "IF":
+        tau, gain = math.inf, _if_gain(node, build, names[1])
+    else:
+        tau, gain = _membrane(node, build, names[1])
     layer = ConvLIF(**_conv_geometry(conv, shape, names[0], build), input_size=shape[:-1],
                     **_tau_kwargs(tau), dt=build.dt, **_spike_kwargs(node, names[1]))
-    if np.asarray(node.tau).shape != tuple(nir_shape(layer.output_shape)):
-        raise ValueError(f"from_nir: node '{names[1]}' has shape {np.shape(node.tau)} but the "
-                         f"convolution '{names[0]}' gives {nir_shape(layer.output_shape)}.")
+    if np.atleast_1d(node.output_type["output"]).tolist() != nir_shape(layer.output_shape).tolist():
+        raise ValueError(f"from_nir: node '{names[1]}' has shape {node.output_type['output']} "
+                         f"but the convolution '{names[0]}' gives "
+                         f"{nir_shape(layer.output_shape)}.")
     _conv_params(layer.conv, conv, names[0], gain)
     _set_tau(layer.neuron.tau, tau)
     return layer, layer.output_shape
@@ -347,7 +379,7 @@ def _after_dense(nodes: list[tuple[str, Any]], i: int, shape: Shape,
         return [_readout(dense, nxt, (name, nxt_name), build)], 2, out
     if _kind(nxt) == "NIRGraph":
         return [_recurrent(dense, nxt, (name, nxt_name), build)], 2, out
-    if _kind(nxt) in ("LIF", "CubaLIF"):
+    if _kind(nxt) in ("LIF", "CubaLIF", "IF"):
         neurons, gain = _neuron(nxt, nxt_name, out[0], build)
         return [_etp_linear(*_dense(dense, name, gain), build), *neurons], 2, out
     return [_etp_linear(*_dense(dense, name, np.ones(out)), build)], 1, out
@@ -358,7 +390,7 @@ def _after_conv(nodes: list[tuple[str, Any]], i: int, shape: Shape,
     """The layer of the Conv1d/Conv2d at ``i`` (a ConvLIF with the LIF after it)."""
     name, conv = nodes[i]
     nxt_name, nxt = nodes[i + 1] if i + 1 < len(nodes) else (None, None)
-    if _kind(nxt) == "LIF":
+    if _kind(nxt) in ("LIF", "IF"):
         layer, out = _conv_lif(conv, nxt, (name, nxt_name), shape, build)
         return [layer], 2, out
     if _kind(nxt) in ("LI", "CubaLIF", "NIRGraph"):
@@ -378,13 +410,17 @@ def _layers(nodes: list[tuple[str, Any]], shape: Shape, build: _Build) -> tuple[
             new, used, shape = _after_dense(nodes, i, shape, build)
         elif kind in ("Conv1d", "Conv2d"):
             new, used, shape = _after_conv(nodes, i, shape, build)
-        elif kind in ("LIF", "CubaLIF", "LI"):
+        elif kind in POOLS or kind == "Flatten":
+            layer, shape = (pool_layer if kind in POOLS else flatten_layer)(node, name, shape)
+            new, used = [layer], 1
+        elif kind in ("LIF", "CubaLIF", "LI", "IF"):
             if len(shape) != 1:
                 raise ValueError(
                     f"from_nir: node '{name}' is a {kind} on frames {nir_shape(shape)}; braintrace "
-                    f"has per-position neurons only as ConvLIF (a Conv node followed by a LIF).")
+                    f"has per-position neurons only as ConvLIF (a Conv node followed by a LIF or "
+                    f"an IF).")
             new, gain = _neuron(node, name, shape[0], build)
-            _unit_gain(gain, name)
+            _unit_gain(gain, name, "R·dt" if kind == "IF" else "R·dt/τ")
             used = 1
         elif kind == "NIRGraph":
             raise ValueError(

@@ -122,6 +122,12 @@ def explicit_pads(padding: Any, spatial: Sequence[int], kernel_size: Sequence[in
     return pads * n if len(pads) == 1 else pads
 
 
+def nir_shape(shape: Sequence[int]) -> np.ndarray:
+    """NIR's (channels-first) per-sample shape of a braintrace (channels-last) one."""
+    shape = tuple(int(s) for s in shape)
+    return np.array(shape if len(shape) == 1 else (shape[-1], *shape[:-1]))
+
+
 def as_tuple(value: Any, n: int) -> tuple[int, ...]:
     """``n`` ints from an int, a sequence or a numpy array (``None`` is 1)."""
     flat = np.atleast_1d(np.asarray(1 if value is None else value)).astype(int).tolist()

@@ -50,24 +50,36 @@ from braintrace.tasks._encoders import delta_encode as delta_encode
 from braintrace.tasks._encoders import latency_encode as latency_encode
 from braintrace.tasks._encoders import poisson_encode as poisson_encode
 from braintrace.tasks._encoders import rate_encode as rate_encode
+from braintrace.tasks._event_datasets import NMNIST as NMNIST
+from braintrace.tasks._event_datasets import SHD as SHD
+from braintrace.tasks._event_datasets import SSC as SSC
+from braintrace.tasks._event_datasets import AbstractEventDataset as AbstractEventDataset
 from braintrace.tasks._losses import cross_entropy as cross_entropy
 from braintrace.tasks._losses import last_step_mask as last_step_mask
 from braintrace.tasks._regularizers import firing_rate_penalty as firing_rate_penalty
 from braintrace.tasks._regularizers import overactivity_penalty as overactivity_penalty
 from braintrace.tasks._regularizers import silent_neuron_penalty as silent_neuron_penalty
+from braintrace.tasks._tonic import TonicDataset as TonicDataset
+from braintrace.tasks._tonic import from_tonic as from_tonic
 
 __all__ = [
     "MNIST1D",
+    "NMNIST",
+    "SHD",
+    "SSC",
+    "AbstractEventDataset",
     "Batch",
     "DelayedMatchToSample",
     "Integrator",
     "SequentialDigits",
     "SpikePatterns",
     "SpikingDigits",
+    "TonicDataset",
     "accuracy",
     "cross_entropy",
     "delta_encode",
     "firing_rate_penalty",
+    "from_tonic",
     "last_step_mask",
     "latency_encode",
     "overactivity_penalty",

@@ -46,7 +46,7 @@ def _require(module: str, package: str, user: str) -> ModuleType:
             f"installed. Install the tasks extra: {_INSTALL}") from err
 
 
-def _stratified(labels: np.ndarray, fraction: float, rng: np.random.Generator
+def stratified(labels: np.ndarray, fraction: float, rng: np.random.Generator
                 ) -> tuple[np.ndarray, np.ndarray]:
     """Indices ``(rest, held_out)``: ``fraction`` of each class held out, both sorted."""
     held = []
@@ -78,7 +78,7 @@ def _mnist1d_arrays(seed: int, validation_fraction: float) -> Arrays:
         random.setstate(py_state)
     x = data["x"].astype(np.float32)[..., None]
     y = data["y"].astype(np.int32)
-    rest, held = _stratified(y, validation_fraction, np.random.default_rng(seed))
+    rest, held = stratified(y, validation_fraction, np.random.default_rng(seed))
     return _frozen({
         "train": (x[rest], y[rest]),
         "validation": (x[held], y[held]),
@@ -95,8 +95,8 @@ def _digits_images(seed: int, test_fraction: float, validation_fraction: float
     x = (digits.data / 16.0).astype(np.float32)
     y = digits.target.astype(np.int32)
     rng = np.random.default_rng(seed)
-    rest, test = _stratified(y, test_fraction, rng)
-    train, validation = _stratified(y[rest], validation_fraction / (1 - test_fraction), rng)
+    rest, test = stratified(y, test_fraction, rng)
+    train, validation = stratified(y[rest], validation_fraction / (1 - test_fraction), rng)
     return {"train": (x[rest][train], y[rest][train]),
             "validation": (x[rest][validation], y[rest][validation]), "test": (x[test], y[test])}
 

@@ -1,0 +1,104 @@
+"""A driver's finiteness check, read one call late so that the host never waits for the device.
+
+The stateful drivers (:class:`~braintrace.OnlineLearner`,
+:class:`~braintrace.OnlineTrainer`) run programs that return nothing
+non-finite (``_programs.checked_grad_program``, ``checked_train_program``:
+where a loss or a gradient is not finite they return zero gradients and the
+state they were given), together with the flags that say whether they had to.
+Reading those flags on the host right after the call would make the host wait
+for the device at every call, so that the next call's dispatch could not
+overlap the device's work. A :class:`DeferredCheck` keeps them instead, with
+the function that reads them (the *verdict*, which raises the error that names
+the offending step or Param), and reads them later:
+
+* at the next call of the driver, once that call's own arguments are checked:
+  at once if the device has already finished the earlier call, else right
+  after the new call is dispatched (while the device runs it);
+* at ``sync()``, and before anything is saved.
+
+So the error of call ``k`` is raised by call ``k + 1`` (or ``sync()``); call
+``k + 1`` then changes nothing. The flags are copied to the host as soon as the
+call is dispatched, so reading them costs no round trip to the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+
+from braintrace._drivers._sharding import host_arrays
+
+__all__ = ["DeferredCheck"]
+
+
+class _Pending(NamedTuple):
+    flags: tuple[jax.Array, ...]
+    verdict: Callable[..., None]
+
+
+class DeferredCheck:
+    """The flags of a driver's last call and the verdict that reads them (module docstring).
+
+    Attributes:
+        failed: The last error a verdict raised (so that a loop can tell it from others).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> check = DeferredCheck()
+        >>> def verdict(loss):
+        ...     if not jnp.isfinite(loss):
+        ...         raise FloatingPointError(f'the loss is {loss}')
+        >>> check.defer((jnp.asarray(jnp.nan),), verdict)   # the call returns at once
+        >>> check.pending
+        True
+        >>> check.settle()
+        Traceback (most recent call last):
+        ...
+        FloatingPointError: the loss is nan
+        >>> check.pending   # an error is raised once
+        False
+    """
+
+    def __init__(self) -> None:
+        self._pending: _Pending | None = None
+        self.failed: FloatingPointError | None = None
+
+    @property
+    def pending(self) -> bool:
+        """Whether a call's flags are still to be read."""
+        return self._pending is not None
+
+    def defer(self, flags: tuple[jax.Array, ...], verdict: Callable[..., None]) -> None:
+        """Keeps ``flags`` (starting their copy to the host) to be read by ``verdict`` later.
+
+        Flags of an earlier call still kept are read first (:meth:`settle`).
+        """
+        self.settle()
+        for flag in flags:
+            _start_copy(flag)
+        self._pending = _Pending(flags, verdict)
+
+    def settle(self, *, wait: bool = True) -> None:
+        """Reads the kept flags with their verdict (which raises if the call went wrong).
+
+        Args:
+            wait: Wait for the device to finish the call if it has not; ``False``
+                reads the flags only if they are ready (else keeps them).
+        """
+        pending = self._pending
+        if pending is None or not (wait or all(flag.is_ready() for flag in pending.flags)):
+            return
+        self._pending = None
+        try:
+            pending.verdict(*host_arrays(*pending.flags))
+        except FloatingPointError as err:
+            self.failed = err
+            raise
+
+
+def _start_copy(flag: Any) -> None:
+    """Starts copying ``flag`` to this host (its first local copy, across processes)."""
+    if isinstance(flag, jax.Array):
+        (flag if flag.is_fully_addressable else flag.addressable_data(0)).copy_to_host_async()

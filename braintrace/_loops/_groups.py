@@ -1,0 +1,67 @@
+"""Several time steps per iteration of a loop on accelerators.
+
+A loop over time runs :func:`step_group` steps per iteration of its ``lax.scan``
+(:func:`scan_grouped`): unrolled in the iteration's body, their per-step outputs stacked
+once per iteration. On the CPU, one step per iteration.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["STEP_GROUP", "scan_grouped", "step_group"]
+
+STEP_GROUP = 8
+"""Steps per loop iteration on accelerators (:func:`step_group`)."""
+
+
+def step_group(length: int) -> int:
+    """How many steps of a loop over ``length`` steps each iteration runs and stacks.
+
+    XLA:TPU lays a block's stacked per-step values out for the products that read them
+    after the loop, with the step axis inside its tiles of 8 rows: stacking one step then
+    rewrites part of every tile (measured on a TPU v5e, hidden 256, batch 16: 2.5 µs per
+    step for a GRU's ``(16, 768)`` value, 16 µs for a readout's ``(16, 10)``, 40-75% of the
+    step). :data:`STEP_GROUP` steps stacked at once fill whole tiles (D-RTRL on a two-layer
+    LIF network: 21.5 -> 4.8 µs per step on the device; ES-D-RTRL on a GRU: 5.9 -> 2.9).
+    The per-step loop stacks only the losses, but each iteration of a loop costs the
+    device time of its own (the per-step ES-D-RTRL on a two-layer LIF network at hidden
+    256, batch 16: its loop took 0.85 µs per step more than its body's ops, 13%; writing
+    each step's loss into the ``(T,)`` losses another 0.14 µs). A loop of at most
+    :data:`STEP_GROUP` steps runs as one group (131,072 neurons take blocks of 3), a
+    longer one in groups of its largest divisor up to that. On the CPU, whose layouts are
+    row-major, one step per iteration (grouping only adds compile time there). Chosen by
+    the default backend when the loop is traced.
+    """
+    if jax.default_backend() == "cpu":
+        return 1
+    return max(g for g in range(1, min(STEP_GROUP, length) + 1) if length % g == 0)
+
+
+def scan_grouped(step: Any, start: Any, inputs: Any) -> tuple[Any, Any]:
+    """``jax.lax.scan(step, start, inputs)``, :func:`step_group` steps per iteration.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> total, seen = scan_grouped(lambda c, x: (c + x, c), 0.0, jnp.arange(4.0))
+        >>> float(total), seen.tolist()
+        (6.0, [0.0, 0.0, 1.0, 3.0])
+    """
+    length = jax.tree.leaves(inputs)[0].shape[0]
+    group = step_group(length)
+    if group == 1:
+        return jax.lax.scan(step, start, inputs)
+
+    def steps(state, grouped):
+        outs = []
+        for k in range(group):
+            state, out = step(state, jax.tree.map(lambda a, k=k: a[k], grouped))
+            outs.append(out)
+        return state, jax.tree.map(lambda *o: jnp.stack(o), *outs)
+
+    split = lambda a: a.reshape(length // group, group, *a.shape[1:])
+    state, stacked = jax.lax.scan(steps, start, jax.tree.map(split, inputs))
+    return state, jax.tree.map(lambda a: a.reshape(length, *a.shape[2:]), stacked)
