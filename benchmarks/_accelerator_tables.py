@@ -250,41 +250,64 @@ _KERNEL_SUMS = {"forward": "forward `y`", "x_bar": "input pullback `x̄`",
                 "dw": "weight pullback `dw`", "dw_block": "`dw` over a time block"}
 
 
+def _kernel_label(label: str) -> str:
+    """A kernels' column: ``pallas`` (the default of the run's commit), ``pallas_staged``,
+    ``pallas_small`` (its fallback sizes), ``pallas:NAME`` (a variant of
+    ``_sparse_tpu.VARIANTS``)."""
+    named = {"pallas": "Pallas", "pallas_staged": "Pallas, staged",
+             "pallas_small": "Pallas, small blocks"}
+    return named.get(label) or f"Pallas `{label.partition(':')[2]}`"
+
+
 def sparse_kernels(results: Results) -> str:
-    """Per size, batch and sum: XLA's time, the kernels' (or their fallback sizes'), XLA's over
-    the kernels', the row-rate floor and the kernels' time over it, and their largest
-    difference to XLA's values (relative to its largest). Registered in ``_tables.BLOCKS`` as
-    ``sparse_kernels`` once the run's JSON is in ``benchmarks/results``."""
+    """Per size, batch and sum: XLA's time, each kernel variant's, the XLA gather of the
+    tables that the fastest variant's call makes (the weights into slot order, hoisted out of
+    a time loop; or the pullback's values into connection order), the row-rate floor and the
+    fastest variant's time over it, XLA's over it, and its largest difference to XLA's values
+    (relative to its largest)."""
     run = results(KERNELS)
     config = run["config"]
+    labels = list(dict.fromkeys(
+        label for record in run["results"] for name in _KERNEL_SUMS if name in record
+        for label in record[name] if label.startswith("pallas")))
 
-    def kernels(entry: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
-        for label in ("pallas", "pallas_small"):
-            if "ms_median" in entry.get(label, {}):
-                return label, entry[label]
-        return "pallas", None
+    def time(entry: dict[str, Any] | None) -> str:
+        if entry is None or "ms_median" not in entry:
+            return "failed" if entry and "error" in entry else MISSING
+        return f"{entry['ms_median']:.2f} ms"
 
     rows = []
     for record in run["results"]:
-        for name, label in _KERNEL_SUMS.items():
-            entry = record[name]
-            which, timed = kernels(entry)
+        for name, what in _KERNEL_SUMS.items():
+            entry = record.get(name)
+            if entry is None:
+                continue
+            timed = {k: entry[k] for k in labels if "ms_median" in entry.get(k, {})}
+            fastest = min(timed, key=lambda k: timed[k]["ms_median"]) if timed else None
+            best = timed.get(fastest)
+            tables = entry.get("tables") or entry.get(f"tables:{str(fastest).partition(':')[2]}")
             xla = entry.get("xla", {})
             rows.append((
-                f"{record['neurons']:,}", str(record["batch"]), label, str(entry["rows"]),
-                f"{xla['ms_median']:.2f} ms" if "ms_median" in xla else MISSING,
-                MISSING if timed is None else f"{timed['ms_median']:.2f} ms"
-                + (" (small blocks)" if which == "pallas_small" else ""),
-                ratio(entry.get("xla_over_pallas")), f"{entry['floor_ms']:.2f} ms",
-                MISSING if timed is None else ratio(timed["over_floor"]),
-                MISSING if timed is None else f"{timed['max_rel_error']:.0e}"))
+                f"{record['neurons']:,}", str(record["batch"]), what, str(entry["rows"]),
+                time(xla), *(time(entry.get(k)) for k in labels), time(tables),
+                f"{entry['floor_ms']:.2f} ms",
+                MISSING if best is None else ratio(best["ms_median"] / entry["floor_ms"]),
+                MISSING if best is None or "ms_median" not in xla
+                else ratio(xla["ms_median"] / best["ms_median"]),
+                MISSING if best is None else f"{best['max_rel_error']:.0e}"))
     return captioned(
         f"{source(results, KERNELS)}: the recurrent sparse sums of `scale.py` ({config['degree']}"
         " synapses per neuron) alone, on `rows` rows (the batch, or ES-D-RTRL's block product's "
         f"`(K + 1)·B`, `K = {config['block']}`); median of {config['repeats']} calls. XLA: "
-        "its gathers (`_sparse_accelerator.py`); Pallas: the kernels "
-        "(`_sparse_pallas.py`). Floor: one row load per synapse and per 128 values at "
-        f"{config['row_ns']} ns (`benchmarks/sparse_kernels_tpu.py`); error: the kernels' "
-        "largest difference to XLA's values over XLA's largest value.",
-        *table(("neurons", "batch", "sum", "rows", "XLA", "Pallas", "XLA ÷ Pallas", "floor",
-                "Pallas × floor", "error"), rows))
+        "its gathers (`_sparse_accelerator.py`); Pallas: "
+        + ("each variant of the kernels (`_sparse_tpu.KERNELS`: `cells`, `_sparse_pallas.py`; "
+           "`staged`, `_sparse_staged.py`; `@ROWS`: that many target rows per block), "
+           if all(":" in label for label in labels) else "the kernels (`_sparse_pallas.py`), ")
+        + "each call with the XLA gather of its tables (the weights into slot order, which a time "
+        "loop computes once, before the loop; or the weight pullback's values into connection "
+        "order), the fastest variant's also timed alone. Floor: one row load per "
+        f"synapse and per 128 values at {config['row_ns']} ns "
+        "(`benchmarks/sparse_kernels_tpu.py`); the fastest kernels' time over it, XLA's time "
+        "over theirs, and their largest difference to XLA's values over XLA's largest value.",
+        *table(("neurons", "batch", "sum", "rows", "XLA", *map(_kernel_label, labels),
+                "tables alone", "floor", "fastest × floor", "XLA ÷ fastest", "error"), rows))

@@ -212,17 +212,20 @@ def measure(cfg: dict) -> None:
 
 
 def child(cfg: dict) -> None:
-    """Measures one configuration (module docstring), under ``cfg['formulation']`` if set
-    (and with ``cfg['sparse_staged']``, the staged form of the TPU's uniform sparse forward)."""
+    """Measures one configuration (module docstring), under ``cfg['formulation']`` if set,
+    with the Pallas kernels ``cfg['kernels']`` on a TPU (``sparse_kernels_tpu.variant``; and
+    with ``cfg['sparse_staged']``, the staged form of the cells' uniform sparse forward)."""
     if cfg.get("sparse_staged"):
         from braintrace._primitives import _sparse_pallas
 
         _sparse_pallas.STAGED = True
-    if cfg.get("formulation"):
-        from braintrace._platform import formulation
+    with contextlib.ExitStack() as stack:
+        if cfg.get("kernels"):
+            from sparse_kernels_tpu import variant
 
-        context = formulation(cfg["formulation"])
-    else:
-        context = contextlib.nullcontext()
-    with context:
+            stack.enter_context(variant(cfg["kernels"]))
+        if cfg.get("formulation"):
+            from braintrace._platform import formulation
+
+            stack.enter_context(formulation(cfg["formulation"]))
         measure(cfg)

@@ -213,7 +213,9 @@ def _scale_figures(r: dict[str, Any], summary: dict[str, Any]) -> tuple[str, ...
     return (f"not run: {r.get('skipped_reason', r.get('error', ''))}", *[MISSING] * 4)
 
 
-def _scale(results: Results, names: Sequence[str]) -> str:
+def _scale(results: Results, names: Sequence[str], sums: bool = False) -> str:
+    """The ``scale.py`` runs ``names``, a row per record; ``sums``: with the batch, the
+    formulation of the sparse sums (:func:`_sums`) and the samples-steps per second."""
     rows, ran, floors = [], [], False
     for name in names:
         run = results(name)
@@ -226,29 +228,65 @@ def _scale(results: Results, names: Sequence[str]) -> str:
             if r.get("executed") and name not in ran:
                 ran.append(name)
             loop = r.get("loop") or MISSING
-            batch = r.get("batch")
-            method = f"`{r['method']}`" + (f" (batch {batch})" if batch and batch !=
+            batch = r.get("batch") or run["config"]["batch"]
+            if sums:
+                steps = summary.get("sample_steps_per_s") or (
+                    batch * r["T"] / r["s_per_update"] if r.get("executed") else None)
+                rows.append((f"{r['neurons']:,}", str(r["T"]), f"`{r['method']}`", str(batch),
+                             _sums(name, run), loop, figures[0],
+                             MISSING if steps is None else f"{steps:,.0f}", *figures[1:]))
+                continue
+            method = f"`{r['method']}`" + (f" (batch {batch})" if batch !=
                                           run["config"]["batch"] else "")
             rows.append((f"{r['neurons']:,}", str(r["T"]), method, loop, *figures))
     if not floors:
         rows = [row[:-1] for row in rows]
     config = results(names[0])["config"]
     repeats = ", ".join(f"{results(n)['config']['repeats']} in `{n}`" for n in ran)
+    header = ("neurons", "T", "method", *(("batch", "sums") if sums else ()), "loop",
+              "s/update", *(("sample-steps/s",) if sums else ()), "× BPTT", "peak RSS",
+              "XLA peak", *(("× floor",) if floors else ()))
     return captioned(
-        f"{source(results, *names)}: batch {config['batch']}, {config['degree']} synapses per "
-        f"neuron; seconds per update, the median of the runs after a warm-up ({repeats})."
+        f"{source(results, *names)}: "
+        + ("" if sums else f"batch {config['batch']}, ")
+        + f"{config['degree']} synapses per neuron; seconds per update, the median of the runs "
+        f"after a warm-up ({repeats})."
+        + (" Sums: the sparse product's sums as XLA's gathers or as the Pallas kernels; "
+           "sample-steps/s: batch · T over the seconds per update; × BPTT: against BPTT's "
+           "time in the same run and batch." if sums else "")
         + (" × floor: the time per step over its analytic floor (`benchmarks/_scale_floor.py`)."
            if floors else ""),
-        *table(("neurons", "T", "method", "loop", "s/update", "× BPTT", "peak RSS", "XLA peak",
-                *(("× floor",) if floors else ())), rows))
+        *table(header, rows))
+
+
+PALLAS_SCALE_RUNS = ("scale_tpu_pallas.json", "scale_tpu_1m_pallas.json")
+"""``scale.py`` runs on a TPU whose sparse sums were the Pallas kernels (the default there
+since those runs' commit) but whose JSON does not say so (``config['sparse_sums']``, which
+later runs record)."""
+
+
+def _sums(name: str, run: dict[str, Any]) -> str:
+    """``XLA`` or ``Pallas`` (``Pallas, staged``: a variant other than the default)."""
+    recorded = run["config"].get("sparse_sums")
+    if recorded is None:
+        return "Pallas" if name in PALLAS_SCALE_RUNS else "XLA"
+    return recorded
 
 
 def scale_cpu(results: Results) -> str:
     return _scale(results, ("scale.json", "scale_t300.json"))
 
 
+KERNEL_SCALE_RUNS = ("scale_tpu_cells.json", "scale_tpu_staged.json", "scale_tpu_1m_kernels.json")
+"""``scale.py --kernels VARIANT`` runs on a TPU (``config['sparse_sums']`` names the kernels),
+shown once committed: 131,072 neurons with each variant in one device call, and 1,048,576."""
+SCALE_TPU_RUNS = ("scale_tpu.json", "scale_tpu_t300.json", "scale_tpu_1m_t300.json",
+                  *PALLAS_SCALE_RUNS, *KERNEL_SCALE_RUNS)
+"""The ``scale.py`` runs on a TPU that ``scale_tpu`` shows, the XLA formulation's first."""
+
+
 def scale_tpu(results: Results) -> str:
-    return _scale(results, ("scale_tpu.json", "scale_tpu_t300.json", "scale_tpu_1m_t300.json"))
+    return _scale(results, results.present(SCALE_TPU_RUNS), sums=True)
 
 
 SCALE_MEMORY_RUNS = ("scale_bptt_1m_compiled.json",)
@@ -397,6 +435,7 @@ BLOCKS: dict[str, Callable[[Results], str]] = {
     "scale_memory": scale_memory,
     "scale_tpu_floor": accelerator.scale_tpu_floor,
     "sparse_probe": accelerator.sparse_probe,
+    "sparse_kernels": accelerator.sparse_kernels,
     "trace_dtype_accuracy": accelerator.trace_dtype_accuracy,
     "sparse": sparse,
     "trainer_step": trainer_step,

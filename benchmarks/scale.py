@@ -400,6 +400,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--sparse-staged", action="store_true",
                    help="on a TPU, the uniform sparse forward in its staged form "
                         "(braintrace._primitives._sparse_pallas.STAGED)")
+    p.add_argument("--kernels", default="cells",
+                   help="on a TPU, the Pallas kernels of the sparse sums: a variant of "
+                        "braintrace._primitives._sparse_tpu.VARIANTS, optionally @ROWS (target "
+                        "rows per block): cells, staged, staged@2048")
     p.add_argument("--timeout", type=float, default=4 * 3600.0, help="seconds per configuration")
     p.add_argument("--memory-report", action="store_true",
                    help="dump XLA's buffer assignment; record each program's largest buffers")
@@ -431,6 +435,10 @@ def main(argv: list[str] | None = None) -> dict:
     sys.path.insert(0, HERE)
     from _models import environment, write_json
     from _scale_ops import measure_ops
+    from sparse_kernels_tpu import sparse_sums, variant
+
+    with variant(args.kernels):  # an unknown name fails here, before any configuration
+        pass
 
     base = {**PPPROP, **FULL, **(QUICK if args.quick else {})}
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(base["sizes"])
@@ -446,7 +454,8 @@ def main(argv: list[str] | None = None) -> dict:
                                           "compile_only": args.compile_only,
                                           "host_fallback": args.host_fallback,
                                           "formulation": args.formulation,
-                                          "sparse_staged": args.sparse_staged}
+                                          "sparse_staged": args.sparse_staged,
+                                          "kernels": args.kernels}
     batches = [cfg["batch"]] if args.batch is None or auto else args.batch
     cfg["batch"] = batches[0]
     skip = set(filter(None, args.skip.split(",")))
@@ -465,12 +474,14 @@ def main(argv: list[str] | None = None) -> dict:
                                       "method": method}, args.timeout)
                     records.append(rec)
                     _print_record(rec)
+    env = environment()
     payload = {
         "benchmark": NAME, "quick": args.quick,
         "config": {**cfg, "sizes": sizes, "lengths": lengths, "methods": methods,
-                   "batches": batches},
+                   "batches": batches,
+                   "sparse_sums": sparse_sums(env["backend"], args.formulation, args.kernels)},
         "published_pp_prop": PUBLISHED,
-        "environment": {**environment(), "load_average_1min_before_after":
+        "environment": {**env, "load_average_1min_before_after":
                         [load_before, os.getloadavg()[0]]},
         "notes": NOTES,
         "results": records, "summary": summarise(records, None if auto else batches[0]),

@@ -1,28 +1,29 @@
-"""The sparse product's sums on one TPU: the Pallas kernels against XLA's formulation.
+"""The sparse product's sums on one TPU: each variant of the Pallas kernels against XLA's.
 
 For ``scale.py``'s recurrent layer (``N`` neurons, ``degree`` random synapses into each,
-connections in output order) and batch ``B``, each sum of the sparse primitive, run by the
-Pallas kernels (``braintrace/_primitives/_sparse_tpu.py``) and by XLA's gathers
-(``_sparse_accelerator.py``, the reference):
+connections in output order) and batch ``B``, each sum of the sparse primitive, run by XLA's
+gathers (``_sparse_accelerator.py``, the reference) and by each variant of the Pallas kernels
+(``braintrace/_primitives/_sparse_tpu.py``, ``--variants``):
 
 * ``forward`` ``y = Σ_{post[k]=o} w[k] x[pre[k]]`` (``B`` rows);
 * ``x_bar`` ``x̄ = Σ_{pre[k]=i} w[k] ȳ[post[k]]`` (``B`` rows);
 * ``dw`` ``dw[k] = Σ_r x[r, pre[k]] d[r, post[k]]`` over ``B`` rows, and ``dw_block`` over
   ``(K + 1)·B`` rows (ES-D-RTRL's block product, ``--block K``).
 
-Per sum and formulation: the largest difference to XLA's values (absolute, and relative to
-XLA's largest value), the median and minimum of ``--repeats`` calls (``block_until_ready``,
-the formulations round-robin), and the time over the **row-rate floor**: one row load per
-synapse and per group of 128 values, ``nnz · ⌈rows / 128⌉ · ROW_NS`` (a VMEM-resident row
-load measured at 1.2–1.5 ns on a v5e). A formulation that does not compile or run is
-recorded with its error and the rest go on; when the kernels fail with the default sizes
-they are tried again with smaller ones (``fallback``: blocks of 256 targets, chunks of half
-the VMEM budget), recorded as ``pallas_small``. Where the cells are not uniform, the
-kernels' call includes an XLA gather of the weights into slot order (or of the pullback's
-values back into connection order): ``tables`` times it alone. The forward over uniform cells
-is also timed in its staged form (``pallas_staged``, ``_sparse_pallas.STAGED``).
+A variant is a name of ``_sparse_tpu.VARIANTS`` (``cells``: the kernels of
+``_sparse_pallas.py``; ``staged``: those of ``_sparse_staged.py``), optionally ``@ROWS``,
+the target rows per block (``_sparse_tpu.BLOCK_ROWS``): ``--variants cells,staged,staged@2048``.
+Per sum and variant: the largest difference to XLA's values (absolute, and relative to XLA's
+largest value), the median and minimum of ``--repeats`` calls (``block_until_ready``, every
+program in turn), and the time over the **row-rate floor**: one row load per synapse and per
+group of 128 values, ``nnz · ⌈rows / 128⌉ · ROW_NS`` (a VMEM-resident row load measured at
+1.2–1.5 ns on a v5e). A program that does not compile or run is recorded with its error and
+the rest go on. Where a variant's call gathers its tables with XLA (the weights into slot
+order, or the pullback's values back into connection order), ``tables:VARIANT`` times that
+gather alone: in a time loop XLA computes the weights' gather once, before the loop.
 
-Usage (one TPU v5e: under 4 minutes; ``--aot``: compile only, for a v5e, on a CPU host with
+Usage (one TPU v5e: 131,072 and 1,048,576 neurons, batch 32 and 128, ``cells`` and
+``staged``: about 4 minutes; ``--aot``: compile only, for a v5e, on a CPU host with
 ``libtpu`` installed, no chip needed)::
 
     python benchmarks/sparse_kernels_tpu.py --out $OUT
@@ -57,8 +58,9 @@ from braintrace._primitives._sparse import Connectivity
 
 NAME = "sparse_kernels_tpu"
 FULL = {"sizes": (131072, 1048576), "batches": (32, 128), "degree": 8, "block": 3,
-        "repeats": 5}
-QUICK = {"sizes": (1024,), "batches": (5,), "degree": 8, "block": 3, "repeats": 2}
+        "repeats": 5, "variants": ("cells", "staged")}
+QUICK = {"sizes": (1024,), "batches": (5,), "degree": 8, "block": 3, "repeats": 2,
+         "variants": ("cells", "staged")}
 ROW_NS = 1.2
 """Nanoseconds per row load from VMEM (the lower end of 1.2–1.5 ns on a v5e)."""
 SUMS = ("forward", "x_bar", "dw", "dw_block")
@@ -72,24 +74,31 @@ def _fns(module, conn: Connectivity) -> dict:
 
 
 @contextlib.contextmanager
-def _small_sizes():
-    """The kernels with blocks of 256 targets and half the VMEM budget (the fallback)."""
-    saved = tpu.BLOCK_ROWS, pallas.VMEM_BUDGET
-    tpu.BLOCK_ROWS, pallas.VMEM_BUDGET = 256, pallas.VMEM_BUDGET // 2
+def variant(name: str):
+    """The kernels of variant ``name`` (``KERNELS[@ROWS]``, module docstring) within the
+    block."""
+    kernels, _, rows = name.partition("@")
+    if kernels not in tpu.VARIANTS:
+        raise ValueError(f"unknown variant {name!r}: one of {tpu.VARIANTS}, optionally @ROWS")
+    saved = tpu.KERNELS, tpu.BLOCK_ROWS
+    tpu.KERNELS, tpu.BLOCK_ROWS = kernels, int(rows) if rows else None
     try:
         yield
     finally:
-        tpu.BLOCK_ROWS, pallas.VMEM_BUDGET = saved
+        tpu.KERNELS, tpu.BLOCK_ROWS = saved
 
 
-@contextlib.contextmanager
-def _staged():
-    """The uniform gather-sum in its staged form (``_sparse_pallas.STAGED``)."""
-    pallas.STAGED = True
-    try:
-        yield
-    finally:
-        pallas.STAGED = False
+def sparse_sums(backend: str, forced: str | None, kernels: str) -> str:
+    """What computes the sparse sums of a ``scale.py`` run (``config['sparse_sums']``):
+    ``Pallas `KERNELS` `` (a TPU's default, or ``--formulation pallas``) or ``XLA`` (XLA's
+    gathers, or the CPU's formulation).
+
+    Example:
+        >>> sparse_sums("tpu", None, "staged"), sparse_sums("tpu", "accelerator", "cells")
+        ('Pallas `staged`', 'XLA')
+    """
+    return f"Pallas `{kernels}`" if forced == "pallas" or (forced is None and
+                                                           backend == "tpu") else "XLA"
 
 
 def _error(e: BaseException) -> str:
@@ -107,26 +116,26 @@ def _lowered(fn, rows: int, conn: Connectivity, aot_device):
     return traced.lower(lowering_platforms=("tpu",)) if aot_device else traced.lower()
 
 
-def compile_all(conn: Connectivity, rows_of: dict, aot_device, workers: int = 8,
-                kernels_only: bool = False) -> dict:
-    """``{sum: {label: compiled or error text, label + '_s': seconds}}`` for each sum's XLA
-    formulation, kernels and tables: lowered here one after another (the module's sizes are
+def compile_all(conn: Connectivity, rows_of: dict, variants: tuple, aot_device,
+                workers: int = 8, kernels_only: bool = False) -> dict:
+    """``{sum: {label: compiled or error text, label + '_s': seconds}}``: each sum's XLA
+    formulation (``xla``), each variant's kernels (``pallas:VARIANT``) and the XLA gather of
+    its tables (``tables:VARIANT``), lowered here one after another (the variant's sizes are
     read while tracing), compiled in ``workers`` threads at once (``rows_of``: the sums and
-    their rows); the kernels whose default
-    sizes fail, lowered and compiled again with the small ones (``pallas_small``)."""
+    their rows)."""
     lowered = {}
-    for name in rows_of:
-        jobs = {"xla": _fns(accelerator, conn)[name], "pallas": _fns(tpu, conn)[name],
-                "tables": _tables_fn(name, conn)}
-        cells = tpu.cut(conn, "incoming")
-        if name == "forward" and cells is not None and cells.uniform:
-            jobs["pallas_staged"] = jobs["pallas"]
-        for label, fn in jobs.items():
-            if fn is None or (kernels_only and label == "xla"):
-                continue
+    for name, rows in rows_of.items():
+        jobs = {} if kernels_only else {("xla", None): _fns(accelerator, conn)[name]}
+        for v in variants:
+            jobs["pallas:" + v, v] = _fns(tpu, conn)[name]
+            with variant(v):
+                tables = _tables_fn(name, conn)
+            if tables is not None:
+                jobs["tables:" + v, v] = tables
+        for (label, v), fn in jobs.items():
             try:
-                with _staged() if label == "pallas_staged" else contextlib.nullcontext():
-                    lowered[name, label] = _lowered(fn, rows_of[name], conn, aot_device)
+                with variant(v) if v else contextlib.nullcontext():
+                    lowered[name, label] = _lowered(fn, rows, conn, aot_device)
             except Exception as e:  # noqa: BLE001 - a kernel that fails is a result
                 lowered[name, label] = _error(e)
 
@@ -144,22 +153,23 @@ def compile_all(conn: Connectivity, rows_of: dict, aot_device, workers: int = 8,
     out = {name: {} for name in rows_of}
     for (name, label), (result, seconds) in done.items():
         out[name][label], out[name][f"{label}_s"] = result, seconds
-    for name in rows_of:
-        if isinstance(out[name]["pallas"], str):
-            with _small_sizes():
-                try:
-                    item = _lowered(_fns(tpu, conn)[name], rows_of[name], conn, aot_device)
-                except Exception as e:  # noqa: BLE001
-                    item = _error(e)
-                out[name]["pallas_small"], out[name]["pallas_small_s"] = compile_one(item)
     return out
 
 
 def _tables_fn(name: str, conn: Connectivity):
-    """The XLA gather that the kernels' call of sum ``name`` makes around them (the weights
-    into slot order, or the pullback's values back into connection order), or ``None``
-    where the cells are uniform (no gather)."""
-    cells = tpu.cut(conn, "outgoing" if name == "x_bar" else "incoming")
+    """The XLA gather that the kernels' call of sum ``name`` makes around them under the
+    current variant (the weights into slot order, or the pullback's values back into
+    connection order), or ``None`` where there is none."""
+    side = "outgoing" if name == "x_bar" else "incoming"
+    if tpu.KERNELS == "staged":
+        tiles = tpu.staged_tiles(conn, "pair" if name.startswith("dw") else side)
+        if tiles is not None:
+            if tiles.slot is None:
+                return None
+            from braintrace._primitives._sparse_staged import gather_weights
+
+            return lambda x, d, w: gather_weights(w, tiles)
+    cells = tpu.cut(conn, side)
     if cells is None or cells.uniform:
         return None
     if name in ("forward", "x_bar"):
@@ -169,30 +179,44 @@ def _tables_fn(name: str, conn: Connectivity):
                                                     conn.nnz)
 
 
-def _cells_record(conn: Connectivity) -> dict:
+def _cells_record(conn: Connectivity, variants: tuple) -> dict:
+    """How each variant cuts each side: chunks, blocks, slots per connection, seconds."""
     out = {}
-    for side in ("incoming", "outgoing"):
-        start = time.perf_counter()
-        cells = tpu.cut(conn, side)
-        seconds = time.perf_counter() - start
-        out[side] = None if cells is None else {
-            "cut_s": seconds, "chunks": cells.chunks, "chunk": cells.chunk,
-            "blocks": cells.blocks, "block": cells.block, "slots": cells.slots,
-            "uniform": cells.uniform,
-            "slots_per_connection": cells.chunks * cells.blocks * cells.slots / conn.nnz}
+    for v in variants:
+        with variant(v):
+            for side in ("incoming", "outgoing", "pair"):
+                start = time.perf_counter()
+                if tpu.KERNELS == "staged":
+                    tiles = tpu.staged_tiles(conn, side)
+                    record = None if tiles is None else {
+                        "chunks": tiles.chunks, "chunk": tiles.chunk, "blocks": tiles.blocks,
+                        "block": tiles.block, "uniform": tiles.uniform,
+                        "width_cap": tiles.width_cap,
+                        "slots_per_connection": tiles.chunks * tiles.blocks
+                        * tiles.weight_rows * 128 / conn.nnz}
+                elif side == "pair":
+                    continue
+                else:
+                    cells = tpu.cut(conn, side)
+                    record = None if cells is None else {
+                        "chunks": cells.chunks, "chunk": cells.chunk, "blocks": cells.blocks,
+                        "block": cells.block, "slots": cells.slots, "uniform": cells.uniform,
+                        "slots_per_connection": cells.chunks * cells.blocks * cells.slots
+                        / conn.nnz}
+                if record is not None:
+                    record["cut_s"] = time.perf_counter() - start
+                out.setdefault(v, {})[side] = record
     return out
 
 
 def measure_sum(name: str, conn: Connectivity, rows: int, repeats: int, programs: dict,
                 timed: bool = True) -> dict:
-    """One sum from its compiled ``programs`` (:func:`compile_all`): each formulation's error
+    """One sum from its compiled ``programs`` (:func:`compile_all`): each program's error
     against XLA's values and its times (``timed``; else what compiled)."""
     floor_ms = conn.nnz * -(-rows // 128) * ROW_NS * 1e-6
     entry = {"rows": rows, "floor_ms": floor_ms}
     compiled = {}
-    for label in ("xla", "pallas", "pallas_small", "pallas_staged", "tables"):
-        if label not in programs:
-            continue
+    for label in [k for k in programs if not k.endswith("_s")]:
         program = programs[label]
         if isinstance(program, str):
             entry[label] = {"error": program}
@@ -207,7 +231,7 @@ def measure_sum(name: str, conn: Connectivity, rows: int, repeats: int, programs
     args = (normal(rows, conn.num_in), normal(rows, conn.num_out), normal(conn.nnz))
     reference = np.asarray(compiled["xla"](*args))
     scale = float(np.max(np.abs(reference))) or 1.0
-    for label in [k for k in compiled if k != "tables"]:
+    for label in [k for k in compiled if k.startswith("pallas")]:
         try:
             value = np.asarray(compiled[label](*args))
         except Exception as e:  # noqa: BLE001 - a kernel that fails at run time is a result
@@ -216,39 +240,40 @@ def measure_sum(name: str, conn: Connectivity, rows: int, repeats: int, programs
             continue
         difference = float(np.max(np.abs(value - reference)))
         entry[label].update(max_abs_error=difference, max_rel_error=difference / scale)
-    if not any(k in compiled for k in ("pallas", "pallas_small")):
-        compiled.pop("tables", None)
     for label, times in time_round_robin(compiled, args, repeats).items():
         median = float(np.median(times))
         entry[label].update(ms_median=median, ms_min=float(np.min(times)))
-        if label != "tables":
+        if not label.startswith("tables"):
             entry[label].update(over_floor=median / floor_ms,
                                 ns_per_synapse=median * 1e6 / conn.nnz)
-    kernels = next((k for k in ("pallas", "pallas_small") if k in compiled), None)
+    kernels = {k: e["ms_median"] for k, e in entry.items()
+               if k.startswith("pallas") and "ms_median" in e}
     if kernels:
-        entry["xla_over_pallas"] = entry["xla"]["ms_median"] / entry[kernels]["ms_median"]
+        fastest = min(kernels, key=kernels.get)
+        entry["fastest"] = fastest
+        entry["xla_over_fastest"] = entry["xla"]["ms_median"] / kernels[fastest]
     return entry
 
 
 def _line(n: int, batch: int, name: str, entry: dict) -> str:
-    parts = [f"N={n:8d} B={batch:4d} {name:9s} rows={entry['rows']:4d} "
-             f"floor={entry['floor_ms']:8.3f}ms"]
-    for label in ("xla", "pallas", "pallas_small", "pallas_staged", "tables"):
-        e = entry.get(label)
-        if e is None:
-            continue
-        if label == "tables" and "ms_median" in e:
-            parts.append(f"(of which XLA's gather of the tables {e['ms_median']:.3f}ms)")
+    parts = [(f"N={n:8d} B={batch:4d} {name:9s} rows={entry['rows']:4d} "
+              f"floor={entry['floor_ms']:8.3f}ms")]
+    for label, e in entry.items():
+        if not isinstance(e, dict):
             continue
         if "error" in e:
             parts.append(f"{label}=ERROR({e['error'].splitlines()[-1][:120]})")
+        elif "ms_median" in e and label.startswith("tables"):
+            parts.append(f"{label}={e['ms_median']:.3f}ms")
         elif "ms_median" in e:
-            parts.append(f"{label}={e['ms_median']:8.3f}ms (x{e['over_floor']:.2f} floor, "
-                         f"err {e['max_abs_error']:.1e} abs {e['max_rel_error']:.1e} rel)")
+            parts.append(f"{label}={e['ms_median']:8.3f}ms"
+                         + (f" (x{e['over_floor']:.2f} floor, err {e['max_rel_error']:.1e} rel)"
+                            if "max_rel_error" in e else ""))
         else:
-            parts.append(f"{label}=compiled in {e['compile_s']:.1f}s")
-    if "xla_over_pallas" in entry:
-        parts.append(f"xla/pallas={entry['xla_over_pallas']:.2f}")
+            parts.append(f"{label}=compiled in {e['compile_s']:.1f}s "
+                         f"(temp {e['temp_bytes'] / 2**20:.0f} MiB)")
+    if "fastest" in entry:
+        parts.append(f"fastest={entry['fastest']} xla/fastest={entry['xla_over_fastest']:.2f}")
     return "  ".join(parts)
 
 
@@ -260,7 +285,7 @@ def measure(cfg: dict, aot_device, save) -> list[dict]:
     records = []
     for n in cfg["sizes"]:
         conn = Connectivity.from_indices(*connectivity(n, cfg["degree"]), n, n)
-        cells = _cells_record(conn)
+        cells = _cells_record(conn, cfg["variants"])
         print(f"N={n}: cells {cells}", flush=True)
         for batch in cfg["batches"]:
             record = {"neurons": n, "batch": batch, "nnz": conn.nnz, "cells": cells}
@@ -268,7 +293,7 @@ def measure(cfg: dict, aot_device, save) -> list[dict]:
             rows_of = {name: batch * (cfg["block"] + 1 if name == "dw_block" else 1)
                        for name in SUMS}
             start = time.perf_counter()
-            programs = compile_all(conn, rows_of, aot_device,
+            programs = compile_all(conn, rows_of, tuple(cfg["variants"]), aot_device,
                                    kernels_only=cfg.get("kernels_only", False))
             record["compile_all_s"] = time.perf_counter() - start
             for name in SUMS:
@@ -303,6 +328,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--sizes", default=None, help="comma-separated neuron counts")
     p.add_argument("--batches", default=None, help="comma-separated batch sizes")
     p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--variants", default=None,
+                   help="comma-separated kernel variants (module docstring): "
+                        "cells,staged,staged@2048")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--name", default=NAME)
     args = p.parse_args(argv)
@@ -313,6 +341,11 @@ def main(argv: list[str] | None = None) -> dict:
         cfg["batches"] = tuple(int(b) for b in args.batches.split(","))
     if args.repeats:
         cfg["repeats"] = args.repeats
+    if args.variants:
+        cfg["variants"] = tuple(args.variants.split(","))
+    for v in cfg["variants"]:
+        with variant(v):  # an unknown name fails here, before any compilation
+            pass
     cfg["kernels_only"] = args.kernels_only
     device = _aot_device() if args.aot else None
     start = time.perf_counter()

@@ -15,15 +15,15 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-import scale  # noqa: E402
-import sparse_kernels_tpu as kernels_run  # noqa: E402
-from _accelerator_tables import sparse_kernels  # noqa: E402
-from _table_format import RESULTS, Results  # noqa: E402
-from _tables import scale_tpu  # noqa: E402
+import scale
+import sparse_kernels_tpu as kernels_run
+from _accelerator_tables import sparse_kernels
+from _table_format import RESULTS, Results
+from _tables import scale_tpu
 
-from braintrace._platform import formulation  # noqa: E402
-from braintrace._primitives import _sparse_tpu as tpu  # noqa: E402
-from braintrace._primitives._sparse import Connectivity  # noqa: E402
+from braintrace._platform import formulation
+from braintrace._primitives import _sparse_tpu as tpu
+from braintrace._primitives._sparse import Connectivity
 
 
 def _record(batch: int, method: str, seconds: float) -> dict:
@@ -47,48 +47,55 @@ def test_scale_summarises_each_batch_against_its_own_bptt_with_sample_steps_per_
     assert scale._batch("32,128") == [32, 128] and scale._batch("auto") == "auto"
 
 
-def test_the_scale_table_labels_a_second_batch_and_reads_its_summary(tmp_path):
+def test_the_scale_table_shows_each_batch_against_its_own_bptt_and_the_kernels_run(tmp_path):
     run = json.loads((RESULTS / "scale_tpu.json").read_text())
     run["results"], run["summary"] = RECORDS, scale.summarise(RECORDS, 32)
+    run["config"]["sparse_sums"] = kernels_run.sparse_sums("tpu", None, "staged")
     results = tmp_path / "results"
     results.mkdir()
     for name in ("scale_tpu_t300.json", "scale_tpu_1m_t300.json"):
         (results / name).write_text((RESULTS / name).read_text())
-    (results / "scale_tpu.json").write_text(json.dumps(run))
-    rows = [line for line in scale_tpu(Results(results)).splitlines()
+    (results / "scale_tpu_staged.json").write_text(json.dumps(run))  # a listed run, present
+    rows = [line.split(" | ") for line in scale_tpu(Results(results)).splitlines()
             if line.startswith("| 131,072 | 30 |")]
-    assert [r.split(" | ")[2] for r in rows] == ["`bptt`", "`es_d_rtrl`", "`bptt` (batch 128)",
-                                                 "`es_d_rtrl` (batch 128)"]
+    assert [(r[2], r[3], r[4]) for r in rows] == [
+        ("`bptt`", "32", "Pallas `staged`"), ("`es_d_rtrl`", "32", "Pallas `staged`"),
+        ("`bptt`", "128", "Pallas `staged`"), ("`es_d_rtrl`", "128", "Pallas `staged`")]
     assert "0.70×" in rows[3]  # over BPTT at batch 128, not at 32
+    assert kernels_run.sparse_sums("tpu", "accelerator", "cells") == "XLA"
 
 
 def _connectivity(n: int = 48) -> Connectivity:
     return Connectivity.from_indices(*scale.connectivity(n, 4), n, n)
 
 
-def test_the_device_script_measures_a_sum_both_ways_and_survives_a_kernel_that_fails(
+def test_the_device_script_measures_each_variant_and_survives_a_kernel_that_fails(
         monkeypatch):
     conn = _connectivity()
-    assert tpu.cut(conn, "incoming").uniform  # each group writes its eight rows at once
+    variants = ("cells", "staged@128")
     with formulation("pallas"):  # the kernels in interpret mode
-        programs = kernels_run.compile_all(conn, {"forward": 6}, None)
+        programs = kernels_run.compile_all(conn, {"forward": 6}, variants, None)
         entry = kernels_run.measure_sum("forward", conn, 6, 1, programs["forward"])
-    assert entry["xla"]["max_abs_error"] == 0.0 and entry["pallas"]["max_rel_error"] < 1e-6
-    assert entry["pallas"]["ms_median"] > 0 and entry["xla_over_pallas"] > 0
+    for v in variants:
+        assert entry["pallas:" + v]["max_rel_error"] < 1e-6
+        assert entry["pallas:" + v]["ms_median"] > 0
+    assert entry["fastest"] in ("pallas:cells", "pallas:staged@128")
+    assert entry["xla_over_fastest"] > 0
     assert entry["floor_ms"] == pytest.approx(conn.nnz * kernels_run.ROW_NS * 1e-6)
-    assert "pallas_small" not in entry and "tables" not in entry  # the fallback only where the kernels failed
+    assert not any(k.startswith("tables") for k in entry)  # uniform: no gather of the tables
+    assert (tpu.KERNELS, tpu.BLOCK_ROWS) == ("cells", None)  # each variant's sizes restored
 
     def broken(*args):
         raise RuntimeError("Mosaic failed to compile the kernel")
 
     monkeypatch.setattr(tpu, "product", broken)
-    programs = kernels_run.compile_all(conn, {"forward": 3}, None)
+    programs = kernels_run.compile_all(conn, {"forward": 3}, variants, None)
     entry = kernels_run.measure_sum("forward", conn, 3, 1, programs["forward"])
-    assert "Mosaic failed" in entry["pallas"]["error"]
-    assert "Mosaic failed" in entry["pallas_small"]["error"]
-    assert "Mosaic failed" in entry["pallas_staged"]["error"]
-    assert entry["xla"]["ms_median"] > 0 and "xla_over_pallas" not in entry
-    assert kernels_run._line(48, 3, "forward", entry).count("ERROR") == 3
+    assert all("Mosaic failed" in entry["pallas:" + v]["error"] for v in variants)
+    assert entry["xla"]["ms_median"] > 0 and "fastest" not in entry
+    assert kernels_run._line(48, 3, "forward", entry).count("ERROR") == 2
+    with pytest.raises(ValueError, match="unknown variant 'tiles'"):
+        kernels_run.main(["--variants", "cells,tiles"])
 
 
 def test_the_kernels_table_shows_each_sum_its_fallback_and_a_failure(tmp_path):
@@ -107,6 +114,28 @@ def test_the_kernels_table_shows_each_sum_its_fallback_and_a_failure(tmp_path):
     text = sparse_kernels(Results(tmp_path))
     rows = {line.split(" | ")[2]: line for line in text.splitlines() if "| 131,072 |" in line}
     assert "1.00 ms" in rows["forward `y`"] and "3.00×" in rows["forward `y`"]
-    assert "(small blocks)" in rows["input pullback `x̄`"]
-    assert rows["weight pullback `dw`"].count("—") == 4
+    assert text.count("Pallas, small blocks") == 1  # the fallback's column
+    assert rows["input pullback `x̄`"].split(" | ")[5:7] == ["—", "1.00 ms"]
+    assert rows["weight pullback `dw`"].split(" | ")[5:] == ["failed", "—", "—", "0.50 ms",
+                                                            "—", "—", "— |"]
     assert np.isclose(float(rows["forward `y`"].split(" | ")[-1].rstrip(" |")), 2e-7)
+
+
+def test_the_kernels_table_shows_every_variant_and_the_fastest_ones_tables(tmp_path):
+    """A run of ``--variants cells,staged``: a column per variant; the tables' gather, the
+    floor's ratio and the error are the fastest variant's."""
+    entry = {"rows": 32, "floor_ms": 0.5, "xla": {"ms_median": 3.0},
+             "pallas:cells": {"ms_median": 2.0, "max_rel_error": 1e-7},
+             "pallas:staged": {"ms_median": 1.0, "max_rel_error": 3e-7},
+             "tables:cells": {"ms_median": 0.25}, "tables:staged": {"ms_median": 0.125}}
+    record = {"neurons": 131072, "batch": 32, "x_bar": entry}
+    env = json.loads((RESULTS / "scale_tpu.json").read_text())["environment"]
+    payload = {"environment": env, "results": [record],
+               "config": {"degree": 8, "block": 3, "repeats": 5, "row_ns": 1.2}}
+    (tmp_path / kernels_run.NAME).with_suffix(".json").write_text(json.dumps(payload))
+    text = sparse_kernels(Results(tmp_path))
+    assert "| XLA | Pallas `cells` | Pallas `staged` | tables alone |" in text
+    assert "each variant of the kernels" in " ".join(text.split())
+    row = next(line for line in text.splitlines() if "| 131,072 |" in line).split(" | ")
+    assert row[4:10] == ["3.00 ms", "2.00 ms", "1.00 ms", "0.12 ms", "0.50 ms", "2.00×"]
+    assert row[10:] == ["3.00×", "3e-07 |"]

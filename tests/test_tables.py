@@ -171,8 +171,8 @@ def test_the_million_neuron_run_shows_its_time_and_a_run_that_did_not_finish_non
     run = json.loads((RESULTS / "scale_tpu_1m_t300.json").read_text())
     record = run["results"][0]
     summary = run["summary"]["N=1048576,T=300"]["es_d_rtrl"]
-    (million,) = _rows_of(block, "1,048,576")
-    s_update, over_bptt, rss, xla, floor = million[4:]
+    (million,) = [row for row in _rows_of(block, "1,048,576") if row[1] == "300"]
+    s_update, _, over_bptt, rss, xla, floor = million[6:]
     assert s_update == f"{record['s_per_update']:.3g} s" and over_bptt == MISSING
     assert (xla, rss) == (f"{summary['xla_peak_gib']:.2f} GiB", f"{summary['peak_rss_gib']:.2f} GiB")
     assert floor == MISSING and "floor_withdrawn" in record  # its probe's floor is withdrawn
@@ -186,15 +186,18 @@ def test_the_million_neuron_run_shows_its_time_and_a_run_that_did_not_finish_non
     record["error"] = "timed out after 560 s"
     run["summary"]["N=1048576,T=300"]["es_d_rtrl"].update(s_per_update=None, peak_rss_gib=None)
     (results / "scale_tpu_1m_t300.json").write_text(json.dumps(run))
-    (row,) = _rows_of(BLOCKS["scale_tpu"](Results(results)), "1,048,576")
-    status, *rest = row[4:]
+    (row,) = [r for r in _rows_of(BLOCKS["scale_tpu"](Results(results)), "1,048,576")
+              if r[1] == "300"]
+    status, steps, *rest = row[6:]
     assert status.startswith("compiled") and "not finished within 560 s" in status
+    assert steps == MISSING
     assert rest == [MISSING, MISSING, f"{summary['xla_peak_gib']:.2f} GiB", MISSING]
     # and one that timed out before it compiled shows no memory either
     del record["xla"]
     (results / "scale_tpu_1m_t300.json").write_text(json.dumps(run))
-    (row,) = _rows_of(BLOCKS["scale_tpu"](Results(results)), "1,048,576")
-    assert row[4:] == ["not run: timed out after 560 s", *[MISSING] * 4]
+    (row,) = [r for r in _rows_of(BLOCKS["scale_tpu"](Results(results)), "1,048,576")
+              if r[1] == "300"]
+    assert row[6:] == ["not run: timed out after 560 s", *[MISSING] * 5]
 
 
 def test_the_million_neuron_paragraph_quotes_its_runs():
@@ -256,3 +259,22 @@ def test_the_tpu_time_of_a_run_of_several_lengths_is_its_longest(tmp_path):
     assert _row(table, "`ESDRTRL()`, `'es_d_rtrl'`")[4] == ratio(longest)
     assert _row(table, "`DRTRL()`, `'d_rtrl'`")[4] == ratio(
         older["snn"]["methods"]["d_rtrl"]["jit_ratio_to_bptt"])
+
+
+def test_the_kernels_runs_stand_beside_xlas_with_their_sample_steps():
+    """The Pallas runs of ``scale.py`` are rows of the TPU scale table marked as such, with
+    batch and sample-steps per second; the page's ratio of the million-neuron step is theirs."""
+    block = BLOCKS["scale_tpu"](Results(RESULTS))
+    run = json.loads((RESULTS / "scale_tpu_pallas.json").read_text())
+    for record in run["results"]:
+        key = "N=131072,T=30" + ("" if record["batch"] == 32 else f",B={record['batch']}")
+        summary = run["summary"][key][record["method"]]
+        (row,) = [r for r in _rows_of(block, "131,072") if r[2] == f"`{record['method']}`"
+                  and r[3] == str(record["batch"]) and r[4] == "Pallas"]
+        assert row[7] == f"{summary['sample_steps_per_s']:,.0f}"
+    assert len([r for r in _rows_of(block, "131,072") if r[4] == "XLA"]) == 3
+    million = json.loads((RESULTS / "scale_tpu_1m_pallas.json").read_text())["results"][0]
+    small = next(r for r in run["results"] if r["method"] == "es_d_rtrl" and r["batch"] == 32)
+    text = " ".join((ROOT / "docs" / "accelerators.md").read_text().split())
+    times = round(million["s_per_step"] / small["s_per_step"])
+    assert f"the step is {times} times the 131,072-neuron step" in text

@@ -61,6 +61,7 @@ from braintrace._primitives._sparse_cells import Cells, cells
 from braintrace._primitives._sparse_kernels import ByOutput, by_output, group_by, sum_rows
 from braintrace._primitives._sparse_product import sparse_product_p, weight_pullback
 from braintrace._primitives._sparse_slices import Slices, slices
+from braintrace._primitives._sparse_tiles import Tiles, gather_tiles, pair_tiles
 
 __all__ = ["SPARSE_RULES", "Connectivity", "etp_sparse_batched_p", "etp_sparse_p",
            "sparse_matmul"]
@@ -170,6 +171,27 @@ class Connectivity:
                                         if side == "incoming" else
                                         (self.post, self.pre, (self.num_out, self.num_in)))
             cache[side, chunk, block] = cells(sources, targets, *counts, chunk, block)
+        return cache[side, chunk, block]
+
+    def tiles(self, side: str, chunk: int, block: int) -> Tiles | None:
+        """The ``'incoming'`` or ``'outgoing'`` connections in the staged kernels' lane tiles
+        (``_sparse_tiles.py``): ``'gather'`` tiles of ``chunk`` source rows by ``block``
+        target rows, or ``None`` when too uneven; ``side='pair'``: the incoming connections
+        in ``'pair'`` tiles when they are in output order (else ``None``); built once per
+        arguments."""
+        cache = self.__dict__.setdefault("_tiles", {})
+        if (side, chunk, block) not in cache:
+            if side == "pair":
+                fan_in = self.nnz // max(self.num_out, 1)
+                cache[side, chunk, block] = (
+                    pair_tiles(self.pre, self.num_in, self.num_out, fan_in, block)
+                    if self.nnz and self.in_output_order and chunk >= self.num_in else None)
+            else:
+                sources, targets, counts = ((self.pre, self.post, (self.num_in, self.num_out))
+                                            if side == "incoming" else
+                                            (self.post, self.pre, (self.num_out, self.num_in)))
+                cache[side, chunk, block] = gather_tiles(sources, targets, *counts, chunk,
+                                                               block)
         return cache[side, chunk, block]
 
     @property

@@ -14,6 +14,14 @@ that many neurons), target blocks of :data:`BLOCK_ROWS` rows (by default a power
 from 256 to 4,096 near :data:`CELL_SLOTS` slots per cell). A float32 sum whose
 connectivity cuts into cells runs the kernels; another dtype, or connections too uneven to
 cut (``_sparse_cells.MAX_FILL``), the XLA formulation.
+
+:data:`KERNELS` chooses between two sets of kernels: ``'cells'`` (``_sparse_pallas.py``:
+rows added into registers times scalar weights, eight targets in lockstep, ``v`` transposed
+and padded by XLA around each call) and ``'staged'`` (``_sparse_staged.py`` over the lane
+tiles of ``_sparse_tiles.py``: one index load and one row copy per connection, then dense
+sums; ``v`` and the results in their own layout, transposed in the kernel). The staged
+pair-sum needs the connections in output order and one chunk; elsewhere the weight
+pullback keeps the cells' kernel.
 """
 
 from __future__ import annotations
@@ -27,8 +35,15 @@ from braintrace._platform import interpreting
 from braintrace._primitives import _sparse_accelerator as accelerator
 from braintrace._primitives._sparse_cells import Cells
 
-__all__ = ["BLOCK_ROWS", "CELL_SLOTS", "CHUNK_ROWS", "cut", "product", "transposed_product",
-           "weight_pullback"]
+__all__ = ["BLOCK_ROWS", "CELL_SLOTS", "CHUNK_ROWS", "KERNELS", "VARIANTS", "cut", "product",
+           "staged_tiles", "transposed_product", "weight_pullback"]
+
+VARIANTS = ("cells", "staged")
+"""The sets of kernels :data:`KERNELS` chooses from (module docstring)."""
+
+KERNELS = "cells"
+"""The kernels a TPU runs, one of :data:`VARIANTS`: the fastest that
+``benchmarks/sparse_kernels_tpu.py`` measured on a TPU v5e."""
 
 CHUNK_ROWS: int | None = None
 """Source rows per chunk; ``None``: ``_sparse_pallas.chunk_rows()``, balanced over chunks."""
@@ -77,7 +92,46 @@ def cut(connectivity: Any, side: str) -> Cells | None:
     return conn.cells(side, chunk, block)
 
 
+def _staged_sizes(connectivity: Any, side: str) -> tuple[int, int]:
+    """Source rows per chunk (a multiple of 1,024 when there are several) and target rows per
+    block (a power of two from 512 to 8,192 near :data:`CELL_SLOTS` connections per cell)
+    of the staged kernels' tiles of ``side``."""
+    conn = connectivity
+    sources, targets = (conn.num_out, conn.num_in) if side == "outgoing" else (conn.num_in,
+                                                                               conn.num_out)
+    from braintrace._primitives._sparse_pallas import chunk_rows  # Pallas: imported on use
+
+    most = CHUNK_ROWS or chunk_rows()
+    chunks = -(-max(sources, 1) // most)
+    chunk = -(-max(sources, 1) // chunks)
+    if chunks > 1 and CHUNK_ROWS is None:
+        chunk = -(-chunk // 1024) * 1024
+    block = BLOCK_ROWS
+    if block is None:
+        per_target = conn.nnz / max(targets * chunks, 1)
+        block = 1 << max(int(CELL_SLOTS / max(per_target, 1.0)).bit_length() - 1, 0)
+        block = min(max(block, 512), 8192)
+    return chunk, -(-block // 128) * 128
+
+
+def staged_tiles(connectivity: Any, side: str) -> Any:
+    """The lane tiles of the staged kernels (``_sparse_tiles.py``) for ``side``:
+    ``'incoming'`` or ``'outgoing'`` (gather-sums) or ``'pair'`` (the weight pullback over
+    the incoming connections in output order); ``None`` where they do not apply.
+
+    Example:
+        >>> import numpy as np
+        >>> from braintrace._primitives._sparse import Connectivity
+        >>> from braintrace._primitives._sparse_tpu import staged_tiles
+        >>> conn = Connectivity.from_indices(np.arange(4), np.repeat(np.arange(2), 2), 4, 2)
+        >>> staged_tiles(conn, "incoming").uniform, staged_tiles(conn, "pair").kind
+        (2, 'pair')
+    """
+    return connectivity.tiles(side, *_staged_sizes(connectivity, side))
+
+
 def _float32(*arrays: jax.Array) -> bool:
+
     return all(a.dtype == jnp.float32 for a in arrays)
 
 
@@ -100,8 +154,25 @@ def _kernels():
     return _sparse_pallas, INTERPRET if interpreting() else False
 
 
+def _staged(kernel: str, connectivity: Any, side: str, *arrays: jax.Array) -> Any:
+    """The staged kernel ``kernel``, the tiles of ``side`` and the ``interpret`` argument, or
+    ``None`` (other :data:`KERNELS`, no tiles, or not float32)."""
+    if KERNELS != "staged" or not _float32(*arrays):
+        return None
+    tiles = staged_tiles(connectivity, side)
+    if tiles is None:
+        return None
+    from braintrace._primitives import _sparse_staged  # Pallas: imported on use
+
+    return getattr(_sparse_staged, kernel), tiles, INTERPRET if interpreting() else False
+
+
 def product(x: jax.Array, weight: jax.Array, connectivity: Any) -> jax.Array:
     """``y (R, O)``: the gather-sum of ``xᵀ`` over each output's incoming connections."""
+    staged = _staged("gather_sum", connectivity, "incoming", x, weight)
+    if staged:
+        kernel, tiles, interpret = staged
+        return _row_major(kernel(_row_major(x), weight, tiles, interpret=interpret))
     cells = cut(connectivity, "incoming")
     if cells is None or not _float32(x, weight):
         return accelerator.product(x, weight, connectivity)
@@ -112,6 +183,10 @@ def product(x: jax.Array, weight: jax.Array, connectivity: Any) -> jax.Array:
 def transposed_product(ct: jax.Array, weight: jax.Array, connectivity: Any) -> jax.Array:
     """``x̄ (R, I)`` for ``ȳ = ct (R, O)``: the gather-sum of ``ȳᵀ`` over each input's
     outgoing connections."""
+    staged = _staged("gather_sum", connectivity, "outgoing", ct, weight)
+    if staged:
+        kernel, tiles, interpret = staged
+        return _row_major(kernel(_row_major(ct), weight, tiles, interpret=interpret))
     cells = cut(connectivity, "outgoing")
     if cells is None or not _float32(ct, weight):
         return accelerator.transposed_product(ct, weight, connectivity)
@@ -121,6 +196,10 @@ def transposed_product(ct: jax.Array, weight: jax.Array, connectivity: Any) -> j
 
 def weight_pullback(x: jax.Array, d: jax.Array, connectivity: Any) -> jax.Array:
     """``dw (nnz,)``: the pair-sum of ``xᵀ`` and ``dᵀ`` over the incoming connections."""
+    staged = _staged("pair_sum", connectivity, "pair", x, d)
+    if staged:
+        kernel, tiles, interpret = staged
+        return kernel(_row_major(x), _row_major(d), tiles, connectivity.nnz, interpret=interpret)
     cells = cut(connectivity, "incoming")
     if cells is None or not _float32(x, d):
         return accelerator.weight_pullback(x, d, connectivity)

@@ -1,0 +1,406 @@
+"""Staged Pallas TPU kernels for the sparse product's sums: one index load per connection.
+
+For values ``v (R, S)`` (``x``, or the cotangent ``ȳ``; ``R`` rows of the batch, ``S``
+sources) and the connections in lane tiles (``_sparse_tiles.py``), two kernels:
+
+.. math::
+
+    z[:, t] = \\sum_{k:\\, target[k] = t} w[k]\\, v[:, source[k]] \\quad\\text{(gather-sum)},
+    \\qquad
+    p[k] = \\sum_r v[r, source[k]]\\, d[r, target[k]] \\quad\\text{(pair-sum)}.
+
+A call holds one chunk of ``vᵀ`` in VMEM, ``table (chunk + 8, 128)``: at its first grid step
+it copies ``v``'s columns from HBM 1,024 at a time and transposes them there (rows past the
+chunk and lanes past ``R`` zero), so that XLA neither transposes nor pads ``v``. Each grid
+step is one cell: it **stages** the rows its connections read, one scalar load of an index
+(SMEM) and one row copy ``stage[s] = table[source[s]]`` per connection, sixteen rows of
+eight regions per loop iteration; then sums them densely:
+
+* gather-sum: per lane tile of 128 targets, ``accᵀ = Σ_j stage_jᵀ · w_j`` (each ``stage_j``
+  128 rows, one per target, transposed; ``w_j`` a row of 128 weights), written to the
+  block's columns of ``z (R, T)``: through ``perm`` (each target's row in the block) when
+  the tile's targets are sorted by their counts;
+* pair-sum: each target's ``Fp`` staged rows times its row of ``dᵀ`` (the block of ``d``,
+  transposed in VMEM), every 128 products transposed and summed over ``r``: one row of 128
+  ``p`` in connection order.
+
+Larger tables run as several calls, each adding into the last one's output (aliased): one
+per source chunk, and one per group of 128 rows of ``v`` (their pair-sums add, their
+gather-sums fill other rows). No matrix unit: float32 stays float32.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from braintrace._primitives._sparse_tiles import LANES, REGIONS, Tiles
+
+__all__ = ["COPY_COLUMNS", "UNROLL", "gather_sum", "pair_sum"]
+
+ZERO_ROWS = 8
+"""Zero rows below each chunk's table; padding reads the first."""
+
+COPY_COLUMNS = 1024
+"""Columns of ``v`` copied from HBM and transposed at a time."""
+
+UNROLL = LANES // REGIONS
+"""Index entries per region per iteration of the staging loop on a TPU (16: one slot ``j`` of
+a gather tile, 128 rows); interpreted, 1."""
+
+STEP = LANES // REGIONS
+"""Entries per region per 128 staged rows."""
+
+
+def _load_table(v_hbm, table, buf, sem, *, first: int, rows: int, start: int, sources: int):
+    """``table[s, :rows] = v[first:first + rows, start + s]`` for ``s < sources``; zero rows
+    ``sources … sources + 7`` (lanes past ``rows`` are zero: ``buf`` is zeroed first). ``v``'s
+    columns are a multiple of 128, and so is ``start``: the last copy is widened to one."""
+    full, tail = divmod(sources, COPY_COLUMNS)
+    buf[...] = jnp.zeros(buf.shape, buf.dtype)
+
+    def copy(column: int, size: int, slot):
+        return pltpu.make_async_copy(v_hbm.at[pl.ds(first, rows), pl.ds(column, size)],
+                                     buf.at[slot, pl.ds(0, rows), pl.ds(0, size)], sem.at[slot])
+
+    if full:
+        copy(start, COPY_COLUMNS, 0).start()
+
+        def block(b, carry):
+            slot = b % 2
+
+            @pl.when(b + 1 < full)
+            def _():
+                copy(start + (b + 1) * COPY_COLUMNS, COPY_COLUMNS, 1 - slot).start()
+
+            copy(start + b * COPY_COLUMNS, COPY_COLUMNS, slot).wait()
+            at = pl.multiple_of(b * COPY_COLUMNS, COPY_COLUMNS)
+            table[pl.ds(at, COPY_COLUMNS), :] = buf[slot].T
+            return carry
+
+        jax.lax.fori_loop(0, full, block, 0)
+    if tail:
+        size = -(-tail // LANES) * LANES
+        last = copy(start + full * COPY_COLUMNS, size, 0)
+        last.start()
+        last.wait()
+        table[pl.ds(full * COPY_COLUMNS, tail), :] = buf[0].T[:tail]
+    table[pl.ds(sources, ZERO_ROWS), :] = jnp.zeros((ZERO_ROWS, LANES), table.dtype)
+
+
+def _stage(source_ref, table, stage, *, first_row, width, unroll: int):
+    """``stage[8·q + g] = table[source[g, 16·first_row + q]]`` for ``q < 16·width``."""
+    views = [source_ref.at[g] for g in range(REGIONS)]
+    base = first_row * STEP
+
+    def rows(it, carry):
+        q0 = base + it * unroll
+        at = pl.multiple_of(it * (REGIONS * unroll), REGIONS * unroll)
+        for t in range(unroll):
+            for g in range(REGIONS):
+                stage[pl.ds(at + t * REGIONS + g, 1), :] = table[pl.ds(views[g][q0 + t], 1), :]
+        return carry
+
+    jax.lax.fori_loop(0, width * (STEP // unroll), rows, 0)
+
+
+def _weighted_sum(stage, weight_ref, row0, width, rows: int):
+    """``Σ_{j < width} stage[128·j …]ᵀ · w[row0 + j]``, its first ``rows`` rows (rounded up to
+    8) of 128."""
+    kept = -(-rows // 8) * 8
+
+    def term(j):
+        at = pl.multiple_of(j * LANES, LANES)
+        return stage[pl.ds(at, LANES), :].T[:kept] * weight_ref[pl.ds(row0 + j, 1), :]
+
+    def pair(h, sums):  # two transposes in flight
+        return sums[0] + term(2 * h), sums[1] + term(2 * h + 1)
+
+    zero = jnp.zeros((kept, LANES), jnp.float32)
+    even, odd = jax.lax.fori_loop(0, width // 2, pair, (zero, zero))
+    return jax.lax.cond(width % 2 == 1, lambda: even + odd + term(width - 1),
+                        lambda: even + odd)
+
+
+def _gather_kernel(widths_ref, wrows_ref, source_ref, *refs, rows: int, chain: str,
+                   permuted: bool, unroll: int, first: int, start: int, sources: int):
+    """One cell of the gather-sum (module docstring); ``refs``: ``perm`` (if ``permuted``),
+    the weights, ``v`` (HBM), the last call's output (``chain`` not ``'new'``), the output, then
+    the scratch: table, copy buffer, semaphores, stage, and the block's rows (``permuted``)."""
+    refs = list(refs)
+    perm_ref = refs.pop(0) if permuted else None
+    weight_ref, v_hbm = refs.pop(0), refs.pop(0)
+    prev_ref = refs.pop(0) if chain != "new" else None  # 'write': in HBM, not read
+    prev_ref = prev_ref if chain == "add" else None
+    out_ref, table, buf, sem, stage = refs[:5]
+    block_rows = refs[5] if permuted else None
+    block = out_ref.shape[1]
+
+    @pl.when(pl.program_id(0) == 0)
+    def _():
+        _load_table(v_hbm, table, buf, sem, first=first, rows=rows, start=start,
+                    sources=sources)
+
+    if permuted:
+        block_rows[...] = jnp.zeros(block_rows.shape, block_rows.dtype)
+
+    def tile(i, carry):
+        width = widths_ref[i]
+
+        @pl.when(width > 0)
+        def _():
+            row0 = wrows_ref[i]
+            _stage(source_ref, table, stage, first_row=row0, width=width, unroll=unroll)
+
+            acc = _weighted_sum(stage, weight_ref, row0, width, rows)
+            if permuted:  # each target's row to its place, through the free stage
+                sums = jnp.pad(acc, ((0, LANES - acc.shape[0]), (0, 0))) if \
+                    acc.shape[0] < LANES else acc
+                stage[pl.ds(0, LANES), :] = sums.T
+
+                def place(u, carry):
+                    block_rows[pl.ds(perm_ref[i * LANES + u], 1), :] = stage[pl.ds(u, 1), :]
+                    return carry
+
+                jax.lax.fori_loop(0, LANES, place, 0, unroll=unroll > 1)
+            else:
+                at = pl.multiple_of(i * LANES, LANES)
+                total = acc[:rows]
+                if prev_ref is not None:
+                    total = total + prev_ref[:, pl.ds(at, LANES)]
+                out_ref[:, pl.ds(at, LANES)] = total
+
+        return carry
+
+    jax.lax.fori_loop(0, block // LANES, tile, 0)
+    if permuted:
+        total = block_rows[pl.ds(0, block), :].T[:rows]
+        out_ref[...] = total if prev_ref is None else total + prev_ref[...]
+
+
+def _pair_kernel(source_ref, v_hbm, d_ref, *refs, rows: int, chain: str, width: int,
+                 unroll: int, first: int, sources: int):
+    """One block of the uniform pair-sum (module docstring); ``refs``: the last call's output
+    (``chain == 'add'``), the output, then the scratch: table, copy buffer, semaphores, stage,
+    ``d``'s block padded to 128 rows and its transpose."""
+    refs = list(refs)
+    prev_ref = refs.pop(0) if chain == "add" else None
+    out_ref, table, buf, sem, stage, d_rows, d_t = refs
+    block = d_ref.shape[1]
+    per_row = min(width, LANES)  # staged rows of one target within 128
+
+    @pl.when(pl.program_id(0) == 0)
+    def _():
+        _load_table(v_hbm, table, buf, sem, first=first, rows=rows, start=0, sources=sources)
+        d_rows[...] = jnp.zeros(d_rows.shape, d_rows.dtype)
+
+    d_rows[pl.ds(0, rows), :] = d_ref[...]
+    d_t[...] = d_rows[...].T  # row t: d[:, t]
+
+    def tile(i, carry):
+        _stage(source_ref, table, stage, first_row=i * width, width=width, unroll=unroll)
+        for h in range(width):  # staged rows h·128 …: 128 / Fp targets, or a part of one
+            first_target = i * LANES + h * LANES // width
+            rep = jnp.concatenate([
+                jnp.broadcast_to(d_t[pl.ds(first_target + n, 1), :], (per_row, LANES))
+                for n in range(LANES // per_row)])
+            products = stage[pl.ds(h * LANES, LANES), :] * rep
+            sums = jnp.sum(products.T, axis=0, keepdims=True)
+            at = i * width + h
+            if prev_ref is not None:
+                sums = sums + prev_ref[pl.ds(at, 1), :]
+            out_ref[pl.ds(at, 1), :] = sums
+        return carry
+
+    jax.lax.fori_loop(0, block // LANES, tile, 0)
+
+
+def _call(kernel, grid: int, scalars: list, in_specs: list, operands: list, out_block: tuple,
+          out_index, out_shape: tuple, scratch: list, vmem: int, chain: str, prev,
+          interpret):
+    """The ``pallas_call`` of one chunk and group of rows; ``chain``: ``'new'`` (a fresh
+    output), ``'write'`` (the last call's output, aliased and left in HBM, this call's blocks
+    written into it) or ``'add'`` (the same, this call's blocks added to its)."""
+    chained = {"new": [], "write": [pl.BlockSpec(memory_space=pl.ANY)],
+               "add": [pl.BlockSpec(out_block, out_index)]}[chain]
+    aliases = {len(scalars) + len(in_specs): 0} if chained else {}
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=len(scalars), grid=(grid,), in_specs=in_specs + chained,
+        out_specs=pl.BlockSpec(out_block, out_index), scratch_shapes=scratch)
+    call = pl.pallas_call(
+        kernel, grid_spec=grid_spec, out_shape=jax.ShapeDtypeStruct(out_shape, jnp.float32),
+        input_output_aliases=aliases, interpret=interpret,
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",),
+                                             vmem_limit_bytes=int(vmem)))
+    return call(*scalars, *operands, *([] if prev is None else [prev]))
+
+
+def _smem(width: int, index) -> pl.BlockSpec:
+    return pl.BlockSpec((width,), index, memory_space=pltpu.SMEM)
+
+
+def _groups(v: jax.Array, columns: int) -> tuple[jax.Array, int]:
+    """``v (R, S)`` as float32, its rows padded to a multiple of 128 when it needs several
+    groups of 128 rows, its columns to ``columns``, and the number of groups."""
+    rows, width = v.shape
+    groups = -(-rows // LANES)
+    pad = (groups * LANES - rows if groups > 1 else 0, columns - width)
+    v = v.astype(jnp.float32)
+    return (jnp.pad(v, ((0, pad[0]), (0, pad[1]))) if any(pad) else v), groups
+
+
+def _columns(tiles: Tiles) -> int:
+    """The columns ``v`` is padded to: each chunk's copies, the last widened to a multiple of
+    128 columns, stay inside it (none at sizes where chunks and ``S`` are multiples of 128)."""
+    return max(c * tiles.chunk + -(-min(tiles.chunk, tiles.num_sources - c * tiles.chunk)
+                                   // LANES) * LANES for c in range(tiles.chunks))
+
+
+def _table_scratch(tiles: Tiles, stage_rows: int) -> tuple[list, int]:
+    """The scratch every call holds (table, copy buffers, semaphores, stage) and its bytes."""
+    table_rows = -(-(tiles.chunk + ZERO_ROWS) // 8) * 8
+    scratch = [pltpu.VMEM((table_rows, LANES), jnp.float32),
+               pltpu.VMEM((2, LANES, COPY_COLUMNS), jnp.float32),
+               pltpu.SemaphoreType.DMA((2,)),
+               pltpu.VMEM((stage_rows, LANES), jnp.float32)]
+    return scratch, 4 * LANES * (table_rows + 2 * COPY_COLUMNS + stage_rows)
+
+
+def _first_rows(tiles: Tiles) -> jax.Array:
+    """Each tile's first weight row, flat ``(cells·tiles,)``."""
+    import numpy as np
+
+    widths = tiles.widths.astype(np.int64)
+    rows = np.concatenate([np.zeros((len(widths), 1), np.int64),
+                           np.cumsum(widths, axis=1)[:, :-1]], axis=1)
+    return jnp.asarray(rows.astype(np.int32).reshape(-1))
+
+
+def _index_block(tiles: Tiles, cell0: int) -> pl.BlockSpec:
+    """A cell's index rows ``(8, entries)`` in SMEM, for grid step ``b`` of a call whose first
+    cell is ``cell0``."""
+    return pl.BlockSpec((REGIONS, tiles.source.shape[2]), lambda b: (cell0 + b, 0),
+                        memory_space=pltpu.SMEM)
+
+
+def gather_weights(weight: jax.Array, tiles: Tiles) -> jax.Array:
+    """The weights in the tiles' rows, ``(cells·weight_rows, 128)``, padding 0: for uniform
+    tiles a transpose of ``w``'s rows (``(targets, F)`` to ``(F, 128)`` per tile), else a
+    gather (a value that a time loop computes once, before the loop).
+
+    Example:
+        >>> import numpy as np, jax.numpy as jnp
+        >>> from braintrace._primitives._sparse_tiles import gather_tiles
+        >>> from braintrace._primitives._sparse_staged import gather_weights
+        >>> t = gather_tiles(np.array([0, 2, 1]), np.array([1, 1, 0]), 3, 2, chunk=3, block=128)
+        >>> gather_weights(jnp.array([1.0, 2.0, 3.0]), t)[:2, :3].tolist()
+        [[1.0, 3.0, 0.0], [2.0, 0.0, 0.0]]
+    """
+    weight = weight.astype(jnp.float32)
+    if tiles.slot is None:
+        fan_in, blocks = tiles.uniform, tiles.blocks
+        padded = jnp.pad(weight, (0, blocks * tiles.block * fan_in - weight.size))
+        by_tile = padded.reshape(blocks, tiles.block // LANES, LANES, fan_in)
+        rows = jnp.swapaxes(by_tile, 2, 3).reshape(blocks, -1, LANES)
+        rows = jnp.pad(rows, ((0, 0), (0, tiles.weight_rows - rows.shape[1]), (0, 0)))
+        return rows.reshape(-1, LANES)
+    padded = jnp.concatenate([weight, jnp.zeros((1,), weight.dtype)])
+    return jnp.take(padded, jnp.asarray(tiles.slot.reshape(-1, LANES)), axis=0, mode="clip")
+
+
+def gather_sum(values: jax.Array, weight: jax.Array, tiles: Tiles, *,
+               interpret=False) -> jax.Array:
+    """``z[:, t] = Σ_{k: target[k]=t} w[k]·values[:, source[k]]`` for ``values (R, S)``:
+    ``(R, T)``.
+
+    Example:
+        >>> import numpy as np, jax.numpy as jnp
+        >>> from braintrace._primitives._sparse_tiles import gather_tiles
+        >>> from braintrace._primitives._sparse_staged import gather_sum
+        >>> t = gather_tiles(np.array([0, 2, 1]), np.array([1, 1, 0]), 3, 2, chunk=3, block=128)
+        >>> values = jnp.array([[1.0, 10.0, 100.0]])
+        >>> gather_sum(values, jnp.array([1.0, 2.0, 3.0]), t, interpret=True).tolist()
+        [[30.0, 201.0]]
+    """
+    rows, _ = values.shape
+    v, groups = _groups(values, _columns(tiles))
+    weights = gather_weights(weight, tiles)
+    per_cell = tiles.weight_rows
+    permuted = tiles.perm is not None
+    block, blocks, ntiles = tiles.block, tiles.blocks, tiles.widths.shape[1]
+    wrows = _first_rows(tiles)
+    widths = jnp.asarray(tiles.widths.reshape(-1))
+    source = jnp.asarray(tiles.source.reshape(-1, tiles.source.shape[2]))
+    scratch, vmem = _table_scratch(tiles, tiles.width_cap * LANES)
+    if permuted:
+        scratch.append(pltpu.VMEM((block + 8, LANES), jnp.float32))
+        perm = jnp.asarray(tiles.perm.reshape(-1))
+    group_rows = min(rows, LANES)
+    vmem += 4 * LANES * (block + 8) + 4 * 4 * group_rows * block + 2 * 4 * per_cell * LANES
+    out, unroll = None, 1 if interpret else UNROLL
+    for lane in range(groups):
+        for c in range(tiles.chunks):
+            chain = "new" if out is None else "add" if c else "write"
+            cell0 = c * blocks
+            scalars = []
+            specs = [_smem(ntiles, lambda b, cell0=cell0: (cell0 + b,))] * 2 + [
+                _index_block(tiles, cell0)]
+            operands = [widths, wrows, source]
+            if permuted:
+                specs.append(_smem(block, lambda b, cell0=cell0: (cell0 + b,)))
+                operands.append(perm)
+            specs += [pl.BlockSpec((per_cell, LANES), lambda b, cell0=cell0: (cell0 + b, 0)),
+                      pl.BlockSpec(memory_space=pl.ANY)]
+            operands += [weights, v]
+            sources = min(tiles.chunk, tiles.num_sources - c * tiles.chunk)
+            kernel = functools.partial(
+                _gather_kernel, rows=group_rows if groups == 1 else LANES, chain=chain,
+                permuted=permuted, unroll=unroll, first=lane * LANES,
+                start=c * tiles.chunk, sources=sources)
+            out = _call(kernel, blocks, scalars, specs, operands, (group_rows, block),
+                        lambda b, lane=lane: (lane, b), (v.shape[0], blocks * block), scratch,
+                        vmem + 8 * 2**20, chain, out, interpret)
+    return out[:rows, :tiles.num_targets].astype(values.dtype)
+
+
+def pair_sum(values: jax.Array, d: jax.Array, tiles: Tiles, nnz: int, *,
+             interpret=False) -> jax.Array:
+    """``p[k] = Σ_r values[r, source[k]]·d[r, target[k]]`` for ``values (R, S)``, ``d (R, T)``
+    and uniform ``'pair'`` tiles: ``(nnz,)`` in connection order.
+
+    Example:
+        >>> import numpy as np, jax.numpy as jnp
+        >>> from braintrace._primitives._sparse_tiles import pair_tiles
+        >>> from braintrace._primitives._sparse_staged import pair_sum
+        >>> t = pair_tiles(np.array([0, 2, 1]), 3, 3, fan_in=1, block=128)
+        >>> values, d = jnp.array([[1.0, 10.0, 100.0]]), jnp.array([[2.0, 3.0, 4.0]])
+        >>> pair_sum(values, d, t, 3, interpret=True).tolist()
+        [2.0, 300.0, 40.0]
+    """
+    rows, _ = values.shape
+    v, groups = _groups(values, _columns(tiles))
+    block, blocks, width = tiles.block, tiles.blocks, tiles.width_cap
+    dv, _ = _groups(d, blocks * block)
+    source = jnp.asarray(tiles.source.reshape(-1, tiles.source.shape[2]))
+    scratch, vmem = _table_scratch(tiles, width * LANES)
+    scratch += [pltpu.VMEM((LANES, block), jnp.float32), pltpu.VMEM((block, LANES), jnp.float32)]
+    group_rows = min(rows, LANES)
+    out_rows = block * width // LANES
+    vmem += 4 * LANES * block * 4 + 4 * 4 * out_rows * LANES
+    out, unroll = None, 1 if interpret else UNROLL
+    for lane in range(groups):
+        chain = "new" if out is None else "add"
+        specs = [_index_block(tiles, 0), pl.BlockSpec(memory_space=pl.ANY),
+                 pl.BlockSpec((group_rows, block), lambda b, lane=lane: (lane, b))]
+        kernel = functools.partial(
+            _pair_kernel, rows=group_rows if groups == 1 else LANES, chain=chain, width=width,
+            unroll=unroll, first=lane * LANES, sources=tiles.num_sources)
+        out = _call(kernel, blocks, [], specs, [source, v, dv], (out_rows, LANES),
+                    lambda b: (b, 0), (blocks * out_rows, LANES), scratch, vmem + 8 * 2**20,
+                    chain, out, interpret)
+    by_target = out.reshape(blocks * block, width)[:tiles.num_targets, :tiles.uniform]
+    return by_target.reshape(-1)[:nnz].astype(values.dtype)

@@ -1,0 +1,237 @@
+"""The connections of one side of a sparse product in lane tiles, for the staged Pallas kernels.
+
+The staged kernels (``_sparse_staged.py``) copy the rows ``v[source[k]]`` that a block of
+targets reads into a staging buffer, one row per connection, and then sum them densely. The
+connections are cut once, with NumPy, into **cells** ``(source chunk c, target block b)``
+(``cell = c·blocks + b``) as in ``_sparse_cells.py``; within a cell, into **lane tiles**:
+
+* ``'gather'`` (the gather-sum ``z[t] = Σ w[k]·v[source[k]]``): the targets a cell reaches,
+  sorted by their number of connections there (largest first, then by row), 128 at a time
+  (one per vector lane ``u``); tile ``i`` is ``W_i`` slots wide, its first target's count.
+  Its staged row ``s = j·128 + u`` is the ``j``-th connection of its ``u``-th target, or
+  padding (the zero row, weight 0) past that target's count. Its weights are ``W_i`` rows
+  of 128 (row ``j``, lane ``u``), so that the dense sum is ``Σ_j stage_jᵀ · w_j``.
+  ``perm`` takes each sorted position back to its target's row in the block; ``None`` when
+  the connections are in target order with one fan-in ``F`` and one chunk
+  (:attr:`Tiles.uniform`): every tile is ``F`` wide and its targets in order.
+* ``'pair'`` (the pair-sum ``p[k] = Σ_r v[source[k], r]·d[target[k], r]``), for uniform
+  connections only: tile ``i`` is targets ``128·i …`` in order, each ``Fp`` rows (``F``
+  rounded up to a power of two from 8, or above 128 to a multiple of 128), staged row ``s = u·Fp + j``: the staged rows are the
+  connections in order, so the sums come out in connection order.
+
+The scalar unit reads one index per staged row: row ``s = 8·q + g`` of tile ``i`` reads
+entry ``16·r_i + q`` of the cell's index row ``g`` (``r_i = Σ_{i' < i} W_i'``, the tile's
+first weight row; eight rows, one base each: the kernel's loads are a base plus the loop's
+counter). Every cell has the same number of index entries per row (``source.shape[2]``) and
+of weight rows (``weight_rows``), padded.
+Every index is computed in 64-bit integers and checked to fit ``int32``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from braintrace._primitives._sparse_cells import _checked
+
+__all__ = ["LANES", "REGIONS", "Tiles", "gather_tiles", "pair_tiles"]
+
+LANES = 128
+"""Targets per lane tile: the TPU's vector lanes."""
+
+REGIONS = 8
+"""Index regions per tile: staged row ``8·q + g`` reads entry ``q`` of region ``g``."""
+
+MAX_FILL = 3.0
+"""The most staged rows per connection (padding included) for which a side is tiled."""
+
+
+class Tiles(NamedTuple):
+    """One side of a connectivity in lane tiles (module docstring).
+
+    Attributes:
+        kind: ``'gather'`` or ``'pair'``.
+        num_sources: ``S``, source rows (before padding).
+        num_targets: ``T``, target rows (before padding).
+        chunk: Source rows per chunk (the staged table holds ``chunk + 8`` rows, the last 8
+            zero: padding reads row ``chunk``).
+        block: Target rows per block (a multiple of 128).
+        widths: ``(cells, tiles)`` each tile's width ``W_i`` (0 for a tile past the cell's
+            targets); ``tiles`` at least 128 (an SMEM block).
+        source: ``(cells, 8, entries)`` the index rows (module docstring); ``chunk`` for
+            padding.
+        slot: ``(cells, weight_rows, 128)`` the connection ``k`` of each weight (``nnz`` for
+            padding); ``None`` when :attr:`uniform`.
+        perm: ``(cells, block)`` the target row in the block of each sorted position (``block``
+            for padding: a spare row); ``None`` when :attr:`uniform`.
+        uniform: The fan-in ``F`` when the connections are in target order with one count and
+            one chunk, else 0.
+        width_cap: The widest tile (the staging buffer holds ``width_cap·128`` rows).
+    """
+
+    kind: str
+    num_sources: int
+    num_targets: int
+    chunk: int
+    block: int
+    widths: np.ndarray
+    source: np.ndarray
+    slot: np.ndarray | None
+    perm: np.ndarray | None
+    uniform: int
+    width_cap: int
+
+    @property
+    def chunks(self) -> int:
+        """Source chunks."""
+        return -(-self.num_sources // self.chunk)
+
+    @property
+    def blocks(self) -> int:
+        """Target blocks."""
+        return -(-self.num_targets // self.block)
+
+    @property
+    def weight_rows(self) -> int:
+        """Weight rows (of 128) per cell, a multiple of 8."""
+        if self.slot is not None:
+            return int(self.slot.shape[1])
+        return -(-int(self.widths.sum(axis=1).max(initial=0)) // 8) * 8
+
+
+def _row_starts(widths: np.ndarray) -> np.ndarray:
+    """``(cells, tiles)`` each tile's first weight row ``r_i``."""
+    return np.concatenate([np.zeros((len(widths), 1), np.int64),
+                           np.cumsum(widths, axis=1)[:, :-1]], axis=1)
+
+
+def _entry(rows: np.ndarray, row_start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The index row and entry of staged row ``rows`` of a tile whose first weight row is
+    ``row_start``: ``(g, 16·r + q)`` for ``rows = 8·q + g``."""
+    q, g = np.divmod(rows, REGIONS)
+    return g, row_start * (LANES // REGIONS) + q
+
+
+def _entries(widths: np.ndarray) -> int:
+    """Index entries per row: the largest cell's, rounded up to a multiple of 128."""
+    used = int(widths.sum(axis=1).max(initial=0)) * (LANES // REGIONS)
+    return max(-(-used // LANES) * LANES, LANES)
+
+
+def _padded_tiles(count: int) -> int:
+    """Tiles per cell in the SMEM table: at least 128 (Mosaic's smallest 1-D block)."""
+    return max(LANES, count)
+
+
+def _uniform_gather(sources: np.ndarray, num_sources: int, num_targets: int, fan_in: int,
+                    block: int) -> Tiles:
+    blocks = -(-num_targets // block)
+    per_block = block // LANES
+    widths = np.zeros((blocks, _padded_tiles(per_block)), np.int64)
+    widths[:, :per_block] = fan_in
+    padded = np.full(blocks * block * fan_in, num_sources, np.int64)
+    padded[:sources.size] = sources
+    by_slot = padded.reshape(blocks, per_block, LANES, fan_in)  # (b, tile, u, j)
+    rows = np.arange(fan_in)[None, :] * LANES + np.arange(LANES)[:, None]  # (u, j) -> s
+    g, entry = _entry(rows[None, None], _row_starts(widths)[:, :per_block, None, None])
+    source = np.full((blocks, REGIONS, _entries(widths)), num_sources, np.int64)
+    cell = np.broadcast_to(np.arange(blocks)[:, None, None, None], by_slot.shape)
+    source[cell, np.broadcast_to(g, by_slot.shape), entry] = by_slot
+    return Tiles("gather", num_sources, num_targets, num_sources, block, _checked(widths),
+                 _checked(source), None, None, fan_in, fan_in)
+
+
+def gather_tiles(sources: np.ndarray, targets: np.ndarray, num_sources: int, num_targets: int,
+                 chunk: int, block: int) -> Tiles | None:
+    """The connections ``sources[k] -> targets[k]`` in ``'gather'`` lane tiles (module
+    docstring), or ``None`` when their padding would exceed ``MAX_FILL·nnz`` staged rows.
+
+    Example:
+        >>> import numpy as np
+        >>> from braintrace._primitives._sparse_tiles import gather_tiles
+        >>> t = gather_tiles(np.array([0, 2, 1]), np.array([1, 1, 0]), 3, 2, chunk=3, block=128)
+        >>> t.widths[0, :2].tolist(), t.perm[0, :3].tolist()  # target 1 first, then 0, padding
+        ([2, 0], [1, 0, 128])
+        >>> # staged rows 0 (u 0, j 0), 1 (u 1, j 0), 128 (u 0, j 1) and 8 (padding)
+        >>> t.source[0, [0, 1, 0, 0], [0, 0, 16, 1]].tolist()
+        [0, 1, 2, 3]
+    """
+    if block % LANES or block <= 0 or chunk <= 0:
+        raise ValueError(f"block must be a positive multiple of {LANES} and chunk positive, "
+                         f"got block={block}, chunk={chunk}.")
+    sources = np.asarray(sources, np.int64)
+    targets = np.asarray(targets, np.int64)
+    nnz = int(sources.size)
+    chunk = min(chunk, max(num_sources, 1))
+    if chunk >= num_sources and nnz and nnz % max(num_targets, 1) == 0:
+        fan_in = nnz // num_targets
+        if np.array_equal(targets, np.repeat(np.arange(num_targets), fan_in)):
+            return _uniform_gather(sources, num_sources, num_targets, fan_in, block)
+    blocks = -(-num_targets // block)
+    num_cells = -(-max(num_sources, 1) // chunk) * blocks
+    cell = (sources // chunk) * blocks + targets // block
+    pair_key = cell * num_targets + targets
+    order = np.argsort(pair_key, kind="stable")
+    pairs, first, counts = np.unique(pair_key[order], return_index=True, return_counts=True)
+    rank = np.arange(nnz) - np.repeat(first, counts)  # the connection's slot j, in `order`
+    pair_of = np.repeat(np.arange(pairs.size), counts)
+    pair_cell, pair_target = pairs // num_targets, pairs % num_targets
+    by_count = np.lexsort((pair_target, -counts, pair_cell))
+    starts_of_cell = np.searchsorted(pair_cell[by_count], np.arange(num_cells))
+    place = np.empty(pairs.size, np.int64)
+    place[by_count] = np.arange(pairs.size) - starts_of_cell[pair_cell[by_count]]
+    tile, lane = np.divmod(place, LANES)
+    tiles = _padded_tiles(block // LANES)
+    widths = np.zeros((num_cells, tiles), np.int64)
+    leaders = lane == 0
+    widths[pair_cell[leaders], tile[leaders]] = counts[leaders]
+    weight_rows = -(-max(int(widths.sum(axis=1).max(initial=0)), 1) // 8) * 8
+    if num_cells * weight_rows * LANES > MAX_FILL * nnz + 2**16:
+        return None
+    row_start = _row_starts(widths)
+    cell_of, tile_of, lane_of = pair_cell[pair_of], tile[pair_of], lane[pair_of]
+    g, entry = _entry(rank * LANES + lane_of, row_start[cell_of, tile_of])
+    source = np.full((num_cells, REGIONS, _entries(widths)), chunk, np.int64)
+    source[cell_of, g, entry] = sources[order] % chunk
+    slot = np.full((num_cells, weight_rows, LANES), nnz, np.int64)
+    slot[cell_of, row_start[cell_of, tile_of] + rank, lane_of] = order
+    perm = np.full((num_cells, block), block, np.int64)
+    perm[pair_cell, place] = pair_target % block
+    return Tiles("gather", num_sources, num_targets, chunk, block, _checked(widths),
+                 _checked(source), _checked(slot), _checked(perm), 0,
+                 int(widths.max(initial=1)))
+
+
+def pair_tiles(sources: np.ndarray, num_sources: int, num_targets: int, fan_in: int,
+               block: int) -> Tiles:
+    """Uniform connections (``targets = repeat(arange(T), F)``, ``sources`` in that order) in
+    ``'pair'`` lane tiles: each target ``Fp`` staged rows (module docstring), in order.
+
+    Example:
+        >>> import numpy as np
+        >>> from braintrace._primitives._sparse_tiles import pair_tiles
+        >>> t = pair_tiles(np.array([2, 0, 1, 1]), 3, 2, fan_in=2, block=128)
+        >>> # staged rows 0, 1 (target 0), 8 (target 1), 16 (padding)
+        >>> t.widths[0, :2].tolist(), t.source[0, [0, 1, 0, 0], [0, 0, 1, 2]].tolist()
+        ([8, 0], [2, 0, 1, 3])
+    """
+    if block % LANES or block <= 0:
+        raise ValueError(f"block must be a positive multiple of {LANES}, got {block}.")
+    sources = np.asarray(sources, np.int64)
+    width = max(REGIONS, 1 << (fan_in - 1).bit_length()) if fan_in <= LANES else \
+        -(-fan_in // LANES) * LANES
+    blocks = -(-num_targets // block)
+    per_block = block // LANES
+    widths = np.zeros((blocks, _padded_tiles(per_block)), np.int64)
+    widths[:, :per_block] = width
+    padded = np.full((blocks * block, width), num_sources, np.int64)
+    padded[:num_targets, :fan_in] = sources.reshape(num_targets, fan_in)
+    by_row = padded.reshape(blocks, per_block, LANES * width)  # row s = u·Fp + j, in order
+    g, entry = _entry(np.arange(LANES * width)[None, None],
+                      _row_starts(widths)[:, :per_block, None])
+    source = np.full((blocks, REGIONS, _entries(widths)), num_sources, np.int64)
+    cell = np.broadcast_to(np.arange(blocks)[:, None, None], by_row.shape)
+    source[cell, np.broadcast_to(g, by_row.shape), entry] = by_row
+    return Tiles("pair", num_sources, num_targets, num_sources, block, _checked(widths),
+                 _checked(source), None, None, fan_in, width)

@@ -1,0 +1,144 @@
+"""The TPU's staged Pallas kernels for the sparse sums, run on the CPU in Pallas' interpreter.
+
+With ``_sparse_tpu.KERNELS = 'staged'`` the sparse primitive's TPU formulation takes the
+staged kernels (``_sparse_staged.py`` over the lane tiles of ``_sparse_tiles.py``); in
+``formulation('pallas')`` they run interpreted (Pallas' TPU interpreter, which raises on a
+read out of bounds; or JAX's). Each sum must give the XLA formulation's float32 values
+(``_sparse_accelerator.py``, the reference) on hostile connectivity: every synapse into one
+neuron (a tile 19 wide beside empty ones), inputs and outputs no connection touches, repeated
+pairs, sizes that are multiples of neither 128 nor the chunk, sources in several chunks (the
+calls adding up), rows of ``v`` in two groups of 128, batch 1, and a uniform fan-in of 3
+(the pair-sum's targets padded to 8 rows). The tiles' index arithmetic is checked on a
+million neurons without a kernel; a layer's gradients through the kernels equal those
+through XLA's formulation.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import test_sparse_pallas
+from flax import nnx
+from helpers import mse
+from jax.experimental.pallas import tpu as pltpu
+from test_sparse_layouts import KINDS
+from test_sparse_pallas import _star, _uniform
+
+import braintrace
+from braintrace._platform import formulation
+from braintrace._primitives import _sparse_accelerator as accelerator
+from braintrace._primitives import _sparse_staged as staged
+from braintrace._primitives import _sparse_tpu as tpu
+from braintrace._primitives._sparse_tiles import LANES, REGIONS, gather_tiles, pair_tiles
+
+RTOL = 1e-6
+"""Float32 sums of a few dozen terms in another order."""
+
+CASES = {
+    # name: (connectivity, rows R, source chunk, Pallas' TPU interpreter)
+    "odd-chunked": (KINDS["odd"], 5, 9, True),    # repeats, unused rows, 2 chunks adding up
+    "star-batch-1": (_star, 1, None, False),      # one target of 19 sources; 19 of one each
+    "uniform-two-groups": (_uniform, 130, None, False),  # R 130: two groups of 128; fan-in 3
+}
+"""The chunked case runs in Pallas' TPU interpreter, which raises on a read out of bounds
+(the copies of ``v``'s columns from HBM); the others in JAX's, twice as fast."""
+
+
+def _sums(module, conn, pullback: bool):
+    """The product, the input pullback and (``pullback``: where the staged pair-sum applies;
+    elsewhere the cells' kernel, ``test_sparse_pallas.py``) the weight pullback."""
+    return lambda x, d, w: (module.product(x, w, conn), module.transposed_product(d, w, conn),
+                            *((module.weight_pullback(x, d, conn),) if pullback else ()))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_staged_kernels_equal_the_xla_formulation_on_hostile_connectivity(monkeypatch, case):
+    make, rows, chunk, checked = CASES[case]
+    rng = np.random.default_rng(0)
+    conn = make(rng)
+    monkeypatch.setattr(tpu, "KERNELS", "staged")
+    monkeypatch.setattr(tpu, "CHUNK_ROWS", chunk)
+    monkeypatch.setattr(tpu, "BLOCK_ROWS", LANES)
+    monkeypatch.setattr(tpu, "INTERPRET", pltpu.InterpretParams(out_of_bounds_reads="raise")
+                        if checked else True)
+    incoming, outgoing = tpu.staged_tiles(conn, "incoming"), tpu.staged_tiles(conn, "outgoing")
+    pair = tpu.staged_tiles(conn, "pair")
+    assert incoming is not None and outgoing is not None  # the kernels run, not the fallback
+    if chunk:
+        assert incoming.chunks > 1 and outgoing.chunks > 1 and pair is None
+    if case == "star-batch-1":
+        assert incoming.widths[0, :2].tolist() == [conn.nnz, 0] and incoming.perm is not None
+    if case == "uniform-two-groups":
+        assert incoming.uniform == 3 and incoming.perm is None and pair.width_cap == 8
+    w = jnp.asarray(rng.standard_normal(conn.nnz), jnp.float32)
+    x = jnp.asarray(rng.standard_normal((rows, conn.num_in)), jnp.float32)
+    d = jnp.asarray(rng.standard_normal((rows, conn.num_out)), jnp.float32)
+    want = jax.jit(_sums(accelerator, conn, pair is not None))(x, d, w)
+    with formulation("pallas"):
+        got = jax.jit(_sums(tpu, conn, pair is not None))(x, d, w)
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape and a.dtype == jnp.float32
+        np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL * float(jnp.max(jnp.abs(b))))
+
+
+def test_tiles_place_every_connection_once_with_int32_indices_at_a_million_neurons():
+    """S = T = 2^20 in 4 chunks by 256 blocks (cell·T + target reaches 2^30): every connection is read by exactly one staged
+    row, of its source, in the tile and lane of its target, with its weight beside it; the
+    targets of a cell sorted by count, the tiles as wide as their first."""
+    rng = np.random.default_rng(0)
+    n, nnz, chunk, block = 2**20, 2**20, 2**18, 2**12
+    pre, post = rng.integers(0, n, nnz), rng.integers(0, n, nnz)
+    t = gather_tiles(pre, post, n, n, chunk, block)
+    assert (t.chunks, t.blocks) == (4, 256) and t.perm is not None
+    assert all(a.dtype == np.int32 for a in (t.source, t.slot, t.perm, t.widths))
+    cell, row, lane = np.nonzero(t.slot < nnz)
+    k = t.slot[cell, row, lane]
+    np.testing.assert_array_equal(np.sort(k), np.arange(nnz))  # each connection once
+    np.testing.assert_array_equal(cell // t.blocks, pre[k] // chunk)
+    np.testing.assert_array_equal(cell % t.blocks, post[k] // block)
+    widths = t.widths.astype(np.int64)
+    first = np.concatenate([np.zeros((len(widths), 1), np.int64),
+                            np.cumsum(widths, axis=1)[:, :-1]], axis=1)
+    stride = int(first.max()) + 1  # each cell's first rows in a range of its own
+    flat = (first + stride * np.arange(len(first))[:, None]).ravel()
+    tile = np.searchsorted(flat, row + stride * cell, side="right") - 1 - cell * first.shape[1]
+    j = row - first[cell, tile]
+    assert np.all(j < widths[cell, tile])
+    np.testing.assert_array_equal(t.perm[cell, tile * LANES + lane], post[k] % block)
+    q, g = np.divmod(j * LANES + lane, REGIONS)  # the staged row 128·j + u
+    np.testing.assert_array_equal(t.source[cell, g, (LANES // REGIONS) * first[cell, tile] + q],
+                                  pre[k] % chunk)
+    assert np.all(np.diff(widths, axis=1) <= 0)  # tiles widest first
+    uniform = pair_tiles(np.arange(3 * 5) % 7, 7, 5, fan_in=3, block=LANES)
+    assert uniform.width_cap == 8 and uniform.kind == "pair"
+
+
+def test_layer_gradients_through_the_staged_kernels_equal_the_xla_formulation(monkeypatch):
+    """ES-D-RTRL's gradients of a spiking network with a sparse recurrence (unused neurons, a
+    repeated pair: the weight pullback keeps the cells' kernel), its gather-sums through the
+    staged kernels, equal those through XLA's formulation."""
+    monkeypatch.setattr(tpu, "KERNELS", "staged")
+    batch, steps = 3, 4
+    rng = np.random.default_rng(3)
+    model = test_sparse_pallas._network(batch)
+    example = jnp.zeros((batch, 3), jnp.float32)
+    xs = jnp.asarray(2.0 * rng.standard_normal((steps, batch, 3)), jnp.float32)
+    ys = jnp.asarray(rng.standard_normal((steps, batch, 2)), jnp.float32)
+
+    def gradients():
+        learner = braintrace.compile(nnx.clone(model), "es_d_rtrl", example, batch_size=batch)
+        return jax.tree.leaves(learner.etrace_grad(xs, ys, mse))
+
+    with formulation("accelerator"):
+        want = gradients()
+    calls = []
+    kernel = staged.gather_sum  # count the kernel's calls as they are traced
+    monkeypatch.setattr(staged, "gather_sum", lambda *a, **k: (calls.append(1), kernel(*a, **k))[1])
+    with formulation("pallas"):
+        got = gradients()
+    assert len(calls) >= 2  # the product and the input pullback
+    assert any(float(jnp.max(jnp.abs(g))) > 0 for g in want)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
