@@ -259,6 +259,10 @@ def _kernel_label(label: str) -> str:
     return named.get(label) or f"Pallas `{label.partition(':')[2]}`"
 
 
+KERNEL_TOLERANCE = 1e-4
+"""The largest difference to XLA's values, over XLA's largest, of a kernel counted right."""
+
+
 def sparse_kernels(results: Results) -> str:
     """Per size, batch and sum: XLA's time, each kernel variant's, the XLA gather of the
     tables that the fastest variant's call makes (the weights into slot order, hoisted out of
@@ -271,9 +275,14 @@ def sparse_kernels(results: Results) -> str:
         label for record in run["results"] for name in _KERNEL_SUMS if name in record
         for label in record[name] if label.startswith("pallas")))
 
+    def right(entry: dict[str, Any]) -> bool:
+        return entry.get("max_rel_error", 0.0) <= KERNEL_TOLERANCE
+
     def time(entry: dict[str, Any] | None) -> str:
         if entry is None or "ms_median" not in entry:
             return "failed" if entry and "error" in entry else MISSING
+        if not right(entry):
+            return f"{entry['ms_median']:.2f} ms, wrong values ({entry['max_rel_error']:.0e})"
         return f"{entry['ms_median']:.2f} ms"
 
     rows = []
@@ -282,7 +291,8 @@ def sparse_kernels(results: Results) -> str:
             entry = record.get(name)
             if entry is None:
                 continue
-            timed = {k: entry[k] for k in labels if "ms_median" in entry.get(k, {})}
+            timed = {k: entry[k] for k in labels
+                     if "ms_median" in entry.get(k, {}) and right(entry[k])}
             fastest = min(timed, key=lambda k: timed[k]["ms_median"]) if timed else None
             best = timed.get(fastest)
             tables = entry.get("tables") or entry.get(f"tables:{str(fastest).partition(':')[2]}")
@@ -308,6 +318,8 @@ def sparse_kernels(results: Results) -> str:
         "order), the fastest variant's also timed alone. Floor: one row load per "
         f"synapse and per 128 values at {config['row_ns']} ns "
         "(`benchmarks/sparse_kernels_tpu.py`); the fastest kernels' time over it, XLA's time "
-        "over theirs, and their largest difference to XLA's values over XLA's largest value.",
+        "over theirs, and their largest difference to XLA's values over XLA's largest value; "
+        f"a variant whose difference exceeds {KERNEL_TOLERANCE:.0e} is marked wrong and is "
+        "never the fastest.",
         *table(("neurons", "batch", "sum", "rows", "XLA", *map(_kernel_label, labels),
                 "tables alone", "floor", "fastest × floor", "XLA ÷ fastest", "error"), rows))

@@ -105,7 +105,7 @@ class Algorithm(NamedTuple):
 ALGORITHMS = (
     Algorithm("d_rtrl", "`DRTRL()`, `'d_rtrl'`",
               "the recurrence is position-diagonal and each weight reaches its state "
-              "elementwise (leaky, LIF/ALIF/CuBaLIF, minGRU, one LRU)", "`O(B·\\|θ\\|·S)`"),
+              "elementwise (leaky, LIF/ALIF/IF/CuBaLIF, minGRU, one LRU)", "`O(B·\\|θ\\|·S)`"),
     Algorithm("es_d_rtrl", "`ESDRTRL()`, `'es_d_rtrl'`",
               "`T = 1` only (a smoothed factorisation of D-RTRL's traces)", "`O(B·(I + O·S))`"),
     Algorithm("windowed", "`DRTRL()` with `chunk_size=16`",

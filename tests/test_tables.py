@@ -6,6 +6,7 @@ its JSONs, while a result file is shown by no page, while a page quotes a measur
 outside its generated blocks, or while a page grows past its length.
 """
 
+import copy
 import importlib.util
 import json
 import pathlib
@@ -247,13 +248,22 @@ def test_bfloat16_traces_are_set_against_their_float32_run_and_the_floor():
 
 
 def test_the_tpu_time_of_a_run_of_several_lengths_is_its_longest(tmp_path):
-    host = json.loads((RESULTS / "throughput_tpu_host.json").read_text())["results"]
+    run = json.loads((RESULTS / "throughput_tpu_host.json").read_text())
     older = json.loads((RESULTS / "throughput_tpu.json").read_text())["results"]
+    host = run["results"]
+    # the committed run (one length, T = 1000) as a run of two: a shorter length of other
+    # ratios beside it, each under its `model@T` key
+    assert host["snn"]["T"] == 1000
+    shorter = copy.deepcopy(host["snn"])
+    shorter["T"] = 100
+    shorter["methods"]["es_d_rtrl"]["jit_ratio_to_bptt"] *= 1.5
+    host = {"gru": host["gru"], "snn@T100": shorter, "snn@T1000": host["snn"]}
     longest, shortest = (host[f"snn@T{t}"]["methods"]["es_d_rtrl"]["jit_ratio_to_bptt"]
                          for t in (1000, 100))
     assert ratio(longest) != ratio(shortest)
     results = tmp_path / "results"
     shutil.copytree(RESULTS, results)
+    (results / "throughput_tpu_host.json").write_text(json.dumps({**run, "results": host}))
     (results / "throughput_spiking_rules_tpu.json").unlink()  # the host run first
     table = readme.algorithms(Results(results))
     assert _row(table, "`ESDRTRL()`, `'es_d_rtrl'`")[4] == ratio(longest)
