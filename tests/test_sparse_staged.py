@@ -15,6 +15,8 @@ through XLA's formulation.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,19 +33,32 @@ from braintrace._platform import formulation
 from braintrace._primitives import _sparse_accelerator as accelerator
 from braintrace._primitives import _sparse_staged as staged
 from braintrace._primitives import _sparse_tpu as tpu
+from braintrace._primitives._sparse import Connectivity
 from braintrace._primitives._sparse_tiles import LANES, REGIONS, gather_tiles, pair_tiles
 
 RTOL = 1e-6
 """Float32 sums of a few dozen terms in another order."""
 
+TPU = pltpu.InterpretParams(uninitialized_memory="nan", detect_races=True,
+                            out_of_bounds_reads="raise", dma_execution_mode="on_wait")
+"""Pallas' TPU interpreter as close to the chip as it goes: memory that the kernel reads before
+it writes it holds NaN (JAX's generic interpreter zero-fills it), a read out of bounds raises
+(the generic one clamps it), a copy lands only when it is waited for, and two accesses to one
+buffer that nothing orders count as a race. The kernels run the chip's program in it (the
+staging loop unrolled 16 times; in the generic interpreter, once)."""
+
+NO_RACES = dataclasses.replace(TPU, detect_races=False)
+""":data:`TPU` without the race detector (a few times faster)."""
+
 CASES = {
-    # name: (connectivity, rows R, source chunk, Pallas' TPU interpreter)
-    "odd-chunked": (KINDS["odd"], 5, 9, True),    # repeats, unused rows, 2 chunks adding up
-    "star-batch-1": (_star, 1, None, False),      # one target of 19 sources; 19 of one each
-    "uniform-two-groups": (_uniform, 130, None, False),  # R 130: two groups of 128; fan-in 3
+    # name: (connectivity, rows R, source chunk, interpreter)
+    "odd-chunked": (KINDS["odd"], 5, 9, NO_RACES),  # repeats, unused rows, 2 chunks adding up
+    "star-batch-1": (_star, 1, None, NO_RACES),     # one target of 19 sources; 19 of one each
+    "uniform-two-groups": (_uniform, 130, None, True),  # R 130: two groups of 128; fan-in 3
 }
-"""The chunked case runs in Pallas' TPU interpreter, which raises on a read out of bounds
-(the copies of ``v``'s columns from HBM); the others in JAX's, twice as fast."""
+"""The first two run in the TPU interpreter; the third, which adds the groups of rows (XLA
+around the calls), in JAX's generic one (8× faster); the race detector runs in
+:func:`test_the_copies_of_v_are_race_free_in_the_tpu_interpreter`."""
 
 
 def _sums(module, conn, pullback: bool):
@@ -55,14 +70,13 @@ def _sums(module, conn, pullback: bool):
 
 @pytest.mark.parametrize("case", CASES)
 def test_staged_kernels_equal_the_xla_formulation_on_hostile_connectivity(monkeypatch, case):
-    make, rows, chunk, checked = CASES[case]
+    make, rows, chunk, interpreter = CASES[case]
     rng = np.random.default_rng(0)
     conn = make(rng)
     monkeypatch.setattr(tpu, "KERNELS", "staged")
     monkeypatch.setattr(tpu, "CHUNK_ROWS", chunk)
     monkeypatch.setattr(tpu, "BLOCK_ROWS", LANES)
-    monkeypatch.setattr(tpu, "INTERPRET", pltpu.InterpretParams(out_of_bounds_reads="raise")
-                        if checked else True)
+    monkeypatch.setattr(tpu, "INTERPRET", interpreter)
     incoming, outgoing = tpu.staged_tiles(conn, "incoming"), tpu.staged_tiles(conn, "outgoing")
     pair = tpu.staged_tiles(conn, "pair")
     assert incoming is not None and outgoing is not None  # the kernels run, not the fallback
@@ -81,6 +95,46 @@ def test_staged_kernels_equal_the_xla_formulation_on_hostile_connectivity(monkey
     for a, b in zip(got, want, strict=True):
         assert a.shape == b.shape and a.dtype == jnp.float32
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL * float(jnp.max(jnp.abs(b))))
+
+
+def test_the_copies_of_v_are_race_free_in_the_tpu_interpreter(monkeypatch):
+    """300 sources copied 128 columns at a time (two copies in flight, then a tail), three
+    blocks (the table kept over the grid): with uninitialized memory NaN and the race
+    detector on, the gather-sums equal XLA's and no two accesses race."""
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interpreter
+
+    n = 300
+    rng = np.random.default_rng(0)
+    conn = Connectivity.from_indices(rng.permutation(n), np.arange(n), n, n)
+    monkeypatch.setattr(tpu, "KERNELS", "staged")
+    monkeypatch.setattr(tpu, "BLOCK_ROWS", LANES)
+    monkeypatch.setattr(tpu, "INTERPRET", TPU)
+    monkeypatch.setattr(staged, "COPY_COLUMNS", LANES)
+    assert tpu.staged_tiles(conn, "incoming").blocks == 3
+    assert tpu.staged_tiles(conn, "outgoing").perm is not None
+    x = jnp.asarray(rng.standard_normal((3, n)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal(n), jnp.float32)
+    pltpu.reset_tpu_interpret_mode_state()
+    want = jax.jit(_sums(accelerator, conn, False))(x, x, w)
+    with formulation("pallas"):
+        got = jax.jit(_sums(tpu, conn, False))(x, x, w)
+    assert not interpreter.races.races_found
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL * float(jnp.max(jnp.abs(b))))
+
+
+def test_a_tpu_refuses_the_staged_kernels_unless_they_are_measured(monkeypatch):
+    """Off the interpreter (a TPU's program) ``KERNELS = 'staged'`` raises, naming the way
+    back; ``STAGED_ON_TPU`` (the kernel benchmark) lets the sums through."""
+    conn = _star(None)
+    x, w = jnp.ones((1, conn.num_in)), jnp.ones((conn.nnz,))
+    monkeypatch.setattr(tpu, "KERNELS", "staged")
+    monkeypatch.setattr(tpu, "interpreting", lambda: False)
+    with pytest.raises(NotImplementedError, match="KERNELS = 'cells'"):
+        tpu.product(x, w, conn)
+    monkeypatch.setattr(tpu, "STAGED_ON_TPU", True)
+    monkeypatch.setattr(tpu, "INTERPRET", True)
+    assert tpu._staged("gather_sum", conn, "incoming", x, w)[2] is False  # the chip's call
 
 
 def test_tiles_place_every_connection_once_with_int32_indices_at_a_million_neurons():

@@ -49,8 +49,9 @@ COPY_COLUMNS = 1024
 """Columns of ``v`` copied from HBM and transposed at a time."""
 
 UNROLL = LANES // REGIONS
-"""Index entries per region per iteration of the staging loop on a TPU (16: one slot ``j`` of
-a gather tile, 128 rows); interpreted, 1."""
+"""Index entries per region per iteration of the staging loop on a TPU and in Pallas' TPU
+interpreter (16: one slot ``j`` of a gather tile, 128 rows); in JAX's generic interpreter
+(``interpret=True``), 1."""
 
 STEP = LANES // REGIONS
 """Entries per region per 128 staged rows."""
@@ -93,8 +94,10 @@ def _load_table(v_hbm, table, buf, sem, *, first: int, rows: int, start: int, so
 
 
 def _stage(source_ref, table, stage, *, first_row, width, unroll: int):
-    """``stage[8·q + g] = table[source[g, 16·first_row + q]]`` for ``q < 16·width``."""
-    views = [source_ref.at[g] for g in range(REGIONS)]
+    """``stage[8·q + g] = table[source[g, 16·first_row + q]]`` for ``q < 16·width``; the
+    cell's index rows flat in SMEM (``source_ref (8·entries,)``: row ``g`` from
+    ``g·entries``)."""
+    entries = source_ref.shape[0] // REGIONS
     base = first_row * STEP
 
     def rows(it, carry):
@@ -102,7 +105,8 @@ def _stage(source_ref, table, stage, *, first_row, width, unroll: int):
         at = pl.multiple_of(it * (REGIONS * unroll), REGIONS * unroll)
         for t in range(unroll):
             for g in range(REGIONS):
-                stage[pl.ds(at + t * REGIONS + g, 1), :] = table[pl.ds(views[g][q0 + t], 1), :]
+                index = source_ref[g * entries + q0 + t]
+                stage[pl.ds(at + t * REGIONS + g, 1), :] = table[pl.ds(index, 1), :]
         return carry
 
     jax.lax.fori_loop(0, width * (STEP // unroll), rows, 0)
@@ -281,10 +285,20 @@ def _first_rows(tiles: Tiles) -> jax.Array:
 
 
 def _index_block(tiles: Tiles, cell0: int) -> pl.BlockSpec:
-    """A cell's index rows ``(8, entries)`` in SMEM, for grid step ``b`` of a call whose first
-    cell is ``cell0``."""
-    return pl.BlockSpec((REGIONS, tiles.source.shape[2]), lambda b: (cell0 + b, 0),
-                        memory_space=pltpu.SMEM)
+    """A cell's index rows flat, ``(8·entries,)`` in SMEM, for grid step ``b`` of a call whose
+    first cell is ``cell0`` (one dimension, as every SMEM block that a v5e ran right)."""
+    return _smem(REGIONS * tiles.source.shape[2], lambda b: (cell0 + b,))
+
+
+def _indices(tiles: Tiles) -> jax.Array:
+    """The tiles' index rows, flat: cell ``c``'s row ``g`` from ``(8·c + g)·entries``."""
+    return jnp.asarray(tiles.source.reshape(-1))
+
+
+def _unroll(interpret) -> int:
+    """The staging loop's unroll: :data:`UNROLL` on a TPU and in Pallas' TPU interpreter (the
+    chip's program), 1 in JAX's generic interpreter (``interpret=True``: faster)."""
+    return 1 if interpret is True else UNROLL
 
 
 def gather_weights(weight: jax.Array, tiles: Tiles) -> jax.Array:
@@ -334,14 +348,14 @@ def gather_sum(values: jax.Array, weight: jax.Array, tiles: Tiles, *,
     block, blocks, ntiles = tiles.block, tiles.blocks, tiles.widths.shape[1]
     wrows = _first_rows(tiles)
     widths = jnp.asarray(tiles.widths.reshape(-1))
-    source = jnp.asarray(tiles.source.reshape(-1, tiles.source.shape[2]))
+    source = _indices(tiles)
     scratch, vmem = _table_scratch(tiles, tiles.width_cap * LANES)
     if permuted:
         scratch.append(pltpu.VMEM((block + 8, LANES), jnp.float32))
         perm = jnp.asarray(tiles.perm.reshape(-1))
     group_rows = min(rows, LANES)
     vmem += 4 * LANES * (block + 8) + 4 * 4 * group_rows * block + 2 * 4 * per_cell * LANES
-    out, unroll = None, 1 if interpret else UNROLL
+    out, unroll = None, _unroll(interpret)
     for lane in range(groups):
         for c in range(tiles.chunks):
             chain = "new" if out is None else "add" if c else "write"
@@ -385,13 +399,13 @@ def pair_sum(values: jax.Array, d: jax.Array, tiles: Tiles, nnz: int, *,
     v, groups = _groups(values, _columns(tiles))
     block, blocks, width = tiles.block, tiles.blocks, tiles.width_cap
     dv, _ = _groups(d, blocks * block)
-    source = jnp.asarray(tiles.source.reshape(-1, tiles.source.shape[2]))
+    source = _indices(tiles)
     scratch, vmem = _table_scratch(tiles, width * LANES)
     scratch += [pltpu.VMEM((LANES, block), jnp.float32), pltpu.VMEM((block, LANES), jnp.float32)]
     group_rows = min(rows, LANES)
     out_rows = block * width // LANES
     vmem += 4 * LANES * block * 4 + 4 * 4 * out_rows * LANES
-    out, unroll = None, 1 if interpret else UNROLL
+    out, unroll = None, _unroll(interpret)
     for lane in range(groups):
         chain = "new" if out is None else "add"
         specs = [_index_block(tiles, 0), pl.BlockSpec(memory_space=pl.ANY),

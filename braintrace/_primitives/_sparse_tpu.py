@@ -35,7 +35,8 @@ from braintrace._platform import interpreting
 from braintrace._primitives import _sparse_accelerator as accelerator
 from braintrace._primitives._sparse_cells import Cells
 
-__all__ = ["BLOCK_ROWS", "CELL_SLOTS", "CHUNK_ROWS", "KERNELS", "VARIANTS", "cut", "product",
+__all__ = ["BLOCK_ROWS", "CELL_SLOTS", "CHUNK_ROWS", "KERNELS", "STAGED_ON_TPU", "VARIANTS", "cut",
+           "product",
            "staged_tiles", "transposed_product", "weight_pullback"]
 
 VARIANTS = ("cells", "staged")
@@ -44,6 +45,13 @@ VARIANTS = ("cells", "staged")
 KERNELS = "cells"
 """The kernels a TPU runs, one of :data:`VARIANTS`: the fastest that
 ``benchmarks/sparse_kernels_tpu.py`` measured on a TPU v5e."""
+
+STAGED_ON_TPU = False
+"""Whether a TPU may run the ``'staged'`` kernels. On a TPU v5e (131,072 neurons, batch 32 and
+128) every staged sum came out wrong (its largest difference to XLA's values 1.2–1.5 times
+XLA's largest value) while both interpreters give the right values, so a TPU refuses them
+(a wrong gradient must not be silent) unless this is set: ``benchmarks/sparse_kernels_tpu.py``
+sets it to measure their errors."""
 
 CHUNK_ROWS: int | None = None
 """Source rows per chunk; ``None``: ``_sparse_pallas.chunk_rows()``, balanced over chunks."""
@@ -159,6 +167,11 @@ def _staged(kernel: str, connectivity: Any, side: str, *arrays: jax.Array) -> An
     ``None`` (other :data:`KERNELS`, no tiles, or not float32)."""
     if KERNELS != "staged" or not _float32(*arrays):
         return None
+    if not interpreting() and not STAGED_ON_TPU:
+        raise NotImplementedError(
+            "_sparse_tpu.KERNELS = 'staged': the staged kernels gave wrong sums on a TPU v5e; "
+            "use KERNELS = 'cells' (the default), or set _sparse_tpu.STAGED_ON_TPU = True only "
+            "to measure them (benchmarks/sparse_kernels_tpu.py).")
     tiles = staged_tiles(connectivity, side)
     if tiles is None:
         return None
