@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from jax.experimental.pallas import tpu as pltpu
 from helpers import built_on_the_host, mse
+from jax.experimental.pallas import tpu as pltpu
 from test_sparse_layouts import KINDS
 
 import braintrace
@@ -32,7 +32,7 @@ from braintrace._primitives import _sparse_accelerator as accelerator
 from braintrace._primitives import _sparse_pallas as pallas
 from braintrace._primitives import _sparse_tpu as tpu
 from braintrace._primitives._sparse import Connectivity
-from braintrace._primitives._sparse_cells import GROUP, _checked, cells
+from braintrace._primitives._sparse_cells import GROUP, cells, int32_indices
 
 RTOL = 1e-6
 """Float32 sums of a few dozen terms in another order."""
@@ -129,7 +129,7 @@ def test_cells_place_every_connection_once_with_int32_indices_at_a_million_neuro
     np.testing.assert_array_equal(c.rows[cell, group * GROUP + lane], post % block)
     assert np.all(np.diff(c.widths, axis=1) <= 0)  # groups widest first
     with pytest.raises(OverflowError, match="int32"):
-        _checked(np.array([2**31]))
+        int32_indices(np.array([2**31]))
 
 
 def test_hubs_too_wide_to_cut_keep_the_xla_formulation():

@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["GROUP", "MAX_FILL", "SLACK", "SLOT_ALIGN", "Cells", "cells"]
+__all__ = ["GROUP", "MAX_FILL", "SLACK", "SLOT_ALIGN", "Cells", "cells", "int32_indices"]
 
 GROUP = 8
 """Targets summed in lockstep (a group): one per sublane of a TPU vector register."""
@@ -98,8 +98,14 @@ class Cells(NamedTuple):
         return int(self.source.shape[1])
 
 
-def _checked(values: np.ndarray) -> np.ndarray:
-    """``values`` as ``int32``, after checking that they fit."""
+def int32_indices(values: np.ndarray) -> np.ndarray:
+    """``values`` as ``int32``, after checking that they fit.
+
+    Example:
+        >>> import numpy as np
+        >>> int32_indices(np.array([0, 5], dtype=np.int64)).dtype
+        dtype('int32')
+    """
     if values.size and (values.min() < 0 or values.max() > _INT32_MAX):
         raise OverflowError("a sparse kernel index does not fit int32.")
     return values.astype(np.int32)
@@ -125,7 +131,7 @@ def _uniform(sources: np.ndarray, targets: np.ndarray, num_sources: int, num_tar
     return Cells(num_sources, num_targets, num_sources, block,
                  groups=np.full(blocks, block // GROUP, np.int32),
                  widths=np.full((blocks, block // GROUP), fan_in, np.int32),
-                 rows=_checked(rows), source=_checked(source), slot=None, position=None,
+                 rows=int32_indices(rows), source=int32_indices(source), slot=None, position=None,
                  uniform=fan_in)
 
 
@@ -205,8 +211,8 @@ def cells(sources: np.ndarray, targets: np.ndarray, num_sources: int, num_target
     rows = np.zeros((num_cells, block), np.int64)
     rows[pair_cell, place] = pair_target % block
     groups = (group_width > 0).sum(axis=1)
-    return Cells(num_sources, num_targets, chunk, block, groups=_checked(groups),
-                 widths=_checked(group_width), rows=_checked(rows),
-                 source=_checked(source.reshape(num_cells, slots)),
-                 slot=_checked(slot.reshape(num_cells, slots)), position=_checked(position),
-                 uniform=0)
+    return Cells(num_sources, num_targets, chunk, block, groups=int32_indices(groups),
+                 widths=int32_indices(group_width), rows=int32_indices(rows),
+                 source=int32_indices(source.reshape(num_cells, slots)),
+                 slot=int32_indices(slot.reshape(num_cells, slots)),
+                 position=int32_indices(position), uniform=0)

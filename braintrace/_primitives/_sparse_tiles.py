@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from braintrace._primitives._sparse_cells import _checked
+from braintrace._primitives._sparse_cells import int32_indices
 
 __all__ = ["LANES", "REGIONS", "Tiles", "gather_tiles", "pair_tiles"]
 
@@ -138,8 +138,8 @@ def _uniform_gather(sources: np.ndarray, num_sources: int, num_targets: int, fan
     source = np.full((blocks, REGIONS, _entries(widths)), num_sources, np.int64)
     cell = np.broadcast_to(np.arange(blocks)[:, None, None, None], by_slot.shape)
     source[cell, np.broadcast_to(g, by_slot.shape), entry] = by_slot
-    return Tiles("gather", num_sources, num_targets, num_sources, block, _checked(widths),
-                 _checked(source), None, None, fan_in, fan_in)
+    return Tiles("gather", num_sources, num_targets, num_sources, block, int32_indices(widths),
+                 int32_indices(source), None, None, fan_in, fan_in)
 
 
 def gather_tiles(sources: np.ndarray, targets: np.ndarray, num_sources: int, num_targets: int,
@@ -198,8 +198,8 @@ def gather_tiles(sources: np.ndarray, targets: np.ndarray, num_sources: int, num
     slot[cell_of, row_start[cell_of, tile_of] + rank, lane_of] = order
     perm = np.full((num_cells, block), block, np.int64)
     perm[pair_cell, place] = pair_target % block
-    return Tiles("gather", num_sources, num_targets, chunk, block, _checked(widths),
-                 _checked(source), _checked(slot), _checked(perm), 0,
+    return Tiles("gather", num_sources, num_targets, chunk, block, int32_indices(widths),
+                 int32_indices(source), int32_indices(slot), int32_indices(perm), 0,
                  int(widths.max(initial=1)))
 
 
@@ -233,5 +233,5 @@ def pair_tiles(sources: np.ndarray, num_sources: int, num_targets: int, fan_in: 
     source = np.full((blocks, REGIONS, _entries(widths)), num_sources, np.int64)
     cell = np.broadcast_to(np.arange(blocks)[:, None, None], by_row.shape)
     source[cell, np.broadcast_to(g, by_row.shape), entry] = by_row
-    return Tiles("pair", num_sources, num_targets, num_sources, block, _checked(widths),
-                 _checked(source), None, None, fan_in, width)
+    return Tiles("pair", num_sources, num_targets, num_sources, block, int32_indices(widths),
+                 int32_indices(source), None, None, fan_in, width)
