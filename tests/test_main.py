@@ -48,6 +48,13 @@ ROW = re.compile(rf"^ *(\d+)  (\w+) +(?:([01]\.\d{{3}}) +(\d+\.\d{{3}})|- +-) +(
 ACCURACY_TOLERANCE = 1 / 256 + 1e-3  # one test sequence of 256, and the printed rounding
 LOSS_TOLERANCE = 5e-3
 MEMORY_TOLERANCE = 0.01  # relative: XLA's flags move a buffer by a few hundred bytes
+BPTT_MEMORY_TOLERANCE = 0.05  # BPTT's step under jax.checkpoint(dots_saveable): the suite's
+# fast-compile flags change XLA's fusions, and with them its saved values (T = 640: 2.7 MiB
+# against 2.8 with XLA's defaults; T = 1000: 40.2 against 40.7)
+
+
+def _memory_tolerance(method: str) -> float:
+    return BPTT_MEMORY_TOLERANCE if method == "bptt" else MEMORY_TOLERANCE
 
 
 def _load_script():
@@ -165,7 +172,7 @@ def test_full_run_memory_and_data_are_what_its_train_steps_compile_to():
     for row in full.rows:
         result = prepare(row[2], int(row[1]), args).result
         assert result.chunk == int(row[5])
-        assert _prints_as(result.memory, row[6], MEMORY_TOLERANCE), (
+        assert _prints_as(result.memory, row[6], _memory_tolerance(row[2])), (
             _stale(f"T={row[1]} {row[2]} memory"))
         assert _prints_as(result.data, row[7]), _stale(f"T={row[1]} {row[2]} data")
 
@@ -186,7 +193,8 @@ def test_quick_run_prints_the_recorded_numbers(tmp_path, monkeypatch, capsys):
         where = f"T={old[1]} {old[2]}"
         assert (new[1], new[2], new[5], new[7], new[10]) == (old[1], old[2], old[5], old[7],
                                                              old[10]), _stale(where)
-        assert _prints_as(_bytes(new[6]), old[6], MEMORY_TOLERANCE), _stale(f"{where} memory")
+        assert _prints_as(_bytes(new[6]), old[6], _memory_tolerance(old[2])), (
+            _stale(f"{where} memory"))
         if old[3] is not None:
             assert float(new[3]) == pytest.approx(float(old[3]), abs=ACCURACY_TOLERANCE), (
                 _stale(f"{where} accuracy"))

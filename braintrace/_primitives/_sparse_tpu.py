@@ -36,15 +36,14 @@ from braintrace._primitives import _sparse_accelerator as accelerator
 from braintrace._primitives._sparse_cells import Cells
 
 __all__ = ["BLOCK_ROWS", "CELL_SLOTS", "CHUNK_ROWS", "KERNELS", "STAGED_ON_TPU", "VARIANTS", "cut",
-           "product",
-           "staged_tiles", "transposed_product", "weight_pullback"]
+           "product", "staged_tiles", "transposed_product", "weight_pullback"]
 
 VARIANTS = ("cells", "staged")
 """The sets of kernels :data:`KERNELS` chooses from (module docstring)."""
 
 KERNELS = "cells"
-"""The kernels a TPU runs, one of :data:`VARIANTS`: the fastest that
-``benchmarks/sparse_kernels_tpu.py`` measured on a TPU v5e."""
+"""The kernels a TPU runs, one of :data:`VARIANTS`: ``'cells'``, the fastest of those that
+``benchmarks/sparse_kernels_tpu.py`` found right on a TPU v5e (:data:`STAGED_ON_TPU`)."""
 
 STAGED_ON_TPU = False
 """Whether a TPU may run the ``'staged'`` kernels. On a TPU v5e (131,072 neurons, batch 32 and
