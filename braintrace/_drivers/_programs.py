@@ -45,9 +45,9 @@ from braintrace._loops import (
     ScanCarry,
     evolve,
     finish_carry,
-    ignore_masked,
     init_carry,
     param_gradients,
+    reaches_scored,
     restart_sums,
     run,
 )
@@ -143,19 +143,19 @@ def grad_program(entry: Entry, loss_fn: Callable[[Any, Any], jax.Array], spec: L
         weights: ``(T,)`` weights ``w_t``.
         signal_inputs: The learning signal's per-step inputs, or ``None``.
         masked: The weights come from a mask and may be 0: what they weigh 0 is then never
-            read (``braintrace._loops.ignore_masked``, a copy of ``xs`` and ``ys``). ``False``
-            (no mask: no weight is 0) skips it, so memory stays independent of ``T``.
+            read (``braintrace._loops.ignore_masked``, each step's inputs and targets as the
+            loop reads them, from flags ``(T,)`` or ``(T, B)`` computed once here).
+            ``False`` (no mask: no weight is 0) skips it.
     """
     xs = cast_inputs(xs, entry.example)
     lay = entry.layout
     if lay is not None:
         params, hidden, other, traces = _constrain_state(lay, params, hidden, other, traces)
         xs, ys = _constrain_inputs(lay, xs), _constrain_inputs(lay, ys)
-    if masked:  # what the mask ignores is never read
-        xs, ys = ignore_masked(xs, ys, weights)
+    reaches = reaches_scored(weights) if masked else None  # what the mask ignores is never read
     ctx = LoopContext.build(entry.rules, loss_fn, params)
     carry, losses = run(ctx, spec, init_carry(ctx, hidden, other, traces), xs, ys, weights,
-                        signal_inputs)
+                        signal_inputs, reaches=reaches)
     grads = param_gradients(ctx, carry)
     finite = jnp.stack([_all_finite(g) for g in grads])
     hidden, other, traces = carry.hidden, carry.other, carry.traces
@@ -264,8 +264,9 @@ def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
         params, hidden, other, traces = _constrain_state(lay, params, hidden, other, traces)
         opt_state = constrain(opt_state, _opt_shardings(lay, tx, opt_state, params_def))
         xs, ys = _constrain_inputs(lay, xs), _constrain_inputs(lay, ys)
-    if masked:  # what the mask ignores is never read (as grad_program's ``masked``)
-        xs, ys = ignore_masked(xs, ys, weights)
+    # what the mask ignores is never read (as grad_program's ``masked``); the flags are those
+    # of the whole sequence, each window's steps reading theirs
+    reaches = reaches_scored(weights) if masked else None
     k = update_every
     length = weights.shape[0]
     split = lambda a: a.reshape(length // k, k, *a.shape[1:])
@@ -280,7 +281,7 @@ def train_program(entry: Entry, tx: optax.GradientTransformationExtraArgs,
     window = functools.partial(_train_window, entry, tx, loss_fn, spec, params_def,
                                skip_non_finite)
     carry, losses = jax.lax.scan(window, carry, (*(jax.tree.map(split, a) for a in (
-        xs, ys, weights, signal_inputs)), ends))
+        xs, ys, weights, signal_inputs, reaches)), ends))
     carry = _apply_update(tx, params_def, skip_non_finite, carry, length - 1)
     params, opt_state = carry.params, carry.opt_state
     bad_update_at, bad_params = carry.bad_update_at, carry.bad_params
@@ -366,12 +367,13 @@ def _train_window(entry: Entry, tx: optax.GradientTransformationExtraArgs,
     computation into the trace-sized update and recomputes it per trace element
     (D-RTRL on the benchmark GRU with an update every step: 27 ms/step instead of 4).
     """
-    xw, yw, ww, sw, t_end = inputs
+    xw, yw, ww, sw, rw, t_end = inputs
     previous_end = t_end - ww.shape[0]  # the last step of the window whose update is pending
     carry = _apply_update(tx, params_def, skip_non_finite, carry, previous_end)
     ctx = LoopContext.build(entry.rules, loss_fn, carry.params)
     previous = finish_carry(ctx, carry.steps, carry.operands)
-    step_carry, losses = run(ctx, spec, restart_sums(previous), xw, yw, ww, sw, finish=False)
+    step_carry, losses = run(ctx, spec, restart_sums(previous), xw, yw, ww, sw, finish=False,
+                             reaches=rw)
     grads = param_gradients(ctx, step_carry)
     step_weights = ww if ww.ndim == 1 else jnp.sum(ww, axis=-1)  # a (T, B) mask: per step
     value = jnp.sum(losses * step_weights.astype(losses.dtype))

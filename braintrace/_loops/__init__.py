@@ -16,10 +16,11 @@ ignores is never read); ``_step`` (one step's loss terms and Jacobians);
 without gradients); ``_blocked``; ``_windowed``; ``_spec`` (the choice);
 ``_run`` (the entry point).
 
-A new loop is a module here with a ``run_<loop>(ctx, carry, xs, ys, weights, ...)``,
-a spec record in ``_spec`` (its ``defers``: whether its carry holds a step's trace
-update for the next step; and its case in :func:`choose_loop`), and its case in
-:func:`run`.
+A new loop is a module here with a ``run_<loop>(ctx, carry, xs, ys, weights, ...,
+reaches=None)`` (with a mask, each step's inputs and targets go through
+``_masks.ignore_masked`` with its ``reaches`` flags as the loop reads them), a spec
+record in ``_spec`` (its ``defers``: whether its carry holds a step's trace update for
+the next step; and its case in :func:`choose_loop`), and its case in :func:`run`.
 """
 
 from braintrace._loops._context import LoopContext as LoopContext

@@ -26,6 +26,7 @@ from braintrace._arguments import call_loss
 from braintrace._compiler import programs
 from braintrace._loops._context import LoopContext
 from braintrace._loops._groups import scan_grouped
+from braintrace._loops._masks import ignore_masked
 from braintrace._loops._per_step import ScanCarry, keep_dtype
 from braintrace._loops._step import add_same_step, probed_loss_terms, step_jacobians, step_leaves
 
@@ -114,7 +115,8 @@ def _run_block(ctx: LoopContext, carry: ScanCarry, inputs: Any) -> tuple[ScanCar
 
     def step(state, step_inputs):
         hidden, other, same, stepped = state
-        x_t, y_t, w_t = step_inputs
+        x_t, y_t, w_t, reaches_t = step_inputs
+        x_t, y_t = ignore_masked(x_t, y_t, w_t, reaches_t)  # what a mask ignores is never read
         leaves = step_leaves(ctx, hidden, other, x_t)
         terms = probed_loss_terms(ctx, leaves, y_t, w_t, new_state=new_state)
         jac = None if deferred else step_jacobians(rules, leaves)
@@ -161,8 +163,11 @@ def _loss_dtype(ctx: LoopContext, carry: ScanCarry, xs: Any, ys: Any) -> Any:
 
 
 def run_blocked(ctx: LoopContext, carry: ScanCarry, xs: Any, ys: Any, weights: jax.Array,
-                block_size: int) -> tuple[ScanCarry, jax.Array]:
+                block_size: int, *, reaches: jax.Array | None = None
+                ) -> tuple[ScanCarry, jax.Array]:
     """Runs ``Σ_t w_t L_t``'s online loop in blocks of ``block_size`` steps.
+
+    ``reaches``: as :func:`braintrace._loops.run` (each step cleans its own inputs).
 
     ``carry`` must have nothing pending (a fresh or finished carry); so has
     the carry returned. Returns it and each step's loss ``(T,)``.
@@ -177,7 +182,7 @@ def run_blocked(ctx: LoopContext, carry: ScanCarry, xs: Any, ys: Any, weights: j
     def block_at(state, start):
         c, out = state
         take = lambda a: jax.lax.dynamic_slice_in_dim(a, start, block_size)
-        c, block_losses = _run_block(ctx, c, jax.tree.map(take, (xs, ys, weights)))
+        c, block_losses = _run_block(ctx, c, jax.tree.map(take, (xs, ys, weights, reaches)))
         return (c, jax.lax.dynamic_update_slice_in_dim(out, block_losses.astype(out.dtype),
                                                        start, 0)), None
 
@@ -187,7 +192,7 @@ def run_blocked(ctx: LoopContext, carry: ScanCarry, xs: Any, ys: Any, weights: j
     if rest:  # a shorter last block: its buffers (T mod K steps) add to the blocks' ones;
         #          per step it would cost up to K - 1 slow steps per call
         carry, tail_losses = _run_block(ctx, carry, jax.tree.map(lambda a: a[length - rest:],
-                                                                 (xs, ys, weights)))
+                                                                 (xs, ys, weights, reaches)))
         losses = jax.lax.dynamic_update_slice_in_dim(losses, tail_losses.astype(losses.dtype),
                                                      length - rest, 0)  # not a scatter
     return carry, losses

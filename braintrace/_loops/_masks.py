@@ -1,14 +1,15 @@
-"""What a mask ignores is never read: the non-finite values it hides are replaced once.
+"""What a mask ignores is never read: the non-finite values it hides are replaced step by step.
 
 A mask weighs step ``t`` (of sample ``b``) with ``w_t`` (``w_tb``); weight 0
 means the position is ignored: it adds nothing to the loss, the gradient or the
 metrics. Multiplying by 0 is not enough, since ``0 · nan = nan`` (and ``0 · inf``):
 a NaN target at an ignored step makes that step's loss NaN, and its product with
-0 is NaN again, in the loss and, through the VJP, in the gradient. So before the
-time loop, on the whole ``(T, B, ...)`` arrays (:func:`ignore_masked`, when a
-mask is given: it costs one pass over ``xs`` and ``ys`` and a copy of them,
-which without a mask, where no weight is 0, the drivers skip to keep memory
-independent of ``T``):
+0 is NaN again, in the loss and, through the VJP, in the gradient. So inside the
+time loop, on each step's inputs and targets as the loop reads them
+(:func:`ignore_masked`, when a mask is given; the drivers compute the small flags
+:func:`reaches_scored` once, ``(T,)`` or ``(T, B)``, and every loop passes them on
+with its steps, so no cleaned copy of the whole ``(T, B, ...)`` ``xs`` or ``ys``
+exists; without a mask, where no weight is 0, nothing is done):
 
 * a **target** entry that is not finite at an ignored position is replaced by
   0, so ``loss_fn`` never sees it;
@@ -40,7 +41,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-__all__ = ["ignore_masked", "reaches_scored", "stop_unscored", "weigh"]
+__all__ = ["ignore_masked", "ignore_masked_inputs", "ignore_masked_targets", "reaches_scored",
+           "stop_unscored", "weigh"]
 
 
 def weigh(loss: jax.Array, weight: jax.Array) -> jax.Array:
@@ -101,22 +103,56 @@ def _keep(a: jax.Array, keep: jax.Array) -> jax.Array:
     return jnp.where(keep | jnp.isfinite(a), a, jnp.zeros((), a.dtype))
 
 
-def ignore_masked(xs: Any, ys: Any, weights: jax.Array) -> tuple[Any, Any]:
+def ignore_masked(xs: Any, ys: Any, weights: jax.Array,
+                  reaches: jax.Array | None) -> tuple[Any, Any]:
     """``(xs, ys)`` with the non-finite entries the weights ignore replaced by 0.
 
     Targets at positions of weight 0, and inputs after their sample's last
-    scored step (module docstring). Every leaf leads with the time axis, and
-    with the batch axis after it when ``weights`` are ``(T, B)``.
+    scored step (module docstring). ``xs``, ``ys``, ``weights`` and ``reaches``
+    are a piece of the sequence, the same positions of each: one step (each
+    leaf leading with the batch axis when the weights are ``(B,)``), a block of
+    steps, or the whole of it. ``reaches`` is :func:`reaches_scored` of the
+    *whole* sequence's weights at those positions (a piece cannot tell whether a
+    later one scores), or ``None``: no mask, ``(xs, ys)`` unchanged.
 
     Example:
         >>> import jax.numpy as jnp
         >>> xs = jnp.array([1.0, jnp.nan, 3.0, jnp.nan])
         >>> ys = jnp.array([jnp.nan, 2.0, jnp.inf, jnp.nan])
-        >>> xs, ys = ignore_masked(xs, ys, jnp.array([0.0, 1.0, 1.0, 0.0]))
+        >>> w = jnp.array([0.0, 1.0, 1.0, 0.0])
+        >>> xs, ys = ignore_masked(xs, ys, w, reaches_scored(w))
         >>> xs.tolist(), ys.tolist()  # xs[1] reaches the scored steps: it stays
         ([1.0, nan, 3.0, 0.0], [0.0, 2.0, inf, 0.0])
+        >>> x, y = ignore_masked(jnp.nan, jnp.nan, jnp.array(0.0), jnp.array(False))  # one step
+        >>> x.tolist(), y.tolist()
+        (0.0, 0.0)
     """
-    reaches = reaches_scored(weights)
-    xs = jax.tree.map(lambda a: _keep(a, reaches), xs)
-    ys = jax.tree.map(lambda a: _keep(a, weights != 0), ys)
-    return xs, ys
+    if reaches is None:
+        return xs, ys
+    return ignore_masked_inputs(xs, reaches), ignore_masked_targets(ys, weights)
+
+
+def ignore_masked_inputs(xs: Any, reaches: jax.Array | None) -> Any:
+    """``xs`` with its non-finite entries replaced by 0 where ``reaches`` is False
+    (:func:`ignore_masked`'s inputs; unchanged when ``reaches`` is ``None``).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> ignore_masked_inputs(jnp.array([jnp.nan, jnp.nan]), jnp.array([True, False])).tolist()
+        [nan, 0.0]
+    """
+    if reaches is None:
+        return xs
+    return jax.tree.map(lambda a: _keep(a, reaches), xs)
+
+
+def ignore_masked_targets(ys: Any, weights: jax.Array) -> Any:
+    """``ys`` with its non-finite entries replaced by 0 where ``weights`` are 0
+    (:func:`ignore_masked`'s targets).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> ignore_masked_targets(jnp.array([jnp.inf, jnp.inf]), jnp.array([1.0, 0.0])).tolist()
+        [inf, 0.0]
+    """
+    return jax.tree.map(lambda a: _keep(a, weights != 0), ys)

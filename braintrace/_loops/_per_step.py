@@ -61,6 +61,7 @@ from braintrace._algorithms import GraphRules, Jacobians
 from braintrace._compiler import StepLeaves, programs, reader_list
 from braintrace._loops._context import LoopContext
 from braintrace._loops._groups import scan_grouped
+from braintrace._loops._masks import ignore_masked
 from braintrace._loops._step import (
     LossTerms,
     add_same_step,
@@ -251,7 +252,8 @@ def _loss_terms(ctx: LoopContext, leaves: StepLeaves, y_t: Any, w_t: jax.Array
 def _step(ctx: LoopContext, keep: Sequence[bool], carry: ScanCarry,
           inputs: Any) -> tuple[ScanCarry, jax.Array]:
     """One time step (module docstring); returns the new carry and ``L_t``."""
-    x_t, y_t, w_t, inputs_t = inputs
+    x_t, y_t, w_t, inputs_t, reaches_t = inputs
+    x_t, y_t = ignore_masked(x_t, y_t, w_t, reaches_t)  # what a mask ignores is never read
     rules, signal = ctx.rules, ctx.rules.learning_signal
     leaves = step_leaves(ctx, carry.hidden, carry.other, x_t)
     terms, dy = _loss_terms(ctx, leaves, y_t, w_t)
@@ -283,12 +285,12 @@ def _step(ctx: LoopContext, keep: Sequence[bool], carry: ScanCarry,
 
 
 def run_per_step(ctx: LoopContext, carry: ScanCarry, xs: Any, ys: Any, weights: jax.Array,
-                 signal_inputs: Any = None, *, finish: bool = True
-                 ) -> tuple[ScanCarry, jax.Array]:
+                 signal_inputs: Any = None, *, finish: bool = True,
+                 reaches: jax.Array | None = None) -> tuple[ScanCarry, jax.Array]:
     """The per-step loop over a sequence: the carry after it and each step's loss ``(T,)``.
 
     Args:
-        ctx, carry, xs, ys, weights: As :func:`braintrace._loops.run`.
+        ctx, carry, xs, ys, weights, reaches: As :func:`braintrace._loops.run`.
         signal_inputs: The learning signal's per-step inputs (time axis leading), or ``None``.
         finish: Apply the last step's pending update (:func:`finish_carry`).
             ``False`` leaves it pending in the returned carry, for a caller that
@@ -301,7 +303,7 @@ def run_per_step(ctx: LoopContext, carry: ScanCarry, xs: Any, ys: Any, weights: 
         carry = carry._replace(pending=_zero_pending(ctx, carry.hidden, carry.other,
                                                      carry.traces))
     carry, losses = scan_grouped(lambda c, i: _step(ctx, keep, c, i), carry,
-                                 (xs, ys, weights, signal_inputs))
+                                 (xs, ys, weights, signal_inputs, reaches))
     return (finish_carry(ctx, carry) if finish else carry), losses
 
 
