@@ -179,31 +179,32 @@ def _staged(kernel: str, connectivity: Any, side: str, *arrays: jax.Array) -> An
     return getattr(_sparse_staged, kernel), tiles, INTERPRET if interpreting() else False
 
 
-def product(x: jax.Array, weight: jax.Array, connectivity: Any) -> jax.Array:
-    """``y (R, O)``: the gather-sum of ``xᵀ`` over each output's incoming connections."""
-    staged = _staged("gather_sum", connectivity, "incoming", x, weight)
+def _gather_sum(values: jax.Array, weight: jax.Array, connectivity: Any, side: str,
+                fallback: Any) -> jax.Array:
+    """``(R, ·)``: the gather-sum of ``valuesᵀ`` over ``side``'s connections (``'incoming'``:
+    each output's, ``'outgoing'``: each input's), by the staged kernels, the cells' or, where
+    neither applies, ``fallback`` (the XLA formulation)."""
+    staged = _staged("gather_sum", connectivity, side, values, weight)
     if staged:
         kernel, tiles, interpret = staged
-        return _row_major(kernel(_row_major(x), weight, tiles, interpret=interpret))
-    cells = cut(connectivity, "incoming")
-    if cells is None or not _float32(x, weight):
-        return accelerator.product(x, weight, connectivity)
+        return _row_major(kernel(_row_major(values), weight, tiles, interpret=interpret))
+    cells = cut(connectivity, side)
+    if cells is None or not _float32(values, weight):
+        return fallback(values, weight, connectivity)
     kernels, interpret = _kernels()
-    return _row_major(kernels.gather_sum(_row_major(x).T, weight, cells, interpret=interpret).T)
+    return _row_major(kernels.gather_sum(_row_major(values).T, weight, cells,
+                                         interpret=interpret).T)
+
+
+def product(x: jax.Array, weight: jax.Array, connectivity: Any) -> jax.Array:
+    """``y (R, O)``: the gather-sum of ``xᵀ`` over each output's incoming connections."""
+    return _gather_sum(x, weight, connectivity, "incoming", accelerator.product)
 
 
 def transposed_product(ct: jax.Array, weight: jax.Array, connectivity: Any) -> jax.Array:
     """``x̄ (R, I)`` for ``ȳ = ct (R, O)``: the gather-sum of ``ȳᵀ`` over each input's
     outgoing connections."""
-    staged = _staged("gather_sum", connectivity, "outgoing", ct, weight)
-    if staged:
-        kernel, tiles, interpret = staged
-        return _row_major(kernel(_row_major(ct), weight, tiles, interpret=interpret))
-    cells = cut(connectivity, "outgoing")
-    if cells is None or not _float32(ct, weight):
-        return accelerator.transposed_product(ct, weight, connectivity)
-    kernels, interpret = _kernels()
-    return _row_major(kernels.gather_sum(_row_major(ct).T, weight, cells, interpret=interpret).T)
+    return _gather_sum(ct, weight, connectivity, "outgoing", accelerator.transposed_product)
 
 
 def weight_pullback(x: jax.Array, d: jax.Array, connectivity: Any) -> jax.Array:
