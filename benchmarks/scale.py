@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--sparse-staged", action="store_true",
                    help="on a TPU, the uniform sparse forward in its staged form "
                         "(braintrace._primitives._sparse_pallas.STAGED)")
-    p.add_argument("--kernels", default="cells",
+    p.add_argument("--kernels", default="staged",
                    help="on a TPU, the Pallas kernels of the sparse sums: a variant of "
                         "braintrace._primitives._sparse_tpu.VARIANTS, optionally @ROWS (target "
                         "rows per block): cells, staged, staged@2048")

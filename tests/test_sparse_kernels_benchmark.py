@@ -83,7 +83,7 @@ def test_the_device_script_measures_each_variant_and_survives_a_kernel_that_fail
     assert entry["xla_over_fastest"] > 0
     assert entry["floor_ms"] == pytest.approx(conn.nnz * kernels_run.ROW_NS * 1e-6)
     assert not any(k.startswith("tables") for k in entry)  # uniform: no gather of the tables
-    assert (tpu.KERNELS, tpu.BLOCK_ROWS) == ("cells", None)  # each variant's sizes restored
+    assert (tpu.KERNELS, tpu.BLOCK_ROWS) == ("staged", None)  # each variant's sizes restored
 
     def broken(*args):
         raise RuntimeError("Mosaic failed to compile the kernel")

@@ -61,6 +61,13 @@ CASES = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _cells_kernels(monkeypatch):
+    """These tests are the cells' kernels' (``_sparse_tpu.KERNELS = 'cells'``; the staged
+    ones, the default, are ``test_sparse_staged.py``'s)."""
+    monkeypatch.setattr(tpu, "KERNELS", "cells")
+
+
 def _sums(module, conn):
     return lambda x, d, w: (module.product(x, w, conn), module.transposed_product(d, w, conn),
                             module.weight_pullback(x, d, conn))

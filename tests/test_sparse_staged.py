@@ -123,18 +123,26 @@ def test_the_copies_of_v_are_race_free_in_the_tpu_interpreter(monkeypatch):
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL * float(jnp.max(jnp.abs(b))))
 
 
-def test_a_tpu_refuses_the_staged_kernels_unless_they_are_measured(monkeypatch):
-    """Off the interpreter (a TPU's program) ``KERNELS = 'staged'`` raises, naming the way
-    back; ``STAGED_ON_TPU`` (the kernel benchmark) lets the sums through."""
+def test_a_tpu_runs_the_staged_kernels_by_default_and_the_cells_where_they_do_not_apply(
+        monkeypatch):
+    """Off the interpreter (a TPU's program) the default kernels are the staged ones, called
+    as the chip's program (``interpret=False``); a side without lane tiles (one hub whose
+    padding exceeds ``MAX_FILL``) and other dtypes fall back."""
     conn = _star(None)
     x, w = jnp.ones((1, conn.num_in)), jnp.ones((conn.nnz,))
-    monkeypatch.setattr(tpu, "KERNELS", "staged")
     monkeypatch.setattr(tpu, "interpreting", lambda: False)
-    with pytest.raises(NotImplementedError, match="KERNELS = 'cells'"):
-        tpu.product(x, w, conn)
-    monkeypatch.setattr(tpu, "STAGED_ON_TPU", True)
-    monkeypatch.setattr(tpu, "INTERPRET", True)
-    assert tpu._staged("gather_sum", conn, "incoming", x, w)[2] is False  # the chip's call
+    assert tpu.KERNELS == "staged"
+    kernel, tiles, interpret = tpu._staged("gather_sum", conn, "incoming", x, w)
+    assert kernel is staged.gather_sum and tiles.kind == "gather" and interpret is False
+    assert tpu._staged("gather_sum", conn, "incoming", x.astype(jnp.bfloat16), w) is None
+    pre = np.r_[np.arange(2000), np.arange(127)]  # 2,000 into target 0, one into 1 … 127
+    hub = Connectivity.from_indices(pre, np.r_[np.zeros(2000, int), np.arange(1, 128)], 2000,
+                                    2048)
+    assert tpu.staged_tiles(hub, "incoming") is None
+    assert tpu._staged("gather_sum", hub, "incoming", jnp.ones((1, 2000)),
+                       jnp.ones(hub.nnz)) is None
+    monkeypatch.setattr(tpu, "KERNELS", "cells")
+    assert tpu._staged("gather_sum", conn, "incoming", x, w) is None
 
 
 def test_tiles_place_every_connection_once_with_int32_indices_at_a_million_neurons():
