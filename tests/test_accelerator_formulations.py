@@ -14,7 +14,7 @@ the lowering pick one. The CPU suite runs the accelerator formulation too
 * a program lowered for a TPU holds only the accelerator formulation (cross-platform
   lowering, no TPU needed): no element gathers in a GRU's D-RTRL step, no slot loop in the
   sparse product, no product over the stacked steps in ES-D-RTRL's block, one product per
-  weight and step in the per-step ES-D-RTRL;
+  weight and step in the per-step ES-D-RTRL, the block's output side stacked steps second;
 * loops running several steps per iteration (as on accelerators) give the same gradients.
 """
 
@@ -274,6 +274,29 @@ def test_per_step_es_lowered_for_a_tpu_takes_one_product_per_weight_and_step():
 
     assert kernel_products(cpu) == [2, 2]
     assert kernel_products(tpu) == [1, 1]
+
+
+def test_blocked_es_stacks_its_output_side_steps_second(monkeypatch):
+    """Grouped as on accelerators (8 steps per iteration), the blocked ES-D-RTRL loop stacks
+    each group's output-side values (a GRU's ``dy`` and ``d``, ``(4, 24)`` per step) along
+    the second axis, ``(4, 8, 24)``: XLA then keeps the steps one after another in the
+    block's buffer, which the decayed sums reorder once per block (``_groups.stack_group``).
+    The inputs' stacks (``x`` ``(4, 3)``, ``h`` ``(4, 8)``) keep the steps first (the
+    control)."""
+    from braintrace._loops import _groups
+
+    monkeypatch.setattr(_groups, "step_group", lambda length: min(length, 8))
+    batch = 4
+    model = layers.Stateful(layers.GRUCell(3, 8, rngs=nnx.Rngs(0)))
+    braintrace.init_states(model, batch)
+    learner = braintrace.compile(model, "es_d_rtrl", jnp.zeros((batch, 3)), batch_size=batch)
+    _, tpu = _lowered_for_tpu(learner, jnp.ones((16, batch, 3)), jnp.zeros((16, batch, 8)),
+                              block_size=16)
+    stacks = [line.split("->")[-1].strip() for line in tpu.splitlines()
+              if "stablehlo.concatenate" in line]
+    assert stacks.count("tensor<4x8x24xf32>") == 4  # dy and d of both kernels
+    assert "tensor<8x4x24xf32>" not in stacks
+    assert "tensor<8x4x3xf32>" in stacks and "tensor<8x4x8xf32>" in stacks
 
 
 @pytest.mark.parametrize("kind", ["ungrouped", "odd"])

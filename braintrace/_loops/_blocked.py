@@ -137,8 +137,10 @@ def _run_block(ctx: LoopContext, carry: ScanCarry, inputs: Any) -> tuple[ScanCar
     # only the block_step relations' states go through the steps
     start = (list(carry.hidden), list(carry.other), list(carry.same_step),
              [s if h else None for s, h in zip(carry.traces, hooked)])
+    # the output side's stacks (dy, and a block_step's outputs) are read sample by sample
+    output_side = ((False,) * 4 + (True, True), False)
     (hidden, other, same, stepped), ((signal, jac, reads, rel_x, dy, outs), losses) = (
-        scan_grouped(step, start, inputs))
+        scan_grouped(step, start, inputs, steps_second=output_side))
     if deferred:  # the block's responses, arranged for all its steps at once
         jac = jax.vmap(lambda responses: programs.assemble_jacobians(graph, responses))(jac)
     views = _relation_steps(rules, signal, list(jac[0]), list(jac[1]), reads, rel_x, dy,
