@@ -22,12 +22,15 @@ spyx is never a dependency of braintrace: run this in a virtual environment with
     python -m venv .spyx-venv && .spyx-venv/bin/pip install -e ".[shd]" spyx==1.0.0
     nice -n 5 .spyx-venv/bin/python benchmarks/shd_compare.py   # writes shd_compare.json
 
-Its table is in ``docs/tasks.md`` (``python benchmarks/render_tables.py`` renders it).
+Its table and figure (``shd_compare.png``: each method's time per step and XLA temporaries over
+spyx's, and its test accuracy) are in ``docs/tasks.md`` (``python benchmarks/render_tables.py``
+renders the table; ``--plot-only`` redraws the figure from the JSON).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import sys
@@ -196,10 +199,41 @@ def train_and_test(shd: tasks.SHD, p: dict[str, Any]) -> None:
                        test_accuracy=right / shd.size("test"))
 
 
+def plot(results: dict[str, Any], path: str) -> None:
+    """Each method's wall time per step and XLA temporaries over spyx's, and its test accuracy."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = [m for m in METHODS if m in results]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    panels = (("time_ratio_to_spyx", "time per step over spyx's", 1.0),
+              ("temp_ratio_to_spyx", "XLA temporaries over spyx's", 1.0),
+              ("test_accuracy", "test accuracy", None))
+    for ax, (key, label, reference) in zip(axes, panels):
+        ax.bar(methods, [results[m][key] for m in methods],
+               color=[f"C{i}" for i in range(len(methods))])
+        if reference is not None:
+            ax.axhline(reference, color="k", lw=0.8)
+        ax.set_ylabel(label)
+        ax.tick_params(axis="x", labelrotation=20)
+    fig.suptitle("SHD-format data, T = 100, batch 64: ours beside spyx 1.0.0's BPTT (CPU)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--plot-only", action="store_true",
+                        help="redraw shd_compare.png from shd_compare.json (no spyx needed)")
     args = parser.parse_args(argv)
+    out = os.path.join(HERE, "results", f"{NAME}.json")
+    if args.plot_only:
+        with open(out) as f:
+            plot(json.load(f)["results"], out.replace(".json", ".png"))
+        return
     spyx = import_spyx()
     with tempfile.TemporaryDirectory() as folder:
         shd = shd_like(pathlib.Path(folder))
@@ -213,9 +247,9 @@ def main(argv: list[str] | None = None) -> None:
                   f"{r['xla']['temp'] / 2**20:6.1f} MiB ({r['temp_ratio_to_spyx']:.2f}x)  test "
                   f"accuracy {r['test_accuracy']:.3f}", flush=True)
     results = {method: p["record"] for method, p in prepared.items()}
-    out = os.path.join(HERE, "results", f"{NAME}.json")
     write_json(out, {"config": CONFIG, "repeats": args.repeats, "spyx": spyx.__version__,
                      "environment": environment(), "results": results})
+    plot(results, out.replace(".json", ".png"))
     print(f"wrote {out}")
 
 
