@@ -5,9 +5,9 @@ One subprocess (``jax_num_cpu_devices=4``, a timeout: a hang fails) runs the con
 of ``benchmarks/sharding.py`` at small sizes, several calls back to back: ``etrace_grad``
 (a sequence longer than one time block, so both the blocks' loop and the shorter last block
 run), ``online_grad`` inside ``jit``, ``OnlineTrainer`` updates, ``evaluate``, a checkpoint
-save and restore, then the gradient again. It compares every result with the same learner on
-one device, and has XLA write each compiled program's optimised HLO; the tests here read
-those programs.
+save and restore, then the gradient again, and ``etrace_grad`` with a ``(T, B)`` padding
+mask. It compares every result with the same learner on one device, and has XLA write each
+compiled program's optimised HLO; the tests here read those programs.
 
 XLA:CPU runs every device's program on a shared pool of threads (as many as there are
 devices on a machine with fewer cores) and a collective holds a thread until every device
@@ -65,10 +65,13 @@ SCRIPT = textwrap.dedent("""
     mse = lambda y, t: jnp.mean((y - t) ** 2)
     out = {"devices": jax.device_count()}
 
+    kept = {}   # each configuration's learners (one device, four), for the masked case
+
     def run(make, method, compare, everything=False):
         # calls back to back on 4 devices (and, with compare, on one device: the gaps)
         learners = [braintrace.compile(make(), method, xs[0], batch_size=B, **kw)
                     for kw in (({},) if compare else ()) + ({"mesh": mesh},)]
+        kept[make.__name__, method] = learners
         four, gaps = learners[-1], {}
         r = {"param_shapes": sorted({tuple(p.shape) for p in four.leaves().params})}
         differ = (lambda f: gap(*map(f, learners))) if compare else (lambda f: f(four) and 0.0)
@@ -97,7 +100,23 @@ SCRIPT = textwrap.dedent("""
         jax.block_until_ready(jax.tree.leaves(four.traces))
         return r
 
+    def masked(learners):
+        # a (T, B) padding mask: sample b scored on its first lengths[b] steps (0: a padded
+        # sample; each device holds 2 samples, so some steps score nothing on some device)
+        lengths = jnp.array([T, 30, 0, 17, 5, T, 1, 24])
+        mask = (jnp.arange(T)[:, None] < lengths[None]).astype(jnp.float32)
+        got = {}
+        for name, kw in (("masked", {"mask": mask}), ("unmasked", {})):
+            for l in learners:
+                l.reset()   # fresh hidden state and traces; the Params are those of run()
+            got[name] = [l.etrace_grad(xs, ys, mse, return_losses=True, **kw) for l in learners]
+        (g1, l1), (g4, l4) = got["masked"]
+        g4u, l4u = got["unmasked"][1]
+        return {"grads": gap(g1, g4), "losses": gap(l1, l4),
+                "unmasked grads": gap(g4u, g4), "unmasked losses": gap(l4u, l4)}
+
     out["gru d_rtrl"] = run(GRUNet, "d_rtrl", compare=True, everything=True)
+    out["gru d_rtrl masked"] = masked(kept["GRUNet", "d_rtrl"])
     out["gru es_d_rtrl"] = run(GRUNet, "es_d_rtrl", compare=False)
     out["alif d_rtrl"] = run(SNN, "d_rtrl", compare=True)
     print("RESULT" + json.dumps(out))
@@ -138,6 +157,16 @@ def test_back_to_back_calls_on_four_devices_equal_one_device(four):
         everything = calls | {"evaluate", "online_grad", "restored"}
         assert set(gaps) == (everything if config == "gru d_rtrl" else calls), config
         assert max(gaps.values()) < 1e-5, (config, gaps)  # float32: the sums' order differs
+
+
+def test_a_padding_mask_on_four_devices_equals_one_device(four):
+    """A ``(T, B)`` padding mask on a batch-sharded learner: its gradient and losses are those
+    on one device (``'mean'`` divides by the scored pairs of every device, not of one), and
+    the mask matters (the unmasked gradient differs)."""
+    result, _ = four
+    gaps = result["gru d_rtrl masked"]
+    assert max(gaps["grads"], gaps["losses"]) < 1e-5, gaps  # float32: the sums' order differs
+    assert min(gaps["unmasked grads"], gaps["unmasked losses"]) > 1e-2, gaps
 
 
 def test_temporary_memory_per_device_at_most_one_device(four):

@@ -7,7 +7,8 @@ functions (``_functional``: :func:`online_grad`, :func:`online_update`,
 ``_evaluate``: :func:`evaluate`) and the stateful conveniences
 (:class:`OnlineLearner`, :class:`OnlineTrainer`) are two faces of those same
 programs: the shells add host-side checks, clear errors, and writing results
-back into the model. Helpers: ``_inputs`` (argument checks), ``_model_state``
+back into the model (``_learner_binding``: what a learner's calls read and write
+back). Helpers: ``_inputs`` (argument checks), ``_model_state``
 (a model's arrays as flat lists and back), ``_states`` (hidden-state
 initialisation), ``_sharding`` (data parallel), ``_checkpoint`` (orbax items and
 digests), ``_manager`` (:class:`CheckpointManager`: numbered steps over orbax's

@@ -7,13 +7,12 @@ errors, runs a program under ``jax.jit`` and writes the results back. A call tha
 raises leaves the model and the learner as they were. It never waits for the
 device: a call's finiteness check is read by the next call, or by :meth:`sync`
 (``_deferred.py``), which puts back the state a call that went wrong started
-from. It reads the model's mode
-(``model.eval()`` / ``model.train()``) at every call: each mode is compiled once,
-then reused. What does not change between calls is kept, so that a call costs the
-host tens of microseconds, not a walk of the model: the model's view while its
-graph is unchanged (``_model_state.ViewCache``), the checks of arguments shaped
-like an earlier call's (``_checked_calls``), a reset that worked
-(``_learner_state.Reset``); the arrays' shapes and dtypes are checked at every call.
+from. It reads the model's mode (``model.eval()`` / ``model.train()``) at every
+call: each mode is compiled once, then reused. What does not change between
+calls is kept (``_learner_binding.py``: the model's view, the checks of arguments
+shaped like an earlier call's, a reset that worked), so that a call costs the
+host tens of microseconds, not a walk of the model; the arrays' shapes and
+dtypes are checked at every call.
 """
 
 from __future__ import annotations
@@ -28,26 +27,12 @@ from flax import nnx
 
 from braintrace._algorithms import AbstractAlgorithm, GraphRules
 from braintrace._compiler import ETraceGraph
-from braintrace._drivers._checked_calls import CheckedCalls, call_signature
-from braintrace._drivers._checkpoint import Item
-from braintrace._drivers._checkpointable import Checkpointable
-from braintrace._drivers._compiled import CompiledModel, Entry
-from braintrace._drivers._deferred import DeferredCheck
+from braintrace._drivers._checked_calls import call_signature
+from braintrace._drivers._compiled import CompiledModel
 from braintrace._drivers._evaluate import batch_size_of, evaluate
-from braintrace._drivers._grad_call import grad_call, place_learner_inputs
 from braintrace._drivers._inputs import cast_inputs, check_inputs, refuse_traced
-from braintrace._drivers._learner_state import (
-    Reset,
-    checked_traces,
-    checkpoint_items,
-    fresh_traces,
-    load_state,
-    place_model,
-    placed_leaves,
-    reset_state,
-    restored_state,
-)
-from braintrace._drivers._model_state import Leaves, ModelView, ViewCache, model_leaves
+from braintrace._drivers._learner_binding import LearnerBinding
+from braintrace._drivers._model_state import Leaves, model_leaves
 from braintrace._drivers._not_finite import grad_verdict
 from braintrace._drivers._programs import (
     CHECKED_GRAD_PROGRAM,
@@ -56,14 +41,13 @@ from braintrace._drivers._programs import (
     GradResult,
 )
 from braintrace._drivers._states import KEEP
-from braintrace._loops import LoopSpec
 
 __all__ = ["OnlineLearner"]
 
 CHECKED_LATER = "the last call, checked by the next call or learner.sync()"
 
 
-class OnlineLearner(Checkpointable):
+class OnlineLearner(LearnerBinding):
     """A model compiled for online learning: steps it, keeps hidden state and traces.
 
     Create with :func:`braintrace.compile`. Hidden states live in the model (and
@@ -97,19 +81,9 @@ class OnlineLearner(Checkpointable):
                  strict: bool = False, mesh: jax.sharding.Mesh | None = None,
                  data_axis: str | None = "data", neuron_axis: str | None = None,
                  trace_dtype: Any = None):
-        self.model = model
-        self.compiled = CompiledModel(model, algorithm, example_x, strict=strict, mesh=mesh,
-                                      data_axis=data_axis, neuron_axis=neuron_axis,
-                                      trace_dtype=trace_dtype)
-        self._batch_size = self.compiled.base_batch_size
-        self._views = ViewCache()
-        self._bound: tuple[ModelView, int | None, Entry] | None = None
-        self._checked = CheckedCalls()
-        self._fitting: Entry | None = None  # the entry the traces are known to fit
-        self._deferred = DeferredCheck()
-        self._resets: tuple[ModelView | None, dict[int | None, Reset | None]] = (None, {})
-        place_model(model, self._entry())
-        self.traces = fresh_traces(self.compiled, self._entry(), model)
+        super().__init__(model, CompiledModel(model, algorithm, example_x, strict=strict,
+                                              mesh=mesh, data_axis=data_axis,
+                                              neuron_axis=neuron_axis, trace_dtype=trace_dtype))
 
     # -- what was compiled ---------------------------------------------------------------
 
@@ -121,10 +95,6 @@ class OnlineLearner(Checkpointable):
     @traces.setter
     def traces(self, traces: Any) -> None:
         self._traces, self._fitting = traces, None
-
-    def _set_traces(self, traces: Any, entry: Entry) -> None:
-        """Sets traces that a program of ``entry`` returned (they fit it: not checked again)."""
-        self._traces, self._fitting = traces, entry
 
     @property
     def algorithm(self) -> AbstractAlgorithm:
@@ -171,28 +141,6 @@ class OnlineLearner(Checkpointable):
         """The batch size this learner runs at (``None``: per sample, no batch axis)."""
         return self._batch_size
 
-    def _entry(self) -> Entry:
-        """The entry of the model's current mode at the learner's batch size."""
-        return self._view_entry()[1]
-
-    def _view_entry(self) -> tuple[ModelView, Entry]:
-        """The model's :class:`ModelView` (walked again only when its graph changed:
-        :class:`ViewCache`) and the entry of its mode at the learner's batch size."""
-        view = self._views(self.model)
-        bound = self._bound
-        if bound is None or bound[0] is not view or bound[1] != self._batch_size:
-            entry = self.compiled.entry(view.graphdef, self._batch_size)
-            bound = self._bound = (view, self._batch_size, entry)
-        return view, bound[2]
-
-    def _checked_traces(self, entry: Entry) -> Any:
-        """The traces, after checking they fit ``entry`` (a mode may change what is traced;
-        traces a program of ``entry`` returned fit it: not checked again)."""
-        if self._fitting is not entry:
-            checked_traces(self.compiled, entry, self._traces)
-            self._fitting = entry
-        return self._traces
-
     # -- state ---------------------------------------------------------------
 
     def leaves(self) -> Leaves:
@@ -219,9 +167,6 @@ class OnlineLearner(Checkpointable):
         """
         view, entry = self._view_entry()
         return self._leaves(entry, view)
-
-    def _leaves(self, entry: Entry, view: ModelView) -> Leaves:
-        return placed_leaves(view, entry, self._batch_size)
 
     def check_inputs(self, xs: Any) -> int:
         """The number of time steps of ``xs``, after checking each step has the compiled shape.
@@ -271,24 +216,7 @@ class OnlineLearner(Checkpointable):
             >>> learner.batch_size, learner.etrace_evolve(jnp.ones((5, 8, 2))).shape
             (8, (5, 8, 3))
         """
-        target = self._batch_size if batch_size is KEEP else batch_size
-        view = self._views(self.model)
-        done = self._resets_of(view).get(target) if target is None or type(target) is int \
-            else None  # (2.0 or True: checked again)
-        traces = None if done is None else done.repeat(self.compiled, view)
-        if traces is None:
-            target, traces = reset_state(self.compiled, self.model, self._batch_size, target)
-            view = self._views(self.model)
-            self._resets_of(view)[target] = Reset.after(
-                view, self.compiled.entry(view.graphdef, target))
-        self._batch_size, self.traces = target, traces
-
-    def _resets_of(self, view: ModelView) -> dict[int | None, Reset | None]:
-        """The resets that worked for ``view`` (:class:`Reset`), by batch size (those of an
-        earlier view are forgotten)."""
-        if self._resets[0] is not view:
-            self._resets = (view, {})
-        return self._resets[1]
+        self._reset(self._batch_size if batch_size is KEEP else batch_size)
 
     def sync(self) -> None:
         """Waits for the calls dispatched so far; raises the error of one that went wrong.
@@ -333,27 +261,7 @@ class OnlineLearner(Checkpointable):
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Loads a :meth:`state` into the model and the learner (onto the mesh, if any)."""
-        self.traces = load_state(self.model, self._entry(), state)
-
-    def _checkpoint_items(self, optimizer: nnx.Optimizer | None = None) -> dict[str, Item]:
-        """Params, hidden and other state, traces (and ``optimizer``'s state), as named items,
-        once the last call's check is read (its error raised: :meth:`sync`)."""
-        self._deferred.settle()
-        return checkpoint_items(self.model, self.graph, self.traces, optimizer)
-
-    def _restore_items(self, path: str, optimizer: nnx.Optimizer | None = None
-                       ) -> dict[str, Item]:
-        """The items to restore (shaped as :meth:`_checkpoint_items`'s; the last call's check
-        stays to be read by the next call)."""
-        del path
-        return checkpoint_items(self.model, self.graph, self.traces, optimizer)
-
-    def _load_checkpoint(self, restored: dict[str, Any],
-                         optimizer: nnx.Optimizer | None = None) -> None:
-        """Writes restored items (of :meth:`_checkpoint_items`) into the model and learner."""
-        self.load_state(restored_state(restored))
-        if optimizer is not None:
-            nnx.update(optimizer, restored["optimizer"])
+        self._load_state(state)
 
     def report(self, verbose: bool = False) -> str:
         """The compiled graph's report for this algorithm: which Params learn by traces,
@@ -563,32 +471,3 @@ class OnlineLearner(Checkpointable):
         """
         return self._grad_call(xs, ys, mask=mask, chunk_size=chunk_size, block_size=None,
                                reduction=reduction, signal_inputs=signal_inputs)[2]
-
-    def _put_back(self, written: Any, hidden: list[Any], other: list[Any], traces: Any) -> None:
-        """Puts back the hidden state, other Variables and traces a call started from, if the
-        learner still holds the traces it ``written`` (state set since, by ``reset`` or a
-        restore, is kept): a call found to have gone wrong leaves them as they were."""
-        if self.traces is written:
-            self._views(self.model).write_state(hidden, other)
-            self.traces = traces
-
-    def _grad_call(self, xs: Any, ys: Any, *, mask: Any, chunk_size: Any, block_size: Any,
-                   reduction: str, signal_inputs: dict[str, Any],
-                   bound: tuple[ModelView, Entry] | None = None
-                   ) -> tuple[Entry, LoopSpec, GradArgs]:
-        """The entry, the loop and the checked arguments of an ``etrace_grad`` call (the model
-        read through ``bound``'s view, at its entry, when given: :meth:`_view_entry`)."""
-        view, entry = self._view_entry() if bound is None else bound
-        spec, args = grad_call(entry, xs, ys, mask=mask, chunk_size=chunk_size,
-                               block_size=block_size, reduction=reduction,
-                               signal_inputs=signal_inputs,
-                               leaves=lambda: self._leaves(entry, view),
-                               traces=lambda: self._checked_traces(entry),
-                               checked=self._checked)
-        return entry, spec, args
-
-    @staticmethod
-    def _place_inputs(entry: Entry, tree: Any) -> Any:
-        """Inputs or targets split over the mesh's data axis (:func:`place_learner_inputs`)."""
-        return place_learner_inputs(entry, tree)
-
