@@ -34,6 +34,7 @@ extensions = [
     "myst_nb",
     "api_pages",
     "class_signatures",
+    "own_inherited_members",
     "module_docstrings",
     "notebook_pages",
 ]

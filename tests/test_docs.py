@@ -41,6 +41,7 @@ def _load(path: pathlib.Path):
 execute_notebooks = _load(DOCS / "execute_notebooks.py")
 api_pages = _load(DOCS / "_ext" / "api_pages.py")
 module_docstrings = _load(DOCS / "_ext" / "module_docstrings.py")
+own_inherited_members = _load(DOCS / "_ext" / "own_inherited_members.py")
 
 
 def _rerun_hint(path: pathlib.Path) -> str:
@@ -530,3 +531,25 @@ def test_notebook_uses_the_readmes_names(path):
                      if cell.cell_type == "code")
     for name in EARLIER_NAMES:
         assert name not in code, f"{path.name}: {name}"
+
+
+def test_api_pages_show_what_a_class_inherits_from_braintrace_only():
+    """A class's page lists the members it inherits from braintrace's own bases (the learner's
+    and trainer's ``save``/``restore``, written once on a private base), never those of Flax's
+    or Python's classes; its own members and data attributes stay."""
+    from flax import nnx
+
+    import braintrace
+    from braintrace import layers
+    from braintrace._primitives._sparse import Connectivity
+
+    skip = lambda obj: own_inherited_members._on_skip_member(None, "class", "m", obj, False, {})
+    for cls in (braintrace.OnlineLearner, braintrace.OnlineTrainer):
+        assert skip(cls.save) is None and skip(cls.restore) is None
+    assert skip(layers.ETPLinear.__call__) is None
+    assert skip(vars(Connectivity)["transposed"]) is None  # a cached property of ours
+    assert skip(braintrace.OnlineLearner.traces) is None  # a property of ours
+    assert skip(nnx.Module.sow) is True and skip(nnx.Module.iter_modules) is True
+    assert skip(tuple.count) is True and skip(object.__init_subclass__) is True
+    assert own_inherited_members._on_skip_member(None, "class", "m", nnx.Module.sow, True,
+                                                 {}) is None  # skipped anyway: left alone
