@@ -45,9 +45,9 @@ VARIANTS = ("cells", "staged")
 
 KERNELS = "staged"
 """The kernels a TPU runs, one of :data:`VARIANTS`. ``'staged'``: on a TPU v5e (131,072 neurons,
-8 synapses each, batch 32; ``benchmarks/sparse_kernels_tpu.py``) the forward sum in 2.49 ms
-(cells 4.95, XLA 4.33), the weight pullback in 2.27 ms (cells 4.66, XLA 4.60), each within
-3e-7 of XLA's values relative to its largest. (A first version, whose index rows were 2-D
+8 synapses each, batch 32; ``benchmarks/results/sparse_kernels_tpu.json``) the forward sum in
+2.56 ms (cells 5.01, XLA 4.43), the weight pullback in 2.27 ms (cells 4.74, XLA 4.60), each
+within 3e-7 of XLA's values relative to its largest. (A first version, whose index rows were 2-D
 SMEM blocks, gave wrong sums on the chip while right in Pallas' interpreters; its index rows
 are 1-D blocks since, as the cells' kernels' always were.)"""
 
