@@ -223,7 +223,7 @@ def _pair_kernel(source_ref, v_hbm, d_ref, *refs, rows: int, chain: str, width: 
     jax.lax.fori_loop(0, block // LANES, tile, 0)
 
 
-def _call(kernel, grid: int, scalars: list, in_specs: list, operands: list, out_block: tuple,
+def _call(kernel, grid: int, in_specs: list, operands: list, out_block: tuple,
           out_index, out_shape: tuple, scratch: list, vmem: int, chain: str, prev,
           interpret):
     """The ``pallas_call`` of one chunk and group of rows; ``chain``: ``'new'`` (a fresh
@@ -231,16 +231,16 @@ def _call(kernel, grid: int, scalars: list, in_specs: list, operands: list, out_
     written into it) or ``'add'`` (the same, this call's blocks added to its)."""
     chained = {"new": [], "write": [pl.BlockSpec(memory_space=pl.ANY)],
                "add": [pl.BlockSpec(out_block, out_index)]}[chain]
-    aliases = {len(scalars) + len(in_specs): 0} if chained else {}
+    aliases = {len(in_specs): 0} if chained else {}
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=len(scalars), grid=(grid,), in_specs=in_specs + chained,
+        num_scalar_prefetch=0, grid=(grid,), in_specs=in_specs + chained,
         out_specs=pl.BlockSpec(out_block, out_index), scratch_shapes=scratch)
     call = pl.pallas_call(
         kernel, grid_spec=grid_spec, out_shape=jax.ShapeDtypeStruct(out_shape, jnp.float32),
         input_output_aliases=aliases, interpret=interpret,
         compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",),
                                              vmem_limit_bytes=int(vmem)))
-    return call(*scalars, *operands, *([] if prev is None else [prev]))
+    return call(*operands, *([] if prev is None else [prev]))
 
 
 def _smem(width: int, index) -> pl.BlockSpec:
@@ -272,16 +272,6 @@ def _table_scratch(tiles: Tiles, stage_rows: int) -> tuple[list, int]:
                pltpu.SemaphoreType.DMA((2,)),
                pltpu.VMEM((stage_rows, LANES), jnp.float32)]
     return scratch, 4 * LANES * (table_rows + 2 * COPY_COLUMNS + stage_rows)
-
-
-def _first_rows(tiles: Tiles) -> jax.Array:
-    """Each tile's first weight row, flat ``(cells·tiles,)``."""
-    import numpy as np
-
-    widths = tiles.widths.astype(np.int64)
-    rows = np.concatenate([np.zeros((len(widths), 1), np.int64),
-                           np.cumsum(widths, axis=1)[:, :-1]], axis=1)
-    return jnp.asarray(rows.astype(np.int32).reshape(-1))
 
 
 def _index_block(tiles: Tiles, cell0: int) -> pl.BlockSpec:
@@ -346,7 +336,7 @@ def gather_sum(values: jax.Array, weight: jax.Array, tiles: Tiles, *,
     per_cell = tiles.weight_rows
     permuted = tiles.perm is not None
     block, blocks, ntiles = tiles.block, tiles.blocks, tiles.widths.shape[1]
-    wrows = _first_rows(tiles)
+    wrows = jnp.asarray(tiles.row_starts.reshape(-1), jnp.int32)
     widths = jnp.asarray(tiles.widths.reshape(-1))
     source = _indices(tiles)
     scratch, vmem = _table_scratch(tiles, tiles.width_cap * LANES)
@@ -360,7 +350,6 @@ def gather_sum(values: jax.Array, weight: jax.Array, tiles: Tiles, *,
         for c in range(tiles.chunks):
             chain = "new" if out is None else "add" if c else "write"
             cell0 = c * blocks
-            scalars = []
             specs = [_smem(ntiles, lambda b, cell0=cell0: (cell0 + b,))] * 2 + [
                 _index_block(tiles, cell0)]
             operands = [widths, wrows, source]
@@ -375,7 +364,7 @@ def gather_sum(values: jax.Array, weight: jax.Array, tiles: Tiles, *,
                 _gather_kernel, rows=group_rows if groups == 1 else LANES, chain=chain,
                 permuted=permuted, unroll=unroll, first=lane * LANES,
                 start=c * tiles.chunk, sources=sources)
-            out = _call(kernel, blocks, scalars, specs, operands, (group_rows, block),
+            out = _call(kernel, blocks, specs, operands, (group_rows, block),
                         lambda b, lane=lane: (lane, b), (v.shape[0], blocks * block), scratch,
                         vmem + 8 * 2**20, chain, out, interpret)
     return out[:rows, :tiles.num_targets].astype(values.dtype)
@@ -413,7 +402,7 @@ def pair_sum(values: jax.Array, d: jax.Array, tiles: Tiles, nnz: int, *,
         kernel = functools.partial(
             _pair_kernel, rows=group_rows if groups == 1 else LANES, chain=chain, width=width,
             unroll=unroll, first=lane * LANES, sources=tiles.num_sources)
-        out = _call(kernel, blocks, [], specs, [source, v, dv], (out_rows, LANES),
+        out = _call(kernel, blocks, specs, [source, v, dv], (out_rows, LANES),
                     lambda b: (b, 0), (blocks * out_rows, LANES), scratch, vmem + 8 * 2**20,
                     chain, out, interpret)
     by_target = out.reshape(blocks * block, width)[:tiles.num_targets, :tiles.uniform]

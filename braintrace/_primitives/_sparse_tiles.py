@@ -93,6 +93,11 @@ class Tiles(NamedTuple):
         return -(-self.num_targets // self.block)
 
     @property
+    def row_starts(self) -> np.ndarray:
+        """``(cells, tiles)`` each tile's first weight row ``r_i = Σ_{i' < i} W_i'``."""
+        return _row_starts(self.widths)
+
+    @property
     def weight_rows(self) -> int:
         """Weight rows (of 128) per cell, a multiple of 8."""
         if self.slot is not None:
