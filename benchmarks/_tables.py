@@ -277,9 +277,11 @@ def scale_cpu(results: Results) -> str:
     return _scale(results, ("scale.json", "scale_t300.json"))
 
 
-KERNEL_SCALE_RUNS = ("scale_tpu_cells.json", "scale_tpu_staged.json", "scale_tpu_1m_kernels.json")
+KERNEL_SCALE_RUNS = ("scale_tpu_cells.json", "scale_tpu_staged.json", "scale_tpu_1m_kernels.json",
+                     "scale_tpu_1m_t300_pallas.json")
 """``scale.py --kernels VARIANT`` runs on a TPU (``config['sparse_sums']`` names the kernels),
-shown once committed: 131,072 neurons with each variant in one device call, and 1,048,576."""
+shown once committed: 131,072 neurons with each variant in one device call, and 1,048,576
+(T = 30 and 300)."""
 SCALE_TPU_RUNS = ("scale_tpu.json", "scale_tpu_t300.json", "scale_tpu_1m_t300.json",
                   *PALLAS_SCALE_RUNS, *KERNEL_SCALE_RUNS)
 """The ``scale.py`` runs on a TPU that ``scale_tpu`` shows, the XLA formulation's first."""
