@@ -40,8 +40,8 @@ from braintrace._platform import interpreting
 from braintrace._primitives import _sparse_accelerator as accelerator
 from braintrace._primitives._sparse_cells import Cells
 
-__all__ = ["BLOCK_ROWS", "CELL_SLOTS", "CHUNK_ROWS", "KERNELS", "VARIANTS", "cut",
-           "product", "staged_tiles", "transposed_product", "weight_pullback"]
+__all__ = ["BLOCK_ROWS", "CELL_SLOTS", "CHUNK_ROWS", "KERNELS", "PACKED_ROWS", "VARIANTS", "cut",
+           "packing", "product", "staged_tiles", "transposed_product", "weight_pullback"]
 
 VARIANTS = ("cells", "staged", "packed")
 """The sets of kernels :data:`KERNELS` chooses from (module docstring)."""
@@ -147,6 +147,20 @@ def staged_tiles(connectivity: Any, side: str, pack: int = 1) -> Any:
     return connectivity.tiles(side, *_staged_sizes(connectivity, side, pack), pack)
 
 
+def packing(rows: int) -> int:
+    """Sources per table row of the staged gather-sum of values with ``rows`` rows under
+    :data:`KERNELS`: 1 but for ``'packed'`` (:data:`PACKED_ROWS`).
+
+    Example:
+        >>> from braintrace._primitives import _sparse_tpu as tpu
+        >>> tpu.packing(32), tpu.KERNELS
+        (1, 'staged')
+    """
+    if KERNELS != "packed":
+        return 1
+    return next((p for p, most in PACKED_ROWS.items() if rows <= most), 1)
+
+
 def _float32(*arrays: jax.Array) -> bool:
 
     return all(a.dtype == jnp.float32 for a in arrays)
@@ -178,9 +192,7 @@ def _staged(kernel: str, connectivity: Any, side: str, *arrays: jax.Array) -> An
     :data:`PACKED_ROWS` ``[P]`` rows."""
     if KERNELS not in ("staged", "packed") or not _float32(*arrays):
         return None
-    pack = 1
-    if KERNELS == "packed" and kernel == "gather_sum":
-        pack = next((p for p, most in PACKED_ROWS.items() if arrays[0].shape[0] <= most), 1)
+    pack = packing(arrays[0].shape[0]) if kernel == "gather_sum" else 1
     tiles = staged_tiles(connectivity, side, pack)
     if tiles is None:
         return None
