@@ -24,6 +24,16 @@ eight regions per loop iteration; then sums them densely:
   transposed in VMEM), every 128 products transposed and summed over ``r``: one row of 128
   ``p`` in connection order.
 
+**Packed** gather tiles (``Tiles.pack = P`` of 2 or 4, values of at most ``128 / P`` rows)
+hold ``P`` sources per table row, source ``q·Q + s`` of the chunk in lanes ``q·128/P …`` of
+row ``s`` (``Q = Tiles.quarter``; :func:`_load_table` copies each block of columns ``P``
+times, one per quarter, into the copy buffer's rows ``q·128/P …``, then transposes once), so
+that a chunk holds ``P`` times the sources; the dense sum takes each quarter of each
+transposed ``stage_j`` times its own weight row, ``accᵀ = Σ_j Σ_q stage_jᵀ[q] · w_{j,q}``
+(``w_{j,q}`` zero but where slot ``j``'s source is in quarter ``q``). The other quarters of a
+staged row are multiplied by zero: a value that is not finite (``inf``, ``NaN``) reaches, as
+``NaN``, the sums of the sources that share its table row.
+
 Larger tables run as several calls, each adding into the last one's output (aliased): one
 per source chunk, and one per group of 128 rows of ``v`` (their pair-sums add, their
 gather-sums fill other rows). No matrix unit: float32 stays float32.
@@ -63,7 +73,8 @@ def _load_table(v_hbm, table, buf, sem, *, first: int, rows: int, start: int, so
     """``table[s, :rows] = v[first:first + rows, start + s]`` for ``s < sources``; zero rows
     ``zero_row … zero_row + 7`` (default ``sources``; lanes past ``rows`` are zero: ``buf`` is
     zeroed first). ``v``'s columns are a multiple of 128, and so is ``start``: the last copy is
-    widened to one. With ``pack = P > 1``: quarter ``q`` (lanes ``q·128/P …``) of ``table[s]``
+    widened to one. Its rows are copied as a multiple of 8 and the rest (Mosaic slices VMEM
+    in whole tiles of 8 rows, or within one: 20 or 33 rows in one copy do not compile). With ``pack = P > 1``: quarter ``q`` (lanes ``q·128/P …``) of ``table[s]``
     is ``v[first:first + rows, start + q·Q + s]`` for ``s < Q = quarter``, from ``P`` copies of
     each block of columns into rows ``q·128/P …`` of the copy buffer (quarters past
     ``sources`` none: their lanes stay zero), then the one transpose."""
@@ -73,11 +84,13 @@ def _load_table(v_hbm, table, buf, sem, *, first: int, rows: int, start: int, so
     full, tail = divmod(table_rows, COPY_COLUMNS)
     buf[...] = jnp.zeros(buf.shape, buf.dtype)
 
-    def copies(column: int, size: int, slot) -> list:
+    pieces = [(r0, n) for r0, n in ((0, rows // 8 * 8), (rows // 8 * 8, rows % 8)) if n]
+
+    def copies(column: int, size: int, slot) -> list:  # rows in whole tiles of 8, then the rest
         return [pltpu.make_async_copy(
-            v_hbm.at[pl.ds(first, rows), pl.ds(start + q * table_rows + column, size)],
-            buf.at[slot, pl.ds(q * stride, rows), pl.ds(0, size)], sem.at[slot * pack + q])
-            for q in used]
+            v_hbm.at[pl.ds(first + r0, n), pl.ds(start + q * table_rows + column, size)],
+            buf.at[slot, pl.ds(q * stride + r0, n), pl.ds(0, size)],
+            sem.at[(slot * pack + q) * 2 + i]) for q in used for i, (r0, n) in enumerate(pieces)]
 
     if full:
         for c in copies(0, COPY_COLUMNS, 0):
@@ -300,7 +313,7 @@ def _table_scratch(tiles: Tiles, stage_rows: int) -> tuple[list, int]:
     table_rows = -(-(tiles.table_rows + ZERO_ROWS) // 8) * 8
     scratch = [pltpu.VMEM((table_rows, LANES), jnp.float32),
                pltpu.VMEM((2, LANES, COPY_COLUMNS), jnp.float32),
-               pltpu.SemaphoreType.DMA((2 * tiles.pack,)),
+               pltpu.SemaphoreType.DMA((4 * tiles.pack,)),
                pltpu.VMEM((stage_rows, LANES), jnp.float32)]
     return scratch, 4 * LANES * (table_rows + 2 * COPY_COLUMNS + stage_rows)
 
