@@ -169,13 +169,13 @@ def main(argv: list[str] | None = None) -> dict:
     payload = {"environment": environment(), "results": results}
     with open(os.path.join(args.out, "device_profile.json"), "w") as f:
         json.dump(payload, f, indent=1)
-    with tarfile.open(os.path.join(args.out, "hlo.tar.gz"), "w:gz") as tar:
-        with tempfile.TemporaryDirectory() as tmp:
-            for key, text in hlo.items():
-                path = os.path.join(tmp, f"{key}.hlo.txt")
-                with open(path, "w") as f:
-                    f.write(text)
-                tar.add(path, arcname=os.path.basename(path))
+    with (tarfile.open(os.path.join(args.out, "hlo.tar.gz"), "w:gz") as tar,
+          tempfile.TemporaryDirectory() as tmp):
+        for key, text in hlo.items():
+            path = os.path.join(tmp, f"{key}.hlo.txt")
+            with open(path, "w") as f:
+                f.write(text)
+            tar.add(path, arcname=os.path.basename(path))
     return payload
 
 
