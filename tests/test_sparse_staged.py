@@ -259,3 +259,30 @@ def test_every_scalar_memory_block_is_one_dimensional(monkeypatch, kernels):
         blocks += [bm.block_shape for e in calls for bm in e.params["grid_mapping"].block_mappings
                    if str(bm.transformed_block_aval.memory_space) == "smem"]
     assert blocks and all(len(shape) == 1 for shape in blocks)
+
+
+@pytest.mark.parametrize("kernels", ["staged", "packed"])
+def test_every_copy_of_v_into_vmem_is_whole_tiles_of_8_rows_or_within_one(monkeypatch, kernels):
+    """Mosaic slices VMEM in whole (8, 128) tiles or within one: a copy of 20 or 33 rows of
+    ``v`` into the copy buffer did not compile for a v5e. At 20 and 33 rows (packed: 4 and 2
+    sources per table row) every copy's rows start at a multiple of 8 and are a multiple of 8
+    or fewer."""
+    rng = np.random.default_rng(0)
+    monkeypatch.setattr(tpu, "KERNELS", kernels)
+    monkeypatch.setattr(tpu, "BLOCK_ROWS", LANES)
+    copies, make_copy = [], pltpu.make_async_copy
+
+    def record(src, dst, sem):
+        index = dst.transforms[-1].indices[1]  # the rows of buf[slot]
+        copies.append((int(index.start), int(index.size)))
+        return make_copy(src, dst, sem)
+
+    monkeypatch.setattr(staged.pltpu, "make_async_copy", record)
+    conn = _star(rng)
+    for rows in (20, 33):
+        x, w = jnp.ones((rows, conn.num_in)), jnp.ones((conn.nnz,))
+        with formulation("pallas"):
+            jax.make_jaxpr(lambda x, w: tpu.product(x, w, conn))(x, w)
+    assert {size for _, size in copies} == {16, 4, 32, 1}
+    assert all(start % 8 == 0 and (size % 8 == 0 or size < 8) for start, size in copies)
+

@@ -59,7 +59,8 @@ SMEM blocks, gave wrong sums on the chip while right in Pallas' interpreters; it
 are 1-D blocks since, as the cells' kernels' always were.)"""
 
 CHUNK_ROWS: int | None = None
-"""Source rows per chunk; ``None``: ``_sparse_pallas.chunk_rows()``, balanced over chunks."""
+"""Table rows per chunk (source rows; of packed gather tiles, ``P`` sources per row);
+``None``: ``_sparse_pallas.chunk_rows()``, balanced over chunks."""
 
 BLOCK_ROWS: int | None = None
 """Target rows per block (a multiple of 8); ``None``: chosen from :data:`CELL_SLOTS`."""
