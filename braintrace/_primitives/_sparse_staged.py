@@ -74,8 +74,9 @@ def _load_table(v_hbm, table, buf, sem, *, first: int, rows: int, start: int, so
     ``zero_row … zero_row + 7`` (default ``sources``; lanes past ``rows`` are zero: ``buf`` is
     zeroed first). ``v``'s columns are a multiple of 128, and so is ``start``: the last copy is
     widened to one. Its rows are copied as a multiple of 8 and the rest (Mosaic slices VMEM
-    in whole tiles of 8 rows, or within one: 20 or 33 rows in one copy do not compile). With ``pack = P > 1``: quarter ``q`` (lanes ``q·128/P …``) of ``table[s]``
-    is ``v[first:first + rows, start + q·Q + s]`` for ``s < Q = quarter``, from ``P`` copies of
+    in whole tiles of 8 rows, or within one: 20 or 33 rows in one copy do not compile).
+    With ``pack = P > 1``: quarter ``q`` (lanes ``q·128/P …``) of ``table[s]`` is
+    ``v[first:first + rows, start + q·Q + s]`` for ``s < Q = quarter``, from ``P`` copies of
     each block of columns into rows ``q·128/P …`` of the copy buffer (quarters past
     ``sources`` none: their lanes stay zero), then the one transpose."""
     table_rows = quarter if pack > 1 else sources
