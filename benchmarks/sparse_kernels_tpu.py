@@ -11,7 +11,8 @@ gathers (``_sparse_accelerator.py``, the reference) and by each variant of the P
   ``(K + 1)·B`` rows (ES-D-RTRL's block product, ``--block K``).
 
 A variant is a name of ``_sparse_tpu.VARIANTS`` (``cells``: the kernels of
-``_sparse_pallas.py``; ``staged``: those of ``_sparse_staged.py``), optionally ``@ROWS``,
+``_sparse_pallas.py``; ``staged``: those of ``_sparse_staged.py``; ``packed``: those with
+several sources per row of the gather-sums' tables at batches up to 64), optionally ``@ROWS``,
 the target rows per block (``_sparse_tpu.BLOCK_ROWS``): ``--variants cells,staged,staged@2048``.
 Per sum and variant: the largest difference to XLA's values (absolute, and relative to XLA's
 largest value), the median and minimum of ``--repeats`` calls (``block_until_ready``, every
@@ -129,7 +130,7 @@ def compile_all(conn: Connectivity, rows_of: dict, variants: tuple, aot_device,
         for v in variants:
             jobs["pallas:" + v, v] = _fns(tpu, conn)[name]
             with variant(v):
-                tables = _tables_fn(name, conn)
+                tables = _tables_fn(name, conn, rows)
             if tables is not None:
                 jobs["tables:" + v, v] = tables
         for (label, v), fn in jobs.items():
@@ -156,13 +157,14 @@ def compile_all(conn: Connectivity, rows_of: dict, variants: tuple, aot_device,
     return out
 
 
-def _tables_fn(name: str, conn: Connectivity):
-    """The XLA gather that the kernels' call of sum ``name`` makes around them under the
-    current variant (the weights into slot order, or the pullback's values back into
-    connection order), or ``None`` where there is none."""
+def _tables_fn(name: str, conn: Connectivity, rows: int):
+    """The XLA gather that the kernels' call of sum ``name`` (of ``rows`` rows) makes around
+    them under the current variant (the weights into slot order, or the pullback's values
+    back into connection order), or ``None`` where there is none."""
     side = "outgoing" if name == "x_bar" else "incoming"
-    if tpu.KERNELS == "staged":
-        tiles = tpu.staged_tiles(conn, "pair" if name.startswith("dw") else side)
+    if tpu.KERNELS in ("staged", "packed"):
+        tiles = (tpu.staged_tiles(conn, "pair") if name.startswith("dw") else
+                 tpu.staged_tiles(conn, side, tpu.packing(rows)))
         if tiles is not None:
             if tiles.slot is None:
                 return None
@@ -186,9 +188,11 @@ def _cells_record(conn: Connectivity, variants: tuple) -> dict:
         with variant(v):
             for side in ("incoming", "outgoing", "pair"):
                 start = time.perf_counter()
-                if tpu.KERNELS == "staged":
-                    tiles = tpu.staged_tiles(conn, side)
+                if tpu.KERNELS in ("staged", "packed"):  # 'packed': as at batch 32
+                    tiles = tpu.staged_tiles(conn, side, 1 if side == "pair" else
+                                             tpu.packing(32))
                     record = None if tiles is None else {
+                        "pack": tiles.pack, "quarter": tiles.quarter,
                         "chunks": tiles.chunks, "chunk": tiles.chunk, "blocks": tiles.blocks,
                         "block": tiles.block, "uniform": tiles.uniform,
                         "width_cap": tiles.width_cap,

@@ -10,7 +10,9 @@ pairs, sizes that are multiples of neither 128 nor the chunk, sources in several
 calls adding up), rows of ``v`` in two groups of 128, batch 1, and a uniform fan-in of 3
 (the pair-sum's targets padded to 8 rows). The tiles' index arithmetic is checked on a
 million neurons without a kernel; a layer's gradients through the kernels equal those
-through XLA's formulation.
+through XLA's formulation. ``KERNELS = 'packed'`` (several sources per row of the staged
+table, for values of at most 64 rows) is checked the same way, its gather-sums at R = 1, 5,
+32, 33, 64 (packed), 65, 128 and 200 (not: the staged kernels).
 """
 
 from __future__ import annotations
@@ -51,14 +53,28 @@ NO_RACES = dataclasses.replace(TPU, detect_races=False)
 """:data:`TPU` without the race detector (a few times faster)."""
 
 CASES = {
-    # name: (connectivity, rows R, source chunk, interpreter)
-    "odd-chunked": (KINDS["odd"], 5, 9, NO_RACES),  # repeats, unused rows, 2 chunks adding up
-    "star-batch-1": (_star, 1, None, NO_RACES),     # one target of 19 sources; 19 of one each
-    "uniform-two-groups": (_uniform, 130, None, True),  # R 130: two groups of 128; fan-in 3
+    # name: (connectivity, rows R, source chunk, interpreter, kernels)
+    "odd-chunked": (KINDS["odd"], 5, 9, NO_RACES, "staged"),  # repeats, unused rows, 2 chunks
+    "star-batch-1": (_star, 1, None, NO_RACES, "staged"),     # one target of 19 sources
+    "uniform-two-groups": (_uniform, 130, None, True, "staged"),  # R 130: two groups; fan-in 3
+    # 'packed': P = 4 sources per table row for R <= 32, 2 for R <= 64, else 'staged'
+    "packed-odd-chunked": (KINDS["odd"], 5, 3, NO_RACES, "packed"),  # P 4, 2 chunks, Q 2
+    "packed-star-3-chunks": (_star, 33, 4, True, "packed"),  # P 2, the hub over quarters
+    "packed-odd-batch-1": (KINDS["odd"], 1, 2, True, "packed"),  # P 4, 2 chunks, Q 2
+    "packed-uniform-32": (_uniform, 32, 10, True, "packed"),  # P 4, Q 10, one chunk, uniform
+    "packed-uniform-64": (_uniform, 64, 19, True, "packed"),  # P 2, Q 19, one chunk, uniform
+    "packed-star-65": (_star, 65, 7, True, "packed"),  # P 1: 'staged', 3 chunks
+    "packed-odd-128": (KINDS["odd"], 128, 5, True, "packed"),  # P 1, 4 chunks
+    "packed-uniform-200": (_uniform, 200, None, True, "packed"),  # P 1, two groups of 128
 }
-"""The first two run in the TPU interpreter; the third, which adds the groups of rows (XLA
-around the calls), in JAX's generic one (8× faster); the race detector runs in
-:func:`test_the_copies_of_v_are_race_free_in_the_tpu_interpreter`."""
+"""The staged cases' first two run in the TPU interpreter; the third, which adds the groups of
+rows (XLA around the calls), in JAX's generic one (8× faster); the race detector runs in
+:func:`test_the_copies_of_v_are_race_free_in_the_tpu_interpreter`. The packed cases compare
+the gather-sums only (their pair-sum is the staged one)."""
+
+PACKS = {"packed-odd-chunked": 4, "packed-star-3-chunks": 2, "packed-odd-batch-1": 4,
+         "packed-uniform-32": 4, "packed-uniform-64": 2}
+"""The sources per table row of each packed case's gather tiles (the rest: 1)."""
 
 
 def _sums(module, conn, pullback: bool):
@@ -70,25 +86,31 @@ def _sums(module, conn, pullback: bool):
 
 @pytest.mark.parametrize("case", CASES)
 def test_staged_kernels_equal_the_xla_formulation_on_hostile_connectivity(monkeypatch, case):
-    make, rows, chunk, interpreter = CASES[case]
+    make, rows, chunk, interpreter, kernels = CASES[case]
     rng = np.random.default_rng(0)
     conn = make(rng)
-    monkeypatch.setattr(tpu, "KERNELS", "staged")
+    monkeypatch.setattr(tpu, "KERNELS", kernels)
     monkeypatch.setattr(tpu, "CHUNK_ROWS", chunk)
     monkeypatch.setattr(tpu, "BLOCK_ROWS", LANES)
     monkeypatch.setattr(tpu, "INTERPRET", interpreter)
-    incoming, outgoing = tpu.staged_tiles(conn, "incoming"), tpu.staged_tiles(conn, "outgoing")
-    pair = tpu.staged_tiles(conn, "pair")
+    w = jnp.asarray(rng.standard_normal(conn.nnz), jnp.float32)
+    x = jnp.asarray(rng.standard_normal((rows, conn.num_in)), jnp.float32)
+    d = jnp.asarray(rng.standard_normal((rows, conn.num_out)), jnp.float32)
+    incoming = tpu._staged("gather_sum", conn, "incoming", x, w)[1]
+    outgoing = tpu._staged("gather_sum", conn, "outgoing", d, w)[1]
+    pair = tpu.staged_tiles(conn, "pair") if kernels == "staged" else None
     assert incoming is not None and outgoing is not None  # the kernels run, not the fallback
-    if chunk:
+    assert incoming.pack == outgoing.pack == PACKS.get(case, 1)
+    if chunk and not case.startswith("packed-uniform"):
         assert incoming.chunks > 1 and outgoing.chunks > 1 and pair is None
+    if incoming.pack > 1:  # sources in several quarters of a table row
+        assert 0 < incoming.quarter < min(incoming.chunk, conn.num_in)
+    if case in ("packed-uniform-32", "packed-uniform-64"):
+        assert incoming.uniform == 3 and incoming.perm is None and incoming.chunks == 1
     if case == "star-batch-1":
         assert incoming.widths[0, :2].tolist() == [conn.nnz, 0] and incoming.perm is not None
     if case == "uniform-two-groups":
         assert incoming.uniform == 3 and incoming.perm is None and pair.width_cap == 8
-    w = jnp.asarray(rng.standard_normal(conn.nnz), jnp.float32)
-    x = jnp.asarray(rng.standard_normal((rows, conn.num_in)), jnp.float32)
-    d = jnp.asarray(rng.standard_normal((rows, conn.num_out)), jnp.float32)
     want = jax.jit(_sums(accelerator, conn, pair is not None))(x, d, w)
     with formulation("pallas"):
         got = jax.jit(_sums(tpu, conn, pair is not None))(x, d, w)
@@ -97,23 +119,28 @@ def test_staged_kernels_equal_the_xla_formulation_on_hostile_connectivity(monkey
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL * float(jnp.max(jnp.abs(b))))
 
 
-def test_the_copies_of_v_are_race_free_in_the_tpu_interpreter(monkeypatch):
+@pytest.mark.parametrize("kernels, rows", [("staged", 3), ("packed", 37)])
+def test_the_copies_of_v_are_race_free_in_the_tpu_interpreter(monkeypatch, kernels, rows):
     """300 sources copied 128 columns at a time (two copies in flight, then a tail), three
     blocks (the table kept over the grid): with uninitialized memory NaN and the race
-    detector on, the gather-sums equal XLA's and no two accesses race."""
+    detector on, the gather-sums equal XLA's and no two accesses race. Packed (37 rows: two
+    sources per table row), two quarters of 256 rows, each two blocks of 128 columns: two
+    copies per block and quarter (32 rows, then 5), two blocks in flight, the second quarter
+    past ``v``'s last column."""
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interpreter
 
     n = 300
     rng = np.random.default_rng(0)
     conn = Connectivity.from_indices(rng.permutation(n), np.arange(n), n, n)
-    monkeypatch.setattr(tpu, "KERNELS", "staged")
+    monkeypatch.setattr(tpu, "KERNELS", kernels)
     monkeypatch.setattr(tpu, "BLOCK_ROWS", LANES)
     monkeypatch.setattr(tpu, "INTERPRET", TPU)
     monkeypatch.setattr(staged, "COPY_COLUMNS", LANES)
-    assert tpu.staged_tiles(conn, "incoming").blocks == 3
-    assert tpu.staged_tiles(conn, "outgoing").perm is not None
-    x = jnp.asarray(rng.standard_normal((3, n)), jnp.float32)
+    x = jnp.asarray(rng.standard_normal((rows, n)), jnp.float32)
     w = jnp.asarray(rng.standard_normal(n), jnp.float32)
+    tiles = tpu._staged("gather_sum", conn, "incoming", x, w)[1]
+    assert tiles.blocks == 3 and tpu.staged_tiles(conn, "outgoing").perm is not None
+    assert (tiles.pack, tiles.quarter) == ((1, 0) if kernels == "staged" else (2, 256))
     pltpu.reset_tpu_interpret_mode_state()
     want = jax.jit(_sums(accelerator, conn, False))(x, x, w)
     with formulation("pallas"):
@@ -177,11 +204,15 @@ def test_tiles_place_every_connection_once_with_int32_indices_at_a_million_neuro
     assert uniform.width_cap == 8 and uniform.kind == "pair"
 
 
-def test_layer_gradients_through_the_staged_kernels_equal_the_xla_formulation(monkeypatch):
+@pytest.mark.parametrize("kernels, chunk, pack", [("staged", None, 1), ("packed", 4, 4)])
+def test_layer_gradients_through_the_staged_kernels_equal_the_xla_formulation(
+        monkeypatch, kernels, chunk, pack):
     """ES-D-RTRL's gradients of a spiking network with a sparse recurrence (unused neurons, a
     repeated pair: the weight pullback keeps the cells' kernel), its gather-sums through the
-    staged kernels, equal those through XLA's formulation."""
-    monkeypatch.setattr(tpu, "KERNELS", "staged")
+    staged kernels, equal those through XLA's formulation; ``'packed'`` (batch 3: four
+    sources per table row, quarters of 4 of the 14 neurons), too."""
+    monkeypatch.setattr(tpu, "KERNELS", kernels)
+    monkeypatch.setattr(tpu, "CHUNK_ROWS", chunk)
     batch, steps = 3, 4
     rng = np.random.default_rng(3)
     model = test_sparse_pallas._network(batch)
@@ -197,16 +228,17 @@ def test_layer_gradients_through_the_staged_kernels_equal_the_xla_formulation(mo
         want = gradients()
     calls = []
     kernel = staged.gather_sum  # count the kernel's calls as they are traced
-    monkeypatch.setattr(staged, "gather_sum", lambda *a, **k: (calls.append(1), kernel(*a, **k))[1])
+    monkeypatch.setattr(staged, "gather_sum",
+                        lambda *a, **k: (calls.append(a[2].pack), kernel(*a, **k))[1])
     with formulation("pallas"):
         got = gradients()
-    assert len(calls) >= 2  # the product and the input pullback
+    assert len(calls) >= 2 and set(calls) == {pack}  # the product and the input pullback
     assert any(float(jnp.max(jnp.abs(g))) > 0 for g in want)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("kernels", ["staged", "cells"])
+@pytest.mark.parametrize("kernels", ["staged", "packed", "cells"])
 def test_every_scalar_memory_block_is_one_dimensional(monkeypatch, kernels):
     """The kernels read their index tables from one-dimensional SMEM blocks only: a first
     version of the staged kernels read two-dimensional ones, right in both of Pallas'
@@ -227,3 +259,30 @@ def test_every_scalar_memory_block_is_one_dimensional(monkeypatch, kernels):
         blocks += [bm.block_shape for e in calls for bm in e.params["grid_mapping"].block_mappings
                    if str(bm.transformed_block_aval.memory_space) == "smem"]
     assert blocks and all(len(shape) == 1 for shape in blocks)
+
+
+@pytest.mark.parametrize("kernels", ["staged", "packed"])
+def test_every_copy_of_v_into_vmem_is_whole_tiles_of_8_rows_or_within_one(monkeypatch, kernels):
+    """Mosaic slices VMEM in whole (8, 128) tiles or within one: a copy of 20 or 33 rows of
+    ``v`` into the copy buffer did not compile for a v5e. At 20 and 33 rows (packed: 4 and 2
+    sources per table row) every copy's rows start at a multiple of 8 and are a multiple of 8
+    or fewer."""
+    rng = np.random.default_rng(0)
+    monkeypatch.setattr(tpu, "KERNELS", kernels)
+    monkeypatch.setattr(tpu, "BLOCK_ROWS", LANES)
+    copies, make_copy = [], pltpu.make_async_copy
+
+    def record(src, dst, sem):
+        index = dst.transforms[-1].indices[1]  # the rows of buf[slot]
+        copies.append((int(index.start), int(index.size)))
+        return make_copy(src, dst, sem)
+
+    monkeypatch.setattr(staged.pltpu, "make_async_copy", record)
+    conn = _star(rng)
+    for rows in (20, 33):
+        x, w = jnp.ones((rows, conn.num_in)), jnp.ones((conn.nnz,))
+        with formulation("pallas"):
+            jax.make_jaxpr(lambda x, w: tpu.product(x, w, conn))(x, w)
+    assert {size for _, size in copies} == {16, 4, 32, 1}
+    assert all(start % 8 == 0 and (size % 8 == 0 or size < 8) for start, size in copies)
+

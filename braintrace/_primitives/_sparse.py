@@ -173,14 +173,15 @@ class Connectivity:
             cache[side, chunk, block] = cells(sources, targets, *counts, chunk, block)
         return cache[side, chunk, block]
 
-    def tiles(self, side: str, chunk: int, block: int) -> Tiles | None:
+    def tiles(self, side: str, chunk: int, block: int, pack: int = 1) -> Tiles | None:
         """The ``'incoming'`` or ``'outgoing'`` connections in the staged kernels' lane tiles
         (``_sparse_tiles.py``): ``'gather'`` tiles of ``chunk`` source rows by ``block``
         target rows, or ``None`` when too uneven; ``side='pair'``: the incoming connections
         in ``'pair'`` tiles when they are in output order (else ``None``); built once per
-        arguments."""
+        arguments. ``pack``: gather tiles with that many sources per table row."""
         cache = self.__dict__.setdefault("_tiles", {})
-        if (side, chunk, block) not in cache:
+        key = (side, chunk, block) if pack == 1 else (side, chunk, block, pack)
+        if key not in cache:
             if side == "pair":
                 fan_in = self.nnz // max(self.num_out, 1)
                 cache[side, chunk, block] = (
@@ -190,9 +191,8 @@ class Connectivity:
                 sources, targets, counts = ((self.pre, self.post, (self.num_in, self.num_out))
                                             if side == "incoming" else
                                             (self.post, self.pre, (self.num_out, self.num_in)))
-                cache[side, chunk, block] = gather_tiles(sources, targets, *counts, chunk,
-                                                               block)
-        return cache[side, chunk, block]
+                cache[key] = gather_tiles(sources, targets, *counts, chunk, block, pack)
+        return cache[key]
 
     @property
     def in_output_order(self) -> bool:

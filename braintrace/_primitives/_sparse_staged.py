@@ -24,6 +24,16 @@ eight regions per loop iteration; then sums them densely:
   transposed in VMEM), every 128 products transposed and summed over ``r``: one row of 128
   ``p`` in connection order.
 
+**Packed** gather tiles (``Tiles.pack = P`` of 2 or 4, values of at most ``128 / P`` rows)
+hold ``P`` sources per table row, source ``q·Q + s`` of the chunk in lanes ``q·128/P …`` of
+row ``s`` (``Q = Tiles.quarter``; :func:`_load_table` copies each block of columns ``P``
+times, one per quarter, into the copy buffer's rows ``q·128/P …``, then transposes once), so
+that a chunk holds ``P`` times the sources; the dense sum takes each quarter of each
+transposed ``stage_j`` times its own weight row, ``accᵀ = Σ_j Σ_q stage_jᵀ[q] · w_{j,q}``
+(``w_{j,q}`` zero but where slot ``j``'s source is in quarter ``q``). The other quarters of a
+staged row are multiplied by zero: a value that is not finite (``inf``, ``NaN``) reaches, as
+``NaN``, the sums of the sources that share its table row.
+
 Larger tables run as several calls, each adding into the last one's output (aliased): one
 per source chunk, and one per group of 128 rows of ``v`` (their pair-sums add, their
 gather-sums fill other rows). No matrix unit: float32 stays float32.
@@ -32,6 +42,7 @@ gather-sums fill other rows). No matrix unit: float32 stays float32.
 from __future__ import annotations
 
 import functools
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -57,40 +68,59 @@ STEP = LANES // REGIONS
 """Entries per region per 128 staged rows."""
 
 
-def _load_table(v_hbm, table, buf, sem, *, first: int, rows: int, start: int, sources: int):
+def _load_table(v_hbm, table, buf, sem, *, first: int, rows: int, start: int, sources: int,
+                pack: int = 1, quarter: int = 0, zero_row: int | None = None):
     """``table[s, :rows] = v[first:first + rows, start + s]`` for ``s < sources``; zero rows
-    ``sources … sources + 7`` (lanes past ``rows`` are zero: ``buf`` is zeroed first). ``v``'s
-    columns are a multiple of 128, and so is ``start``: the last copy is widened to one."""
-    full, tail = divmod(sources, COPY_COLUMNS)
+    ``zero_row … zero_row + 7`` (default ``sources``; lanes past ``rows`` are zero: ``buf`` is
+    zeroed first). ``v``'s columns are a multiple of 128, and so is ``start``: the last copy is
+    widened to one. Its rows are copied as a multiple of 8 and the rest (Mosaic slices VMEM
+    in whole tiles of 8 rows, or within one: 20 or 33 rows in one copy do not compile).
+    With ``pack = P > 1``: quarter ``q`` (lanes ``q·128/P …``) of ``table[s]`` is
+    ``v[first:first + rows, start + q·Q + s]`` for ``s < Q = quarter``, from ``P`` copies of
+    each block of columns into rows ``q·128/P …`` of the copy buffer (quarters past
+    ``sources`` none: their lanes stay zero), then the one transpose."""
+    table_rows = quarter if pack > 1 else sources
+    stride = LANES // pack
+    used = [q for q in range(pack) if q * table_rows < sources]
+    full, tail = divmod(table_rows, COPY_COLUMNS)
     buf[...] = jnp.zeros(buf.shape, buf.dtype)
 
-    def copy(column: int, size: int, slot):
-        return pltpu.make_async_copy(v_hbm.at[pl.ds(first, rows), pl.ds(column, size)],
-                                     buf.at[slot, pl.ds(0, rows), pl.ds(0, size)], sem.at[slot])
+    pieces = [(r0, n) for r0, n in ((0, rows // 8 * 8), (rows // 8 * 8, rows % 8)) if n]
+
+    def copies(column: int, size: int, slot) -> list:  # rows in whole tiles of 8, then the rest
+        return [pltpu.make_async_copy(
+            v_hbm.at[pl.ds(first + r0, n), pl.ds(start + q * table_rows + column, size)],
+            buf.at[slot, pl.ds(q * stride + r0, n), pl.ds(0, size)],
+            sem.at[(slot * pack + q) * 2 + i]) for q in used for i, (r0, n) in enumerate(pieces)]
 
     if full:
-        copy(start, COPY_COLUMNS, 0).start()
+        for c in copies(0, COPY_COLUMNS, 0):
+            c.start()
 
         def block(b, carry):
             slot = b % 2
 
             @pl.when(b + 1 < full)
             def _():
-                copy(start + (b + 1) * COPY_COLUMNS, COPY_COLUMNS, 1 - slot).start()
+                for c in copies((b + 1) * COPY_COLUMNS, COPY_COLUMNS, 1 - slot):
+                    c.start()
 
-            copy(start + b * COPY_COLUMNS, COPY_COLUMNS, slot).wait()
+            for c in copies(b * COPY_COLUMNS, COPY_COLUMNS, slot):
+                c.wait()
             at = pl.multiple_of(b * COPY_COLUMNS, COPY_COLUMNS)
             table[pl.ds(at, COPY_COLUMNS), :] = buf[slot].T
             return carry
 
         jax.lax.fori_loop(0, full, block, 0)
     if tail:
-        size = -(-tail // LANES) * LANES
-        last = copy(start + full * COPY_COLUMNS, size, 0)
-        last.start()
-        last.wait()
+        last = copies(full * COPY_COLUMNS, -(-tail // LANES) * LANES, 0)
+        for c in last:
+            c.start()
+        for c in last:
+            c.wait()
         table[pl.ds(full * COPY_COLUMNS, tail), :] = buf[0].T[:tail]
-    table[pl.ds(sources, ZERO_ROWS), :] = jnp.zeros((ZERO_ROWS, LANES), table.dtype)
+    zero_row = table_rows if zero_row is None else zero_row
+    table[pl.ds(zero_row, ZERO_ROWS), :] = jnp.zeros((ZERO_ROWS, LANES), table.dtype)
 
 
 def _stage(source_ref, table, stage, *, first_row, width, unroll: int):
@@ -112,14 +142,22 @@ def _stage(source_ref, table, stage, *, first_row, width, unroll: int):
     jax.lax.fori_loop(0, width * (STEP // unroll), rows, 0)
 
 
-def _weighted_sum(stage, weight_ref, row0, width, rows: int):
+def _weighted_sum(stage, weight_ref, row0, width, rows: int, pack: int):
     """``Σ_{j < width} stage[128·j …]ᵀ · w[row0 + j]``, its first ``rows`` rows (rounded up to
-    8) of 128."""
+    8) of 128; packed (``pack = P > 1``): ``Σ_j Σ_q stage[128·j …]ᵀ[q·128/P …] · w[(row0 +
+    j)·P + q]``, each quarter's first ``rows``."""
     kept = -(-rows // 8) * 8
+    stride = LANES // pack
 
     def term(j):
         at = pl.multiple_of(j * LANES, LANES)
-        return stage[pl.ds(at, LANES), :].T[:kept] * weight_ref[pl.ds(row0 + j, 1), :]
+        t = stage[pl.ds(at, LANES), :].T
+        if pack == 1:
+            return t[:kept] * weight_ref[pl.ds(row0 + j, 1), :]
+        w0 = (row0 + j) * pack
+        return functools.reduce(operator.add, (
+            t[q * stride:q * stride + kept] * weight_ref[pl.ds(w0 + q, 1), :]
+            for q in range(pack)))
 
     def pair(h, sums):  # two transposes in flight
         return sums[0] + term(2 * h), sums[1] + term(2 * h + 1)
@@ -131,7 +169,8 @@ def _weighted_sum(stage, weight_ref, row0, width, rows: int):
 
 
 def _gather_kernel(widths_ref, wrows_ref, source_ref, *refs, rows: int, chain: str,
-                   permuted: bool, unroll: int, first: int, start: int, sources: int):
+                   permuted: bool, unroll: int, first: int, start: int, sources: int,
+                   pack: int, quarter: int, zero_row: int):
     """One cell of the gather-sum (module docstring); ``refs``: ``perm`` (if ``permuted``),
     the weights, ``v`` (HBM), the last call's output (``chain`` not ``'new'``), the output, then
     the scratch: table, copy buffer, semaphores, stage, and the block's rows (``permuted``)."""
@@ -147,7 +186,7 @@ def _gather_kernel(widths_ref, wrows_ref, source_ref, *refs, rows: int, chain: s
     @pl.when(pl.program_id(0) == 0)
     def _():
         _load_table(v_hbm, table, buf, sem, first=first, rows=rows, start=start,
-                    sources=sources)
+                    sources=sources, pack=pack, quarter=quarter, zero_row=zero_row)
 
     if permuted:
         block_rows[...] = jnp.zeros(block_rows.shape, block_rows.dtype)
@@ -160,7 +199,7 @@ def _gather_kernel(widths_ref, wrows_ref, source_ref, *refs, rows: int, chain: s
             row0 = wrows_ref[i]
             _stage(source_ref, table, stage, first_row=row0, width=width, unroll=unroll)
 
-            acc = _weighted_sum(stage, weight_ref, row0, width, rows)
+            acc = _weighted_sum(stage, weight_ref, row0, width, rows, pack)
             if permuted:  # each target's row to its place, through the free stage
                 sums = jnp.pad(acc, ((0, LANES - acc.shape[0]), (0, 0))) if \
                     acc.shape[0] < LANES else acc
@@ -258,18 +297,24 @@ def _groups(v: jax.Array, columns: int) -> tuple[jax.Array, int]:
 
 
 def _columns(tiles: Tiles) -> int:
-    """The columns ``v`` is padded to: each chunk's copies, the last widened to a multiple of
-    128 columns, stay inside it (none at sizes where chunks and ``S`` are multiples of 128)."""
-    return max(c * tiles.chunk + -(-min(tiles.chunk, tiles.num_sources - c * tiles.chunk)
-                                   // LANES) * LANES for c in range(tiles.chunks))
+    """The columns ``v`` is padded to: each chunk's copies (of each quarter holding sources,
+    ``table_rows`` columns each when packed), the last widened to a multiple of 128 columns,
+    stay inside it (none at sizes where chunks, quarters and ``S`` are multiples of 128)."""
+    ends = []
+    for c in range(tiles.chunks):
+        sources = min(tiles.chunk, tiles.num_sources - c * tiles.chunk)
+        per_quarter = tiles.table_rows if tiles.pack > 1 else sources
+        last = (sources - 1) // per_quarter
+        ends.append(c * tiles.chunk + last * per_quarter + -(-per_quarter // LANES) * LANES)
+    return max(ends)
 
 
 def _table_scratch(tiles: Tiles, stage_rows: int) -> tuple[list, int]:
     """The scratch every call holds (table, copy buffers, semaphores, stage) and its bytes."""
-    table_rows = -(-(tiles.chunk + ZERO_ROWS) // 8) * 8
+    table_rows = -(-(tiles.table_rows + ZERO_ROWS) // 8) * 8
     scratch = [pltpu.VMEM((table_rows, LANES), jnp.float32),
                pltpu.VMEM((2, LANES, COPY_COLUMNS), jnp.float32),
-               pltpu.SemaphoreType.DMA((2,)),
+               pltpu.SemaphoreType.DMA((4 * tiles.pack,)),
                pltpu.VMEM((stage_rows, LANES), jnp.float32)]
     return scratch, 4 * LANES * (table_rows + 2 * COPY_COLUMNS + stage_rows)
 
@@ -294,7 +339,8 @@ def _unroll(interpret) -> int:
 def gather_weights(weight: jax.Array, tiles: Tiles) -> jax.Array:
     """The weights in the tiles' rows, ``(cells·weight_rows, 128)``, padding 0: for uniform
     tiles a transpose of ``w``'s rows (``(targets, F)`` to ``(F, 128)`` per tile), else a
-    gather (a value that a time loop computes once, before the loop).
+    gather (a value that a time loop computes once, before the loop); packed tiles, each slot
+    row as ``P`` rows, row ``q`` the weights of the slots whose source is in quarter ``q``.
 
     Example:
         >>> import numpy as np, jax.numpy as jnp
@@ -303,6 +349,9 @@ def gather_weights(weight: jax.Array, tiles: Tiles) -> jax.Array:
         >>> t = gather_tiles(np.array([0, 2, 1]), np.array([1, 1, 0]), 3, 2, chunk=3, block=128)
         >>> gather_weights(jnp.array([1.0, 2.0, 3.0]), t)[:2, :3].tolist()
         [[1.0, 3.0, 0.0], [2.0, 0.0, 0.0]]
+        >>> p = gather_tiles(np.array([0, 2, 1]), np.array([1, 1, 0]), 3, 2, 4, 128, pack=2)
+        >>> gather_weights(jnp.array([1.0, 2.0, 3.0]), p)[:4, :3].tolist()  # slot rows 0, 1
+        [[1.0, 3.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [2.0, 0.0, 0.0]]
     """
     weight = weight.astype(jnp.float32)
     if tiles.slot is None:
@@ -310,10 +359,15 @@ def gather_weights(weight: jax.Array, tiles: Tiles) -> jax.Array:
         padded = jnp.pad(weight, (0, blocks * tiles.block * fan_in - weight.size))
         by_tile = padded.reshape(blocks, tiles.block // LANES, LANES, fan_in)
         rows = jnp.swapaxes(by_tile, 2, 3).reshape(blocks, -1, LANES)
-        rows = jnp.pad(rows, ((0, 0), (0, tiles.weight_rows - rows.shape[1]), (0, 0)))
+        rows = jnp.pad(rows, ((0, 0), (0, tiles.slot_rows - rows.shape[1]), (0, 0)))
+    else:
+        padded = jnp.concatenate([weight, jnp.zeros((1,), weight.dtype)])
+        rows = jnp.take(padded, jnp.asarray(tiles.slot), axis=0, mode="clip")
+    if tiles.pack == 1:
         return rows.reshape(-1, LANES)
-    padded = jnp.concatenate([weight, jnp.zeros((1,), weight.dtype)])
-    return jnp.take(padded, jnp.asarray(tiles.slot.reshape(-1, LANES)), axis=0, mode="clip")
+    quarters = jnp.asarray(tiles.quarters)[:, :, None, :]  # row j·P + q: quarter q's weights
+    packed = jnp.where(quarters == jnp.arange(tiles.pack)[:, None], rows[:, :, None, :], 0.0)
+    return packed.reshape(-1, LANES)
 
 
 def gather_sum(values: jax.Array, weight: jax.Array, tiles: Tiles, *,
@@ -331,6 +385,9 @@ def gather_sum(values: jax.Array, weight: jax.Array, tiles: Tiles, *,
         [[30.0, 201.0]]
     """
     rows, _ = values.shape
+    if tiles.pack > 1 and rows > LANES // tiles.pack:
+        raise ValueError(f"tiles packing {tiles.pack} sources per table row take values of at "
+                         f"most {LANES // tiles.pack} rows, got {rows}.")
     v, groups = _groups(values, _columns(tiles))
     weights = gather_weights(weight, tiles)
     per_cell = tiles.weight_rows
@@ -363,7 +420,8 @@ def gather_sum(values: jax.Array, weight: jax.Array, tiles: Tiles, *,
             kernel = functools.partial(
                 _gather_kernel, rows=group_rows if groups == 1 else LANES, chain=chain,
                 permuted=permuted, unroll=unroll, first=lane * LANES,
-                start=c * tiles.chunk, sources=sources)
+                start=c * tiles.chunk, sources=sources, pack=tiles.pack,
+                quarter=tiles.quarter, zero_row=tiles.table_rows)
             out = _call(kernel, blocks, specs, operands, (group_rows, block),
                         lambda b, lane=lane: (lane, b), (v.shape[0], blocks * block), scratch,
                         vmem + 8 * 2**20, chain, out, interpret)

@@ -19,6 +19,16 @@ connections are cut once, with NumPy, into **cells** ``(source chunk c, target b
   rounded up to a power of two from 8, or above 128 to a multiple of 128), staged row ``s = u·Fp + j``: the staged rows are the
   connections in order, so the sums come out in connection order.
 
+**Lane-packed** ``'gather'`` tiles (``pack = P`` of 2 or 4, for values of at most ``128 / P``
+rows): each row of the staged table holds ``P`` sources, one per **quarter** of ``128 / P``
+lanes: quarter ``q`` of table row ``s`` is source ``q·Q + s`` of the chunk (``Q`` rows per
+quarter, ``Q ≥ chunk / P``), so that one table of ``Q + 8`` rows holds ``P``× the sources. A
+connection from offset ``o`` in its chunk reads table row ``o mod Q`` (``o - q·Q``, quarter
+``q = o // Q``; padding the zero row ``Q``), and its weight sits in row ``j·P + q`` of its
+slot's ``P`` weight rows (lane ``u``; 0 in the other quarters' rows): the dense sum is
+``Σ_j Σ_q stage_jᵀ[quarter q] · w_{j,q}``. :attr:`Tiles.quarters` keeps each slot's
+quarter.
+
 The scalar unit reads one index per staged row: row ``s = 8·q + g`` of tile ``i`` reads
 entry ``16·r_i + q`` of the cell's index row ``g`` (``r_i = Σ_{i' < i} W_i'``, the tile's
 first weight row; eight rows, one base each: the kernel's loads are a base plus the loop's
@@ -68,6 +78,10 @@ class Tiles(NamedTuple):
         uniform: The fan-in ``F`` when the connections are in target order with one count and
             one chunk, else 0.
         width_cap: The widest tile (the staging buffer holds ``width_cap·128`` rows).
+        pack: ``P``, sources per table row (module docstring); 1: one.
+        quarter: ``Q``, table rows of one quarter when :attr:`pack` > 1 (else 0).
+        quarters: ``(cells, slot_rows, 128)`` int8, the quarter of each slot's source
+            (``P`` for padding) when :attr:`pack` > 1, else ``None``.
     """
 
     kind: str
@@ -81,6 +95,9 @@ class Tiles(NamedTuple):
     perm: np.ndarray | None
     uniform: int
     width_cap: int
+    pack: int = 1
+    quarter: int = 0
+    quarters: np.ndarray | None = None
 
     @property
     def chunks(self) -> int:
@@ -98,11 +115,22 @@ class Tiles(NamedTuple):
         return _row_starts(self.widths)
 
     @property
-    def weight_rows(self) -> int:
-        """Weight rows (of 128) per cell, a multiple of 8."""
+    def table_rows(self) -> int:
+        """Rows of sources in a chunk's table (the zero rows from here): :attr:`chunk`, or
+        :attr:`quarter` when packed."""
+        return self.quarter if self.pack > 1 else self.chunk
+
+    @property
+    def slot_rows(self) -> int:
+        """Slot rows (of 128) per cell, a multiple of 8: the tiles' widths summed."""
         if self.slot is not None:
             return int(self.slot.shape[1])
         return -(-int(self.widths.sum(axis=1).max(initial=0)) // 8) * 8
+
+    @property
+    def weight_rows(self) -> int:
+        """Weight rows (of 128) per cell: :attr:`pack` per slot row."""
+        return self.pack * self.slot_rows
 
 
 def _row_starts(widths: np.ndarray) -> np.ndarray:
@@ -148,9 +176,10 @@ def _uniform_gather(sources: np.ndarray, num_sources: int, num_targets: int, fan
 
 
 def gather_tiles(sources: np.ndarray, targets: np.ndarray, num_sources: int, num_targets: int,
-                 chunk: int, block: int) -> Tiles | None:
+                 chunk: int, block: int, pack: int = 1) -> Tiles | None:
     """The connections ``sources[k] -> targets[k]`` in ``'gather'`` lane tiles (module
-    docstring), or ``None`` when their padding would exceed ``MAX_FILL·nnz`` staged rows.
+    docstring), or ``None`` when their padding would exceed ``MAX_FILL·nnz`` staged rows;
+    ``pack`` (1, 2 or 4) sources per table row, ``Q = ⌈chunk / pack⌉`` rows per quarter.
 
     Example:
         >>> import numpy as np
@@ -161,12 +190,38 @@ def gather_tiles(sources: np.ndarray, targets: np.ndarray, num_sources: int, num
         >>> # staged rows 0 (u 0, j 0), 1 (u 1, j 0), 128 (u 0, j 1) and 8 (padding)
         >>> t.source[0, [0, 1, 0, 0], [0, 0, 16, 1]].tolist()
         [0, 1, 2, 3]
+        >>> p = gather_tiles(np.array([0, 2, 1]), np.array([1, 1, 0]), 3, 2, 4, 128, pack=2)
+        >>> p.quarter, p.source[0, [0, 1, 0, 0], [0, 0, 16, 1]].tolist()  # padding: row Q
+        (2, [0, 1, 0, 2])
+        >>> p.quarters[0, :2, :3].tolist()  # sources 0, 1 in quarter 0, 2 in quarter 1
+        [[0, 0, 2], [1, 2, 2]]
     """
-    if block % LANES or block <= 0 or chunk <= 0:
-        raise ValueError(f"block must be a positive multiple of {LANES} and chunk positive, "
-                         f"got block={block}, chunk={chunk}.")
-    sources = np.asarray(sources, np.int64)
-    targets = np.asarray(targets, np.int64)
+    if block % LANES or block <= 0 or chunk <= 0 or pack not in (1, 2, 4):
+        raise ValueError(f"block must be a positive multiple of {LANES}, chunk positive and "
+                         f"pack 1, 2 or 4, got block={block}, chunk={chunk}, pack={pack}.")
+    tiles = _gather_tiles(np.asarray(sources, np.int64), np.asarray(targets, np.int64),
+                          num_sources, num_targets, chunk, block)
+    return tiles if tiles is None or pack == 1 else _packed(tiles, pack, -(-chunk // pack))
+
+
+def _packed(tiles: Tiles, pack: int, quarter: int) -> Tiles:
+    """``tiles`` with ``pack`` sources per table row, ``quarter`` rows per quarter (module
+    docstring): each index ``o`` (an offset in its chunk; the padding ``tiles.chunk``) becomes
+    ``o mod Q`` (padding: ``Q``), and each slot keeps its quarter ``o // Q`` (padding: ``P``).
+    Slot row ``r``, lane ``u`` is staged row ``128·j + u`` of its tile: index row ``u mod 8``,
+    entry ``16·r + u // 8``."""
+    source = tiles.source.astype(np.int64)
+    padding = source >= tiles.chunk
+    which = np.where(padding, pack, source // quarter)
+    r, u = np.arange(tiles.slot_rows)[:, None], np.arange(LANES)[None, :]
+    quarters = which[:, u % REGIONS, (LANES // REGIONS) * r + u // REGIONS]
+    return tiles._replace(source=int32_indices(np.where(padding, quarter, source % quarter)),
+                          pack=pack, quarter=quarter, quarters=quarters.astype(np.int8))
+
+
+def _gather_tiles(sources: np.ndarray, targets: np.ndarray, num_sources: int,
+                  num_targets: int, chunk: int, block: int) -> Tiles | None:
+    """:func:`gather_tiles`, one source per table row."""
     nnz = int(sources.size)
     chunk = min(chunk, max(num_sources, 1))
     if chunk >= num_sources and nnz and nnz % max(num_targets, 1) == 0:

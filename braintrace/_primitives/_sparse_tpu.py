@@ -23,7 +23,10 @@ sums; ``v`` and the results in their own layout, transposed in the kernel). The 
 kernels are the default; where a side has no lane tiles (connections too uneven,
 ``_sparse_tiles.MAX_FILL``) it takes the cells' kernels, and so does the weight pullback
 where the staged pair-sum does not apply (connections not in output order, or several
-chunks).
+chunks). ``'packed'`` (opt-in, not yet timed on a chip) is ``'staged'`` whose gather-sums,
+where their values have at most 64 rows, pack ``P = 4`` (at most 32 rows) or 2 sources per
+row of the staged table (``_sparse_tiles.py``): a chunk holds ``P`` times the sources (at
+1,048,576 neurons, batch 32: 2 chunks, not 7).
 """
 
 from __future__ import annotations
@@ -37,11 +40,15 @@ from braintrace._platform import interpreting
 from braintrace._primitives import _sparse_accelerator as accelerator
 from braintrace._primitives._sparse_cells import Cells
 
-__all__ = ["BLOCK_ROWS", "CELL_SLOTS", "CHUNK_ROWS", "KERNELS", "VARIANTS", "cut",
-           "product", "staged_tiles", "transposed_product", "weight_pullback"]
+__all__ = ["BLOCK_ROWS", "CELL_SLOTS", "CHUNK_ROWS", "KERNELS", "PACKED_ROWS", "VARIANTS", "cut",
+           "packing", "product", "staged_tiles", "transposed_product", "weight_pullback"]
 
-VARIANTS = ("cells", "staged")
+VARIANTS = ("cells", "staged", "packed")
 """The sets of kernels :data:`KERNELS` chooses from (module docstring)."""
+
+PACKED_ROWS = {4: 32, 2: 64}
+"""``'packed'``: ``P`` sources per table row (the first that fits) for a gather-sum's values of
+at most this many rows."""
 
 KERNELS = "staged"
 """The kernels a TPU runs, one of :data:`VARIANTS`. ``'staged'``: on a TPU v5e (131,072 neurons,
@@ -52,7 +59,8 @@ SMEM blocks, gave wrong sums on the chip while right in Pallas' interpreters; it
 are 1-D blocks since, as the cells' kernels' always were.)"""
 
 CHUNK_ROWS: int | None = None
-"""Source rows per chunk; ``None``: ``_sparse_pallas.chunk_rows()``, balanced over chunks."""
+"""Table rows per chunk (source rows; of packed gather tiles, ``P`` sources per row);
+``None``: ``_sparse_pallas.chunk_rows()``, balanced over chunks."""
 
 BLOCK_ROWS: int | None = None
 """Target rows per block (a multiple of 8); ``None``: chosen from :data:`CELL_SLOTS`."""
@@ -98,8 +106,10 @@ def cut(connectivity: Any, side: str) -> Cells | None:
     return conn.cells(side, chunk, block)
 
 
-def _staged_sizes(connectivity: Any, side: str) -> tuple[int, int]:
-    """Source rows per chunk (a multiple of 1,024 when there are several) and target rows per
+def _staged_sizes(connectivity: Any, side: str, pack: int = 1) -> tuple[int, int]:
+    """Source rows per chunk (a multiple of 1,024 when there are several; ``pack`` per table
+    row: up to ``pack`` times as many, a multiple of ``pack``·1,024, or of ``pack``·128 in one
+    chunk, so that each quarter's columns start at a multiple of 128) and target rows per
     block (a power of two from 512 to 8,192 near :data:`CELL_SLOTS` connections per cell)
     of the staged kernels' tiles of ``side``."""
     conn = connectivity
@@ -107,11 +117,12 @@ def _staged_sizes(connectivity: Any, side: str) -> tuple[int, int]:
                                                                                conn.num_out)
     from braintrace._primitives._sparse_pallas import chunk_rows  # Pallas: imported on use
 
-    most = CHUNK_ROWS or chunk_rows()
+    most = (CHUNK_ROWS or chunk_rows()) * pack
     chunks = -(-max(sources, 1) // most)
     chunk = -(-max(sources, 1) // chunks)
-    if chunks > 1 and CHUNK_ROWS is None:
-        chunk = -(-chunk // 1024) * 1024
+    if (chunks > 1 or pack > 1) and CHUNK_ROWS is None:
+        align = (1024 if chunks > 1 else 128) * pack
+        chunk = -(-chunk // align) * align
     block = BLOCK_ROWS
     if block is None:
         per_target = conn.nnz / max(targets * chunks, 1)
@@ -120,10 +131,11 @@ def _staged_sizes(connectivity: Any, side: str) -> tuple[int, int]:
     return chunk, -(-block // 128) * 128
 
 
-def staged_tiles(connectivity: Any, side: str) -> Any:
+def staged_tiles(connectivity: Any, side: str, pack: int = 1) -> Any:
     """The lane tiles of the staged kernels (``_sparse_tiles.py``) for ``side``:
-    ``'incoming'`` or ``'outgoing'`` (gather-sums) or ``'pair'`` (the weight pullback over
-    the incoming connections in output order); ``None`` where they do not apply.
+    ``'incoming'`` or ``'outgoing'`` (gather-sums, ``pack`` sources per table row) or
+    ``'pair'`` (the weight pullback over the incoming connections in output order); ``None``
+    where they do not apply.
 
     Example:
         >>> import numpy as np
@@ -133,7 +145,21 @@ def staged_tiles(connectivity: Any, side: str) -> Any:
         >>> staged_tiles(conn, "incoming").uniform, staged_tiles(conn, "pair").kind
         (2, 'pair')
     """
-    return connectivity.tiles(side, *_staged_sizes(connectivity, side))
+    return connectivity.tiles(side, *_staged_sizes(connectivity, side, pack), pack)
+
+
+def packing(rows: int) -> int:
+    """Sources per table row of the staged gather-sum of values with ``rows`` rows under
+    :data:`KERNELS`: 1 but for ``'packed'`` (:data:`PACKED_ROWS`).
+
+    Example:
+        >>> from braintrace._primitives import _sparse_tpu as tpu
+        >>> tpu.packing(32), tpu.KERNELS
+        (1, 'staged')
+    """
+    if KERNELS != "packed":
+        return 1
+    return next((p for p, most in PACKED_ROWS.items() if rows <= most), 1)
 
 
 def _float32(*arrays: jax.Array) -> bool:
@@ -162,10 +188,13 @@ def _kernels():
 
 def _staged(kernel: str, connectivity: Any, side: str, *arrays: jax.Array) -> Any:
     """The staged kernel ``kernel``, the tiles of ``side`` and the ``interpret`` argument, or
-    ``None`` (other :data:`KERNELS`, no tiles, or not float32)."""
-    if KERNELS != "staged" or not _float32(*arrays):
+    ``None`` (other :data:`KERNELS`, no tiles, or not float32). ``'packed'``: a gather-sum's
+    tiles pack ``P`` sources per table row where its values (``arrays[0]``) have at most
+    :data:`PACKED_ROWS` ``[P]`` rows."""
+    if KERNELS not in ("staged", "packed") or not _float32(*arrays):
         return None
-    tiles = staged_tiles(connectivity, side)
+    pack = packing(arrays[0].shape[0]) if kernel == "gather_sum" else 1
+    tiles = staged_tiles(connectivity, side, pack)
     if tiles is None:
         return None
     from braintrace._primitives import _sparse_staged  # Pallas: imported on use
