@@ -23,7 +23,7 @@ sums; ``v`` and the results in their own layout, transposed in the kernel). The 
 kernels are the default; where a side has no lane tiles (connections too uneven,
 ``_sparse_tiles.MAX_FILL``) it takes the cells' kernels, and so does the weight pullback
 where the staged pair-sum does not apply (connections not in output order, or several
-chunks).
+chunks unless :data:`CHUNKED_PAIR`).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from braintrace._platform import interpreting
 from braintrace._primitives import _sparse_accelerator as accelerator
 from braintrace._primitives._sparse_cells import Cells
 
-__all__ = ["BLOCK_ROWS", "CELL_SLOTS", "CHUNK_ROWS", "KERNELS", "VARIANTS", "cut",
-           "product", "staged_tiles", "transposed_product", "weight_pullback"]
+__all__ = ["BLOCK_ROWS", "CELL_SLOTS", "CHUNKED_PAIR", "CHUNK_ROWS", "KERNELS", "VARIANTS",
+           "cut", "product", "staged_tiles", "transposed_product", "weight_pullback"]
 
 VARIANTS = ("cells", "staged")
 """The sets of kernels :data:`KERNELS` chooses from (module docstring)."""
@@ -50,6 +50,16 @@ KERNELS = "staged"
 within 3e-7 of XLA's values relative to its largest. (A first version, whose index rows were 2-D
 SMEM blocks, gave wrong sums on the chip while right in Pallas' interpreters; its index rows
 are 1-D blocks since, as the cells' kernels' always were.)"""
+
+CHUNKED_PAIR: bool = False
+"""Whether the weight pullback of uniform connections (one fan-in, in output order) whose
+sources span several chunks runs the staged pair-sum, one call per chunk, each staging every
+connection (those of other chunks read the zero row: ``chunks × nnz`` staged rows) and
+adding into the last one's output, in connection order; ``False``: the cells' pair-sum,
+whose slot-ordered output an XLA gather of all ``nnz`` values puts back in connection order
+(on a TPU v5e at 1,048,576 neurons, 8 synapses each, batch 32, 7 chunks: 58 ms for that
+gather, 47 ms for the kernel calls). Off until timed on the chip
+(``benchmarks/sparse_kernels_tpu.py --variants staged,staged+chunked_pair``)."""
 
 CHUNK_ROWS: int | None = None
 """Source rows per chunk; ``None``: ``_sparse_pallas.chunk_rows()``, balanced over chunks."""
@@ -123,7 +133,8 @@ def _staged_sizes(connectivity: Any, side: str) -> tuple[int, int]:
 def staged_tiles(connectivity: Any, side: str) -> Any:
     """The lane tiles of the staged kernels (``_sparse_tiles.py``) for ``side``:
     ``'incoming'`` or ``'outgoing'`` (gather-sums) or ``'pair'`` (the weight pullback over
-    the incoming connections in output order); ``None`` where they do not apply.
+    the incoming connections in output order, in one source chunk unless
+    :data:`CHUNKED_PAIR`); ``None`` where they do not apply.
 
     Example:
         >>> import numpy as np
@@ -133,7 +144,10 @@ def staged_tiles(connectivity: Any, side: str) -> Any:
         >>> staged_tiles(conn, "incoming").uniform, staged_tiles(conn, "pair").kind
         (2, 'pair')
     """
-    return connectivity.tiles(side, *_staged_sizes(connectivity, side))
+    chunk, block = _staged_sizes(connectivity, side)
+    if side == "pair" and chunk < connectivity.num_in and not CHUNKED_PAIR:
+        return None
+    return connectivity.tiles(side, chunk, block)
 
 
 def _float32(*arrays: jax.Array) -> bool:
