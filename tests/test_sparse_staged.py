@@ -8,9 +8,13 @@ read out of bounds; or JAX's). Each sum must give the XLA formulation's float32 
 neuron (a tile 19 wide beside empty ones), inputs and outputs no connection touches, repeated
 pairs, sizes that are multiples of neither 128 nor the chunk, sources in several chunks (the
 calls adding up), rows of ``v`` in two groups of 128, batch 1, and a uniform fan-in of 3
-(the pair-sum's targets padded to 8 rows). The tiles' index arithmetic is checked on a
-million neurons without a kernel; a layer's gradients through the kernels equal those
-through XLA's formulation.
+(the pair-sum's targets padded to 8 rows). The pair-sum over several source chunks
+(``_sparse_tpu.CHUNKED_PAIR``: each chunk's call stages every connection, those of other
+chunks reading its zero row) gives XLA's values in connection order at fan-ins 1, 3 and 8,
+1 to 129 rows, a last chunk shorter than the others, and its tiles are checked at a fan-in
+of 130 too; with the flag the weight pullback's program gathers nothing, without it it
+gathers every value. The tiles' index arithmetic is checked on a million neurons without a
+kernel; a layer's gradients through the kernels equal those through XLA's formulation.
 """
 
 from __future__ import annotations
