@@ -9,10 +9,16 @@ jitted step), run once to warm, then once under ``jax.profiler.trace``; the devi
 * ``ops``: the ops with the most device time, each with its µs and calls per step;
 * the optimised HLO of every program, in ``hlo.tar.gz`` (fusions, layouts, copies).
 
+A configuration ``scale:neurons:batch:T:method[,method...]`` profiles ``scale.py``'s update of
+its sparse spiking network instead (compiled as ``scale.py`` compiles it, with the TPU's
+default kernels; ``es_d_rtrl:fast`` and ``@K`` as there); its Pallas kernels are the
+``branch_0_fun.*`` ops (one per call site; the HLO says which sum each is).
+
 Usage (on a TPU; on the CPU there is no device lane and only the HLO is written)::
 
     python benchmarks/device_profile.py --out /tmp/prof \\
-        gru:1024:64:100:bptt,es_d_rtrl snn:256:16:200:bptt,es_d_rtrl@1
+        gru:1024:64:100:bptt,es_d_rtrl snn:256:16:200:bptt,es_d_rtrl@1 \\
+        scale:131072:32:30:bptt,es_d_rtrl
 """
 
 from __future__ import annotations
@@ -68,6 +74,28 @@ def compiled_pass(model_name: str, method: str, cfg: dict, xs, ys):
     return compiled, run
 
 
+def scale_pass(neurons: int, batch: int, T: int, method: str):
+    """``(compiled, run)``: one update of ``scale.py``'s network, as ``scale.py`` compiles it
+    (donated arguments made fresh before each call, outside the profile)."""
+    from _scale_child import compile_update
+    from scale import FULL, PPPROP
+
+    cfg = {**{k: {**PPPROP, **FULL}[k] for k in PPPROP}, "neurons": neurons, "T": T,
+           "method": method, "batch": batch}
+    compiled, args, _ = compile_update(cfg)
+    if compiled is None:
+        raise RuntimeError(f"scale:{neurons}:{batch}:{T}:{method} did not compile")
+    fresh = args if callable(args) else (lambda: args)
+    pending = [fresh()]
+
+    def run():
+        out = compiled(*pending[0])
+        pending[0] = fresh()
+        return out
+
+    return compiled, run
+
+
 def op_times(fn, steps: int, top: int) -> dict:
     """``fn()`` once under the profiler: the device's time per step, whole and by op."""
     with tempfile.TemporaryDirectory() as logdir:
@@ -83,6 +111,8 @@ def op_times(fn, steps: int, top: int) -> dict:
              if e.get("ph") == "M" and e.get("name") == "thread_name"}
     devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
                and "/device:" in e["args"]["name"]}
+    if not devices:  # the CPU backend: its programs run on the host
+        return {"device_us_per_step": None, "ops": []}
     modules, ops, calls = 0.0, collections.Counter(), collections.Counter()
     for e in events:
         if e.get("ph") != "X" or e["pid"] not in devices:
@@ -101,7 +131,8 @@ def op_times(fn, steps: int, top: int) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("configs", nargs="+", help="model:hidden:batch:T:method[,method...]")
+    p.add_argument("configs", nargs="+", help="model:hidden:batch:T:method[,method...] or "
+                   "scale:neurons:batch:T:method[,method...]")
     p.add_argument("--inputs", type=int, default=64)
     p.add_argument("--outputs", type=int, default=10)
     p.add_argument("--top", type=int, default=40, help="ops kept per program")
@@ -110,15 +141,20 @@ def main(argv: list[str] | None = None) -> dict:
     os.makedirs(args.out, exist_ok=True)
     results, hlo = {}, {}
     for config in args.configs:
-        model_name, hidden, batch, T, methods = config.split(":")
+        model_name, hidden, batch, T, methods = config.split(":", 4)
         cfg = {"hidden": int(hidden), "batch": int(batch), "inputs": args.inputs,
                "outputs": args.outputs}
-        xs, ys = data(model_name, int(T), args.inputs, args.outputs, int(batch))
+        if model_name != "scale":
+            xs, ys = data(model_name, int(T), args.inputs, args.outputs, int(batch))
         for method in methods.split(","):
-            key = f"{model_name}_h{hidden}_b{batch}_T{T}_{method}"
+            key = (f"scale_n{hidden}_b{batch}_T{T}_{method}" if model_name == "scale" else
+                   f"{model_name}_h{hidden}_b{batch}_T{T}_{method}")
             try:
                 start = time.perf_counter()
-                compiled, run = compiled_pass(model_name, method, cfg, xs, ys)
+                if model_name == "scale":
+                    compiled, run = scale_pass(int(hidden), int(batch), int(T), method)
+                else:
+                    compiled, run = compiled_pass(model_name, method, cfg, xs, ys)
                 compile_s = time.perf_counter() - start
                 hlo[key] = compiled.as_text()
                 block(run())
@@ -133,13 +169,13 @@ def main(argv: list[str] | None = None) -> dict:
     payload = {"environment": environment(), "results": results}
     with open(os.path.join(args.out, "device_profile.json"), "w") as f:
         json.dump(payload, f, indent=1)
-    with tarfile.open(os.path.join(args.out, "hlo.tar.gz"), "w:gz") as tar:
-        with tempfile.TemporaryDirectory() as tmp:
-            for key, text in hlo.items():
-                path = os.path.join(tmp, f"{key}.hlo.txt")
-                with open(path, "w") as f:
-                    f.write(text)
-                tar.add(path, arcname=os.path.basename(path))
+    with (tarfile.open(os.path.join(args.out, "hlo.tar.gz"), "w:gz") as tar,
+          tempfile.TemporaryDirectory() as tmp):
+        for key, text in hlo.items():
+            path = os.path.join(tmp, f"{key}.hlo.txt")
+            with open(path, "w") as f:
+                f.write(text)
+            tar.add(path, arcname=os.path.basename(path))
     return payload
 
 

@@ -265,3 +265,23 @@ def test_trainer_step_quick_writes_ratios_and_the_per_step_floor(tmp_path):
             assert row["grad"]["ratio_to_grad"] == pytest.approx(1.0)
             floor = row["grad@1"]["step_us"] + row["optimizer"]["step_us"]
             assert row["per_step_floor"]["step_us"] == pytest.approx(floor)
+
+
+def test_device_profile_compiles_scale_updates_and_writes_their_hlo(tmp_path):
+    """``device_profile.py scale:…`` builds ``scale.py``'s update (BPTT and ES-D-RTRL with its
+    fast signal) and writes each program's HLO; on the CPU no device time (no device lane)."""
+    import tarfile
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import device_profile
+
+    payload = device_profile.main(["--out", str(tmp_path), "scale:256:2:4:bptt,es_d_rtrl:fast"])
+    results = payload["results"]
+    assert set(results) == {"scale_n256_b2_T4_bptt", "scale_n256_b2_T4_es_d_rtrl:fast"}
+    for row in results.values():
+        assert "error" not in row, row.get("error")
+        assert row["device_us_per_step"] is None and row["ops"] == [] and row["compile_s"] > 0
+    with tarfile.open(tmp_path / "hlo.tar.gz") as tar:
+        texts = {m.name: tar.extractfile(m).read().decode() for m in tar.getmembers()}
+    assert set(texts) == {f"{key}.hlo.txt" for key in results}
+    assert all("HloModule" in text for text in texts.values())
