@@ -402,8 +402,10 @@ def main(argv: list[str] | None = None) -> dict:
                         "(braintrace._primitives._sparse_pallas.STAGED)")
     p.add_argument("--kernels", default="staged",
                    help="on a TPU, the Pallas kernels of the sparse sums: a variant of "
-                        "braintrace._primitives._sparse_tpu.VARIANTS, optionally @ROWS (target "
-                        "rows per block): cells, staged, staged@2048")
+                        "braintrace._primitives._sparse_tpu.VARIANTS, optionally +chunked_pair "
+                        "(the weight pullback over several source chunks by the staged "
+                        "pair-sum: _sparse_tpu.CHUNKED_PAIR), then optionally @ROWS (target "
+                        "rows per block): cells, staged, staged+chunked_pair, staged@2048")
     p.add_argument("--timeout", type=float, default=4 * 3600.0, help="seconds per configuration")
     p.add_argument("--memory-report", action="store_true",
                    help="dump XLA's buffer assignment; record each program's largest buffers")

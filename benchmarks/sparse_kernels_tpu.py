@@ -12,8 +12,11 @@ gathers (``_sparse_accelerator.py``, the reference) and by each variant of the P
 
 A variant is a name of ``_sparse_tpu.VARIANTS`` (``cells``: the kernels of
 ``_sparse_pallas.py``; ``staged``: those of ``_sparse_staged.py``; ``packed``: those with
-several sources per row of the gather-sums' tables at batches up to 64), optionally ``@ROWS``,
-the target rows per block (``_sparse_tpu.BLOCK_ROWS``): ``--variants cells,staged,staged@2048``.
+several sources per row of the gather-sums' tables at batches up to 64), optionally
+``+chunked_pair`` (``_sparse_tpu.CHUNKED_PAIR``: the weight pullback over several source
+chunks by the staged pair-sum, one call per chunk, instead of the cells' and a gather), then
+optionally ``@ROWS``, the target rows per block (``_sparse_tpu.BLOCK_ROWS``):
+``--variants cells,staged,packed,staged+chunked_pair,staged@2048``.
 Per sum and variant: the largest difference to XLA's values (absolute, and relative to XLA's
 largest value), the median and minimum of ``--repeats`` calls (``block_until_ready``, every
 program in turn), and the time over the **row-rate floor**: one row load per synapse and per
@@ -76,17 +79,29 @@ def _fns(module, conn: Connectivity) -> dict:
 
 @contextlib.contextmanager
 def variant(name: str):
-    """The kernels of variant ``name`` (``KERNELS[@ROWS]``, module docstring) within the
-    block."""
-    kernels, _, rows = name.partition("@")
-    if kernels not in tpu.VARIANTS:
-        raise ValueError(f"unknown variant {name!r}: one of {tpu.VARIANTS}, optionally @ROWS")
-    saved = tpu.KERNELS, tpu.BLOCK_ROWS
+    """The kernels of variant ``name`` (``KERNELS[+chunked_pair][@ROWS]``, module docstring)
+    within the block.
+
+    Example:
+        >>> with variant("staged+chunked_pair@2048"):
+        ...     tpu.KERNELS, tpu.CHUNKED_PAIR, tpu.BLOCK_ROWS
+        ('staged', True, 2048)
+        >>> tpu.CHUNKED_PAIR, tpu.BLOCK_ROWS
+        (False, None)
+    """
+    base, _, rows = name.partition("@")
+    kernels, plus, option = base.partition("+")
+    if (kernels not in tpu.VARIANTS or (plus and option != "chunked_pair")
+            or (rows and not rows.isdigit())):
+        raise ValueError(f"unknown variant {name!r}: one of {tpu.VARIANTS}, optionally "
+                         "+chunked_pair, then optionally @ROWS")
+    saved = tpu.KERNELS, tpu.BLOCK_ROWS, tpu.CHUNKED_PAIR
     tpu.KERNELS, tpu.BLOCK_ROWS = kernels, int(rows) if rows else None
+    tpu.CHUNKED_PAIR = bool(plus)
     try:
         yield
     finally:
-        tpu.KERNELS, tpu.BLOCK_ROWS = saved
+        tpu.KERNELS, tpu.BLOCK_ROWS, tpu.CHUNKED_PAIR = saved
 
 
 def sparse_sums(backend: str, forced: str | None, kernels: str) -> str:

@@ -98,6 +98,20 @@ def test_the_device_script_measures_each_variant_and_survives_a_kernel_that_fail
         kernels_run.main(["--variants", "cells,tiles"])
 
 
+def test_a_variant_sets_the_kernels_the_chunked_pair_sum_and_the_block_within_its_block():
+    with kernels_run.variant("staged+chunked_pair@256"):
+        assert (tpu.KERNELS, tpu.CHUNKED_PAIR, tpu.BLOCK_ROWS) == ("staged", True, 256)
+        with kernels_run.variant("staged"):
+            assert (tpu.CHUNKED_PAIR, tpu.BLOCK_ROWS) == (False, None)
+        assert tpu.CHUNKED_PAIR
+    assert (tpu.KERNELS, tpu.CHUNKED_PAIR, tpu.BLOCK_ROWS) == ("staged", False, None)
+    for name in ("staged+chunked", "staged@256+chunked_pair", "chunked_pair"):
+        with pytest.raises(ValueError, match="optionally \\+chunked_pair"):
+            kernels_run.main(["--variants", name])
+    with pytest.raises(ValueError, match="unknown variant 'cells\\+pair'"):
+        scale.main(["--kernels", "cells+pair"])
+
+
 def test_the_kernels_table_shows_each_sum_its_fallback_and_a_failure(tmp_path):
     timed = {"ms_median": 1.0, "over_floor": 1.5, "max_rel_error": 2e-7}
     entry = {"rows": 32, "floor_ms": 0.5, "xla": {"ms_median": 3.0}, "pallas": dict(timed),

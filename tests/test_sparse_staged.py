@@ -8,11 +8,16 @@ read out of bounds; or JAX's). Each sum must give the XLA formulation's float32 
 neuron (a tile 19 wide beside empty ones), inputs and outputs no connection touches, repeated
 pairs, sizes that are multiples of neither 128 nor the chunk, sources in several chunks (the
 calls adding up), rows of ``v`` in two groups of 128, batch 1, and a uniform fan-in of 3
-(the pair-sum's targets padded to 8 rows). The tiles' index arithmetic is checked on a
+(the pair-sum's targets padded to 8 rows). ``KERNELS = 'packed'`` (several sources per row of
+the staged table, for values of at most 64 rows) is checked the same way, its gather-sums at
+R = 1, 5, 32, 33, 64 (packed), 65, 128 and 200 (not: the staged kernels). The pair-sum over
+several source chunks (``_sparse_tpu.CHUNKED_PAIR``: each chunk's call stages every
+connection, those of other chunks reading its zero row) gives XLA's values in connection
+order at fan-ins 1, 3 and 8, 1 to 129 rows, a last chunk shorter than the others, and its
+tiles are checked at a fan-in of 130 too; with the flag the weight pullback's program gathers
+nothing, without it it gathers every value. The tiles' index arithmetic is checked on a
 million neurons without a kernel; a layer's gradients through the kernels equal those
-through XLA's formulation. ``KERNELS = 'packed'`` (several sources per row of the staged
-table, for values of at most 64 rows) is checked the same way, its gather-sums at R = 1, 5,
-32, 33, 64 (packed), 65, 128 and 200 (not: the staged kernels).
+through XLA's formulation.
 """
 
 from __future__ import annotations
@@ -20,17 +25,19 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import test_sparse_pallas
 from flax import nnx
-from helpers import mse
+from helpers import built_on_the_host, mse
 from jax.experimental.pallas import tpu as pltpu
 from test_sparse_layouts import KINDS
 from test_sparse_pallas import _star, _uniform
 
 import braintrace
+from braintrace import layers
 from braintrace._platform import formulation
 from braintrace._primitives import _sparse_accelerator as accelerator
 from braintrace._primitives import _sparse_staged as staged
@@ -286,3 +293,166 @@ def test_every_copy_of_v_into_vmem_is_whole_tiles_of_8_rows_or_within_one(monkey
     assert {size for _, size in copies} == {16, 4, 32, 1}
     assert all(start % 8 == 0 and (size % 8 == 0 or size < 8) for start, size in copies)
 
+PAIR_CASES = {
+    # name: (neurons, fan-in, rows R, source chunk, interpreter)
+    "fan-in-8-rows-32": (100, 8, 32, 40, NO_RACES),  # chunks 40, 40, 20: the last short
+    "fan-in-1-rows-1": (100, 1, 1, 48, True),         # chunks 48, 48, 4
+    "fan-in-8-rows-64-blocks": (300, 8, 64, 130, True),  # 3 chunks by 3 blocks
+    "fan-in-3-rows-129": (37, 3, 129, 16, True),      # two groups of 128 rows by 3 chunks
+}
+"""The chunked pair-sum's cases: sizes multiples of neither 128 nor the chunk, the first in
+Pallas' TPU interpreter (uninitialised memory NaN, reads out of bounds raise), the others
+in JAX's (faster). A fan-in above 128 (``Fp`` 256: a target's rows across several groups of
+128, as with one chunk) is checked on the tiles alone: its kernel takes ~10 s to interpret."""
+
+
+def _in_output_order(n: int, fan_in: int, rng) -> np.ndarray:
+    """``fan_in`` distinct random sources for each of ``n`` targets, in target order."""
+    return np.concatenate([rng.choice(n, fan_in, replace=False) for _ in range(n)])
+
+
+@pytest.mark.parametrize("case", PAIR_CASES)
+def test_the_chunked_pair_sum_equals_the_xla_formulation(case):
+    """Over several source chunks, each call staging every connection (those of other chunks
+    reading its zero row) and adding into the last one's output: the pair-sum in connection
+    order equals XLA's weight pullback."""
+    n, fan_in, rows, chunk, interpreter = PAIR_CASES[case]
+    rng = np.random.default_rng(1)
+    pre = _in_output_order(n, fan_in, rng)
+    conn = Connectivity.from_indices(pre, np.repeat(np.arange(n), fan_in), n, n)
+    tiles = pair_tiles(pre, n, n, fan_in, LANES, chunk)
+    assert tiles.chunks > 1 and n - (tiles.chunks - 1) * chunk < chunk  # the last chunk short
+    x = jnp.asarray(rng.standard_normal((rows, n)), jnp.float32)
+    d = jnp.asarray(rng.standard_normal((rows, n)), jnp.float32)
+    got = jax.jit(lambda x, d: staged.pair_sum(x, d, tiles, conn.nnz, interpret=interpreter))(
+        x, d)
+    want = accelerator.weight_pullback(x, d, conn)
+    assert got.shape == want.shape == (conn.nnz,)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * float(jnp.max(jnp.abs(want))))
+
+
+@pytest.mark.parametrize("fan_in", [1, 8, 130])
+def test_each_chunk_of_the_pair_tiles_reads_its_own_connections_and_zeros_elsewhere(fan_in):
+    """Every chunk's index set, read from that chunk's table (its rows, then zero rows), and
+    summed over the chunks: each staged row is its connection's source row (in connection
+    order, ``Fp`` rows per target) or zero (padding); every index inside the table."""
+    n, chunk = 300, 110  # chunks 110, 110, 80; 3 blocks of 128 targets
+    rng = np.random.default_rng(0)
+    pre = _in_output_order(n, fan_in, rng)
+    tiles = pair_tiles(pre, n, n, fan_in, LANES, chunk)
+    assert (tiles.chunks, tiles.blocks, tiles.uniform) == (3, 3, fan_in)
+    v = rng.standard_normal(n) + 10.0  # no source reads zero
+    staged_rows = np.zeros((tiles.blocks, tiles.block * tiles.width_cap))  # one tile a block
+    q, g = np.divmod(np.arange(staged_rows.shape[1]), REGIONS)
+    for c in range(tiles.chunks):
+        size = min(chunk, n - c * chunk)
+        table = np.concatenate([v[c * chunk:c * chunk + size], np.zeros(8)])
+        index = tiles.source[c * tiles.blocks:(c + 1) * tiles.blocks]
+        assert index.min() >= 0 and index.max() <= size  # in the table, padding at its zero row
+        staged_rows += table[index[:, g, q]]
+    width = tiles.width_cap
+    want = np.zeros((tiles.blocks * LANES, width))
+    want[:n, :fan_in] = v[pre].reshape(n, fan_in)
+    np.testing.assert_array_equal(staged_rows, want.reshape(tiles.blocks, -1))
+
+
+def _gathers(jaxpr) -> list[tuple]:
+    """The shapes of the XLA gathers in ``jaxpr`` and the programs it calls (not inside a
+    Pallas kernel)."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "gather":
+            found.append(eqn.outvars[0].aval.shape)
+        if eqn.primitive.name == "pallas_call":
+            continue
+        for param in eqn.params.values():
+            sub = getattr(param, "jaxpr", param)
+            if isinstance(sub, jax.extend.core.Jaxpr):
+                found += _gathers(sub)
+    return found
+
+
+def _uniform_connectivity(n: int, fan_in: int, seed: int) -> Connectivity:
+    pre = _in_output_order(n, fan_in, np.random.default_rng(seed))
+    return Connectivity.from_indices(pre, np.repeat(np.arange(n), fan_in), n, n)
+
+
+def test_with_chunked_pair_the_pullback_over_several_chunks_gathers_nothing(monkeypatch):
+    """A TPU's program (``interpret=False``) of the weight pullback at 3 chunks: with
+    :data:`CHUNKED_PAIR` the staged pair-sum, one call per chunk, and no XLA gather; without
+    it (negative control) the cells' pair-sum and a gather of all ``nnz`` values into
+    connection order."""
+    conn = _uniform_connectivity(100, 8, 0)
+    monkeypatch.setattr(tpu, "interpreting", lambda: False)
+    monkeypatch.setattr(tpu, "KERNELS", "staged")
+    monkeypatch.setattr(tpu, "CHUNK_ROWS", 40)
+    x, d = jnp.ones((3, conn.num_in)), jnp.ones((3, conn.num_out))
+    staged_calls, kernel = [], staged.pair_sum
+    monkeypatch.setattr(staged, "pair_sum",
+                        lambda *a, **k: (staged_calls.append(1), kernel(*a, **k))[1])
+    programs = {}
+    for flag in (False, True):
+        monkeypatch.setattr(tpu, "CHUNKED_PAIR", flag)
+        with formulation("pallas"):
+            programs[flag] = jax.make_jaxpr(lambda x, d: tpu.weight_pullback(x, d, conn))(x, d)
+        assert len(staged_calls) == flag  # the staged pair-sum only with the flag
+    assert tpu.staged_tiles(conn, "pair").chunks == 3
+    calls = {flag: [e for e in p.jaxpr.eqns if e.primitive.name == "pallas_call"]
+             for flag, p in programs.items()}
+    assert len(calls[True]) == len(calls[False]) == 3  # one per chunk
+    assert all(e.params["interpret"] is False for e in calls[True])  # the chip's program
+    assert (conn.nnz,) in _gathers(programs[False].jaxpr)
+    assert _gathers(programs[True].jaxpr) == []
+
+
+@built_on_the_host
+def _uniform_network(batch: int):
+    """A float32 spiking network whose sparse recurrence is uniform (3 synapses into each of
+    14 neurons, in output order)."""
+    n, connectivity = 14, _uniform_connectivity(14, 3, 2)
+
+    class SparseALIF(nnx.Module):
+        def __init__(self, rngs):
+            self.inp = layers.ETPLinear(3, n, rngs=rngs)
+            self.rec = layers.ETPSparseLinear(n, n, connectivity=connectivity, rngs=rngs)
+            self.neuron = layers.ALIF(n)
+            self.readout = layers.LeakyReadout(n, 2, rngs=rngs)
+
+        def __call__(self, x):
+            return self.readout(self.neuron(self.inp(x) + 4.0 * self.rec(self.neuron.spikes())))
+
+    model = SparseALIF(nnx.Rngs(0))
+    braintrace.init_states(model, batch)
+    return model
+
+
+def test_layer_gradients_through_the_chunked_pair_sum_equal_the_xla_formulation(monkeypatch):
+    """ES-D-RTRL's gradients of a spiking network with a uniform sparse recurrence over 3
+    source chunks (5, 5, 4 neurons), its weight pullback (the block product) through the
+    chunked staged pair-sum, equal those through XLA's formulation."""
+    monkeypatch.setattr(tpu, "KERNELS", "staged")
+    monkeypatch.setattr(tpu, "CHUNK_ROWS", 5)
+    monkeypatch.setattr(tpu, "CHUNKED_PAIR", True)
+    batch, steps = 3, 4
+    rng = np.random.default_rng(3)
+    model = _uniform_network(batch)
+    assert tpu.staged_tiles(model.rec.connectivity, "pair").chunks == 3
+    example = jnp.zeros((batch, 3), jnp.float32)
+    xs = jnp.asarray(2.0 * rng.standard_normal((steps, batch, 3)), jnp.float32)
+    ys = jnp.asarray(rng.standard_normal((steps, batch, 2)), jnp.float32)
+
+    def gradients():
+        learner = braintrace.compile(nnx.clone(model), "es_d_rtrl", example, batch_size=batch)
+        return jax.tree.leaves(learner.etrace_grad(xs, ys, mse))
+
+    with formulation("accelerator"):
+        want = gradients()
+    calls = []
+    kernel = staged.pair_sum  # count the kernel's calls as they are traced
+    monkeypatch.setattr(staged, "pair_sum", lambda *a, **k: (calls.append(1), kernel(*a, **k))[1])
+    with formulation("pallas"):
+        got = gradients()
+    assert calls  # the weight pullback ran the chunked pair-sum
+    assert any(float(jnp.max(jnp.abs(g))) > 0 for g in want)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -177,16 +177,17 @@ class Connectivity:
         """The ``'incoming'`` or ``'outgoing'`` connections in the staged kernels' lane tiles
         (``_sparse_tiles.py``): ``'gather'`` tiles of ``chunk`` source rows by ``block``
         target rows, or ``None`` when too uneven; ``side='pair'``: the incoming connections
-        in ``'pair'`` tiles when they are in output order (else ``None``); built once per
-        arguments. ``pack``: gather tiles with that many sources per table row."""
+        in ``'pair'`` tiles of ``chunk`` source rows (one index set per chunk) when they are
+        in output order (else ``None``); built once per arguments. ``pack``: gather tiles with
+        that many sources per table row."""
         cache = self.__dict__.setdefault("_tiles", {})
         key = (side, chunk, block) if pack == 1 else (side, chunk, block, pack)
         if key not in cache:
             if side == "pair":
                 fan_in = self.nnz // max(self.num_out, 1)
                 cache[side, chunk, block] = (
-                    pair_tiles(self.pre, self.num_in, self.num_out, fan_in, block)
-                    if self.nnz and self.in_output_order and chunk >= self.num_in else None)
+                    pair_tiles(self.pre, self.num_in, self.num_out, fan_in, block, chunk)
+                    if self.nnz and self.in_output_order else None)
             else:
                 sources, targets, counts = ((self.pre, self.post, (self.num_in, self.num_out))
                                             if side == "incoming" else

@@ -36,12 +36,18 @@ staged row are multiplied by zero: a value that is not finite (``inf``, ``NaN``)
 
 Larger tables run as several calls, each adding into the last one's output (aliased): one
 per source chunk, and one per group of 128 rows of ``v`` (their pair-sums add, their
-gather-sums fill other rows). No matrix unit: float32 stays float32.
+gather-sums fill other rows). A gather-sum's chunk stages only its own connections; every
+chunk of the pair-sum stages **every** connection, in connection order, those whose source
+lies in another chunk reading the zero row: chunk ``c``'s call gives chunk ``c``'s products
+and zeros elsewhere, and the output stays in connection order (no permutation), at
+``chunks × nnz`` staged rows (and index entries) in all, where the gather-sum stages ``nnz``.
+No matrix unit: float32 stays float32.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 
 import jax
@@ -226,10 +232,11 @@ def _gather_kernel(widths_ref, wrows_ref, source_ref, *refs, rows: int, chain: s
 
 
 def _pair_kernel(source_ref, v_hbm, d_ref, *refs, rows: int, chain: str, width: int,
-                 unroll: int, first: int, sources: int):
-    """One block of the uniform pair-sum (module docstring); ``refs``: the last call's output
-    (``chain == 'add'``), the output, then the scratch: table, copy buffer, semaphores, stage,
-    ``d``'s block padded to 128 rows and its transpose."""
+                 unroll: int, first: int, start: int, sources: int):
+    """One block of the uniform pair-sum over the chunk of ``v``'s columns ``start …
+    start + sources`` (module docstring); ``refs``: the last call's output (``chain ==
+    'add'``), the output, then the scratch: table, copy buffer, semaphores, stage, ``d``'s
+    block padded to 128 rows and its transpose."""
     refs = list(refs)
     prev_ref = refs.pop(0) if chain == "add" else None
     out_ref, table, buf, sem, stage, d_rows, d_t = refs
@@ -238,7 +245,8 @@ def _pair_kernel(source_ref, v_hbm, d_ref, *refs, rows: int, chain: str, width: 
 
     @pl.when(pl.program_id(0) == 0)
     def _():
-        _load_table(v_hbm, table, buf, sem, first=first, rows=rows, start=0, sources=sources)
+        _load_table(v_hbm, table, buf, sem, first=first, rows=rows, start=start,
+                    sources=sources)
         d_rows[...] = jnp.zeros(d_rows.shape, d_rows.dtype)
 
     d_rows[pl.ds(0, rows), :] = d_ref[...]
@@ -431,7 +439,10 @@ def gather_sum(values: jax.Array, weight: jax.Array, tiles: Tiles, *,
 def pair_sum(values: jax.Array, d: jax.Array, tiles: Tiles, nnz: int, *,
              interpret=False) -> jax.Array:
     """``p[k] = Σ_r values[r, source[k]]·d[r, target[k]]`` for ``values (R, S)``, ``d (R, T)``
-    and uniform ``'pair'`` tiles: ``(nnz,)`` in connection order.
+    and uniform ``'pair'`` tiles: ``(nnz,)`` in connection order. Over several source chunks,
+    one call per chunk (and group of 128 rows), each staging every connection (those of
+    other chunks read the zero row) and adding into the last one's output: ``chunks·nnz``
+    staged rows, no permutation of the result.
 
     Example:
         >>> import numpy as np, jax.numpy as jnp
@@ -453,13 +464,14 @@ def pair_sum(values: jax.Array, d: jax.Array, tiles: Tiles, nnz: int, *,
     out_rows = block * width // LANES
     vmem += 4 * LANES * block * 4 + 4 * 4 * out_rows * LANES
     out, unroll = None, _unroll(interpret)
-    for lane in range(groups):
+    for lane, c in itertools.product(range(groups), range(tiles.chunks)):
         chain = "new" if out is None else "add"
-        specs = [_index_block(tiles, 0), pl.BlockSpec(memory_space=pl.ANY),
+        specs = [_index_block(tiles, c * blocks), pl.BlockSpec(memory_space=pl.ANY),
                  pl.BlockSpec((group_rows, block), lambda b, lane=lane: (lane, b))]
         kernel = functools.partial(
             _pair_kernel, rows=group_rows if groups == 1 else LANES, chain=chain, width=width,
-            unroll=unroll, first=lane * LANES, sources=tiles.num_sources)
+            unroll=unroll, first=lane * LANES, start=c * tiles.chunk,
+            sources=min(tiles.chunk, tiles.num_sources - c * tiles.chunk))
         out = _call(kernel, blocks, specs, [source, v, dv], (out_rows, LANES),
                     lambda b: (b, 0), (blocks * out_rows, LANES), scratch, vmem + 8 * 2**20,
                     chain, out, interpret)

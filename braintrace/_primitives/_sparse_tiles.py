@@ -16,8 +16,14 @@ connections are cut once, with NumPy, into **cells** ``(source chunk c, target b
   (:attr:`Tiles.uniform`): every tile is ``F`` wide and its targets in order.
 * ``'pair'`` (the pair-sum ``p[k] = Σ_r v[source[k], r]·d[target[k], r]``), for uniform
   connections only: tile ``i`` is targets ``128·i …`` in order, each ``Fp`` rows (``F``
-  rounded up to a power of two from 8, or above 128 to a multiple of 128), staged row ``s = u·Fp + j``: the staged rows are the
-  connections in order, so the sums come out in connection order.
+  rounded up to a power of two from 8, or above 128 to a multiple of 128), staged row
+  ``s = u·Fp + j``: the staged rows are the connections in order, so the sums come out in
+  connection order. Over several source chunks, one index set per chunk ``c`` (cell
+  ``c·blocks + b``, as above): a connection whose source lies in chunk ``c`` reads its row
+  ``source - c·chunk`` of that chunk's table, every other one the chunk's zero row, so that
+  chunk ``c``'s call gives chunk ``c``'s products in connection order and zeros elsewhere,
+  and the calls add up. Every chunk's call stages every connection: ``chunks·nnz·Fp/F``
+  staged rows and as many index entries (``int32``) in all.
 
 **Lane-packed** ``'gather'`` tiles (``pack = P`` of 2 or 4, for values of at most ``128 / P``
 rows): each row of the staged table holds ``P`` sources, one per **quarter** of ``128 / P``
@@ -70,13 +76,13 @@ class Tiles(NamedTuple):
         widths: ``(cells, tiles)`` each tile's width ``W_i`` (0 for a tile past the cell's
             targets); ``tiles`` at least 128 (an SMEM block).
         source: ``(cells, 8, entries)`` the index rows (module docstring); ``chunk`` for
-            padding.
+            padding (``'pair'`` tiles: the chunk's own zero row, its number of sources).
         slot: ``(cells, weight_rows, 128)`` the connection ``k`` of each weight (``nnz`` for
             padding); ``None`` when :attr:`uniform`.
         perm: ``(cells, block)`` the target row in the block of each sorted position (``block``
             for padding: a spare row); ``None`` when :attr:`uniform`.
         uniform: The fan-in ``F`` when the connections are in target order with one count and
-            one chunk, else 0.
+            one chunk, else 0 (``'pair'`` tiles: ``F``, whatever the chunks).
         width_cap: The widest tile (the staging buffer holds ``width_cap·128`` rows).
         pack: ``P``, sources per table row (module docstring); 1: one.
         quarter: ``Q``, table rows of one quarter when :attr:`pack` > 1 (else 0).
@@ -264,9 +270,10 @@ def _gather_tiles(sources: np.ndarray, targets: np.ndarray, num_sources: int,
 
 
 def pair_tiles(sources: np.ndarray, num_sources: int, num_targets: int, fan_in: int,
-               block: int) -> Tiles:
+               block: int, chunk: int | None = None) -> Tiles:
     """Uniform connections (``targets = repeat(arange(T), F)``, ``sources`` in that order) in
-    ``'pair'`` lane tiles: each target ``Fp`` staged rows (module docstring), in order.
+    ``'pair'`` lane tiles: each target ``Fp`` staged rows (module docstring), in order; with
+    ``chunk`` below ``num_sources``, one index set per source chunk (``_chunk_rows``).
 
     Example:
         >>> import numpy as np
@@ -275,23 +282,45 @@ def pair_tiles(sources: np.ndarray, num_sources: int, num_targets: int, fan_in: 
         >>> # staged rows 0, 1 (target 0), 8 (target 1), 16 (padding)
         >>> t.widths[0, :2].tolist(), t.source[0, [0, 1, 0, 0], [0, 0, 1, 2]].tolist()
         ([8, 0], [2, 0, 1, 3])
+        >>> c = pair_tiles(np.array([2, 0, 1, 1]), 3, 2, fan_in=2, block=128, chunk=2)
+        >>> c.chunks, c.source[[0, 1], 0, 0].tolist()  # chunk 0 reads its zero row 2
+        (2, [2, 0])
     """
     if block % LANES or block <= 0:
         raise ValueError(f"block must be a positive multiple of {LANES}, got {block}.")
     sources = np.asarray(sources, np.int64)
+    if chunk is not None and chunk <= 0:
+        raise ValueError(f"chunk must be positive, got {chunk}.")
+    chunk = max(num_sources, 1) if chunk is None else min(chunk, max(num_sources, 1))
     width = max(REGIONS, 1 << (fan_in - 1).bit_length()) if fan_in <= LANES else \
         -(-fan_in // LANES) * LANES
     blocks = -(-num_targets // block)
     per_block = block // LANES
     widths = np.zeros((blocks, _padded_tiles(per_block)), np.int64)
     widths[:, :per_block] = width
-    padded = np.full((blocks * block, width), num_sources, np.int64)
+    padded = np.full((blocks * block, width), -1, np.int64)  # -1: padding
     padded[:num_targets, :fan_in] = sources.reshape(num_targets, fan_in)
     by_row = padded.reshape(blocks, per_block, LANES * width)  # row s = u·Fp + j, in order
     g, entry = _entry(np.arange(LANES * width)[None, None],
                       _row_starts(widths)[:, :per_block, None])
-    source = np.full((blocks, REGIONS, _entries(widths)), num_sources, np.int64)
     cell = np.broadcast_to(np.arange(blocks)[:, None, None], by_row.shape)
-    source[cell, np.broadcast_to(g, by_row.shape), entry] = by_row
-    return Tiles("pair", num_sources, num_targets, num_sources, block, int32_indices(widths),
-                 int32_indices(source), None, None, fan_in, width)
+    g = np.broadcast_to(g, by_row.shape)
+    chunks = -(-max(num_sources, 1) // chunk)
+    source = np.concatenate([
+        _chunk_rows(by_row, cell, g, entry, c * chunk, min(chunk, num_sources - c * chunk),
+                    _entries(widths)) for c in range(chunks)])
+    return Tiles("pair", num_sources, num_targets, chunk, block,
+                 int32_indices(np.tile(widths, (chunks, 1))), source, None, None, fan_in, width)
+
+
+def _chunk_rows(by_row: np.ndarray, cell: np.ndarray, g: np.ndarray, entry: np.ndarray,
+                start: int, size: int, entries: int) -> np.ndarray:
+    """One source chunk's index rows ``(blocks, 8, entries)`` of the ``'pair'`` tiles: a
+    connection whose source lies in the chunk reads its row ``source - start``, every other
+    connection and the padding (``-1``) read the chunk's first zero row ``size`` (the chunk's
+    sources: the staged table zeroes rows ``size … size + 7``)."""
+    local = by_row - start
+    rows = np.where((by_row >= 0) & (local >= 0) & (local < size), local, size)
+    source = np.full((by_row.shape[0], REGIONS, entries), size, np.int64)
+    source[cell, g, entry] = rows
+    return int32_indices(source)

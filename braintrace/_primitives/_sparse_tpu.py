@@ -23,10 +23,10 @@ sums; ``v`` and the results in their own layout, transposed in the kernel). The 
 kernels are the default; where a side has no lane tiles (connections too uneven,
 ``_sparse_tiles.MAX_FILL``) it takes the cells' kernels, and so does the weight pullback
 where the staged pair-sum does not apply (connections not in output order, or several
-chunks). ``'packed'`` (opt-in, not yet timed on a chip) is ``'staged'`` whose gather-sums,
-where their values have at most 64 rows, pack ``P = 4`` (at most 32 rows) or 2 sources per
-row of the staged table (``_sparse_tiles.py``): a chunk holds ``P`` times the sources (at
-1,048,576 neurons, batch 32: 2 chunks, not 7).
+chunks unless :data:`CHUNKED_PAIR`). ``'packed'`` (opt-in, not yet timed on a chip) is
+``'staged'`` whose gather-sums, where their values have at most 64 rows, pack ``P = 4`` (at
+most 32 rows) or 2 sources per row of the staged table (``_sparse_tiles.py``): a chunk holds
+``P`` times the sources (at 1,048,576 neurons, batch 32: 2 chunks, not 7).
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ from braintrace._platform import interpreting
 from braintrace._primitives import _sparse_accelerator as accelerator
 from braintrace._primitives._sparse_cells import Cells
 
-__all__ = ["BLOCK_ROWS", "CELL_SLOTS", "CHUNK_ROWS", "KERNELS", "PACKED_ROWS", "VARIANTS", "cut",
-           "packing", "product", "staged_tiles", "transposed_product", "weight_pullback"]
+__all__ = ["BLOCK_ROWS", "CELL_SLOTS", "CHUNKED_PAIR", "CHUNK_ROWS", "KERNELS", "PACKED_ROWS",
+           "VARIANTS", "cut", "packing", "product", "staged_tiles", "transposed_product",
+           "weight_pullback"]
 
 VARIANTS = ("cells", "staged", "packed")
 """The sets of kernels :data:`KERNELS` chooses from (module docstring)."""
@@ -57,6 +58,18 @@ KERNELS = "staged"
 within 3e-7 of XLA's values relative to its largest. (A first version, whose index rows were 2-D
 SMEM blocks, gave wrong sums on the chip while right in Pallas' interpreters; its index rows
 are 1-D blocks since, as the cells' kernels' always were.)"""
+
+CHUNKED_PAIR: bool = False
+"""Whether the weight pullback of uniform connections (one fan-in, in output order) whose
+sources span several chunks runs the staged pair-sum, one call per chunk, each staging every
+connection (those of other chunks read the zero row: ``chunks × nnz`` staged rows) and
+adding into the last one's output, in connection order; ``False``: the cells' pair-sum,
+whose slot-ordered output an XLA gather of all ``nnz`` values puts back in connection order
+(on a TPU v5e at 1,048,576 neurons, 8 synapses each, batch 32, 7 chunks: 58 ms for that
+gather, 47 ms for the kernel calls). Compiled for a v5e there (ES-D-RTRL, T 30), the time
+loop loses that gather and XLA's peak falls from 9.37 to 7.63 GiB; the kernels stage 7× the
+rows. Off until timed on the chip
+(``benchmarks/sparse_kernels_tpu.py --variants staged,staged+chunked_pair``)."""
 
 CHUNK_ROWS: int | None = None
 """Table rows per chunk (source rows; of packed gather tiles, ``P`` sources per row);
@@ -134,8 +147,8 @@ def _staged_sizes(connectivity: Any, side: str, pack: int = 1) -> tuple[int, int
 def staged_tiles(connectivity: Any, side: str, pack: int = 1) -> Any:
     """The lane tiles of the staged kernels (``_sparse_tiles.py``) for ``side``:
     ``'incoming'`` or ``'outgoing'`` (gather-sums, ``pack`` sources per table row) or
-    ``'pair'`` (the weight pullback over the incoming connections in output order); ``None``
-    where they do not apply.
+    ``'pair'`` (the weight pullback over the incoming connections in output order, in one
+    source chunk unless :data:`CHUNKED_PAIR`); ``None`` where they do not apply.
 
     Example:
         >>> import numpy as np
@@ -145,7 +158,10 @@ def staged_tiles(connectivity: Any, side: str, pack: int = 1) -> Any:
         >>> staged_tiles(conn, "incoming").uniform, staged_tiles(conn, "pair").kind
         (2, 'pair')
     """
-    return connectivity.tiles(side, *_staged_sizes(connectivity, side, pack), pack)
+    chunk, block = _staged_sizes(connectivity, side, pack)
+    if side == "pair" and chunk < connectivity.num_in and not CHUNKED_PAIR:
+        return None
+    return connectivity.tiles(side, chunk, block, pack)
 
 
 def packing(rows: int) -> int:
