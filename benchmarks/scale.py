@@ -405,7 +405,8 @@ def main(argv: list[str] | None = None) -> dict:
                         "braintrace._primitives._sparse_tpu.VARIANTS, optionally +chunked_pair "
                         "(the weight pullback over several source chunks by the staged "
                         "pair-sum: _sparse_tpu.CHUNKED_PAIR), then optionally @ROWS (target "
-                        "rows per block): cells, staged, staged+chunked_pair, staged@2048")
+                        "rows per block): cells, staged, packed, packed+chunked_pair, "
+                        "staged@2048")
     p.add_argument("--timeout", type=float, default=4 * 3600.0, help="seconds per configuration")
     p.add_argument("--memory-report", action="store_true",
                    help="dump XLA's buffer assignment; record each program's largest buffers")
