@@ -255,7 +255,9 @@ def _scale(results: Results, names: Sequence[str], sums: bool = False) -> str:
            "sample-steps/s: batch · T over the seconds per update; × BPTT: against BPTT's "
            "time in the same run and batch." if sums else "")
         + (" × floor: the time per step over its analytic floor (`benchmarks/_scale_floor.py`)."
-           if floors else ""),
+           if floors else "")
+        + (" Its gather rate is XLA's, probed in the same run: the Pallas kernels gather faster,"
+           " so their rows can fall below it." if floors and sums else ""),
         *table(header, rows))
 
 
