@@ -14,8 +14,10 @@ R = 1, 5, 32, 33, 64 (packed), 65, 128 and 200 (not: the staged kernels). The pa
 several source chunks (``_sparse_tpu.CHUNKED_PAIR``: each chunk's call stages every
 connection, those of other chunks reading its zero row) gives XLA's values in connection
 order at fan-ins 1, 3 and 8, 1 to 129 rows, a last chunk shorter than the others, and its
-tiles are checked at a fan-in of 130 too; with the flag the weight pullback's program gathers
-nothing, without it it gathers every value. The tiles' index arithmetic is checked on a
+tiles are checked at a fan-in of 130 too; packed (``'packed'``: each staged row summed over
+its own quarter of the table row) at R = 1, 20, 32 (4 sources per row), 64 (2) and 65 (1);
+with the flag the weight pullback's program gathers nothing, without it it gathers every
+value. The tiles' index arithmetic is checked on a
 million neurons without a kernel; a layer's gradients through the kernels equal those
 through XLA's formulation.
 """

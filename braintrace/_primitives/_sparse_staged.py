@@ -32,7 +32,12 @@ that a chunk holds ``P`` times the sources; the dense sum takes each quarter of 
 transposed ``stage_j`` times its own weight row, ``accᵀ = Σ_j Σ_q stage_jᵀ[q] · w_{j,q}``
 (``w_{j,q}`` zero but where slot ``j``'s source is in quarter ``q``). The other quarters of a
 staged row are multiplied by zero: a value that is not finite (``inf``, ``NaN``) reaches, as
-``NaN``, the sums of the sources that share its table row.
+``NaN``, the sums of the sources that share its table row. **Packed** pair tiles hold the
+same table; ``dᵀ``'s rows are copied into every quarter (``d_rows`` rows ``q·128/P …``), so
+that one 128-lane product per staged row gives every quarter's, and each staged row's sum
+is taken over its own quarter's lanes, ``p = Σ_q [quarter = q] Σ_{r} (stageᵀ · dᵀ)[q·128/P
++ r]`` (the quarters an int row per 128 staged rows, in the output's layout; the other
+quarters selected away, not multiplied by zero).
 
 Larger tables run as several calls, each adding into the last one's output (aliased): one
 per source chunk, and one per group of 128 rows of ``v`` (their pair-sums add, their
@@ -40,7 +45,8 @@ gather-sums fill other rows). A gather-sum's chunk stages only its own connectio
 chunk of the pair-sum stages **every** connection, in connection order, those whose source
 lies in another chunk reading the zero row: chunk ``c``'s call gives chunk ``c``'s products
 and zeros elsewhere, and the output stays in connection order (no permutation), at
-``chunks × nnz`` staged rows (and index entries) in all, where the gather-sum stages ``nnz``.
+``chunks × nnz`` staged rows (and index entries) in all, where the gather-sum stages ``nnz``;
+packed, ``P`` times fewer chunks.
 No matrix unit: float32 stays float32.
 """
 

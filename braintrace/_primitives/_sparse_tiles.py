@@ -33,7 +33,10 @@ connection from offset ``o`` in its chunk reads table row ``o mod Q`` (``o - q·
 ``q = o // Q``; padding the zero row ``Q``), and its weight sits in row ``j·P + q`` of its
 slot's ``P`` weight rows (lane ``u``; 0 in the other quarters' rows): the dense sum is
 ``Σ_j Σ_q stage_jᵀ[quarter q] · w_{j,q}``. :attr:`Tiles.quarters` keeps each slot's
-quarter.
+quarter. **Lane-packed** ``'pair'`` tiles read the same tables (each chunk's connections
+row ``o mod Q``, the others and the padding row ``Q``); :attr:`Tiles.quarters` keeps each
+staged row's quarter (``P``: none, the sum zero) in the output's layout, row ``i·Fp + h``
+lane ``l`` for staged row ``h·128 + l`` of tile ``i``.
 
 The scalar unit reads one index per staged row: row ``s = 8·q + g`` of tile ``i`` reads
 entry ``16·r_i + q`` of the cell's index row ``g`` (``r_i = Σ_{i' < i} W_i'``, the tile's
@@ -87,7 +90,9 @@ class Tiles(NamedTuple):
         pack: ``P``, sources per table row (module docstring); 1: one.
         quarter: ``Q``, table rows of one quarter when :attr:`pack` > 1 (else 0).
         quarters: ``(cells, slot_rows, 128)`` int8, the quarter of each slot's source
-            (``P`` for padding) when :attr:`pack` > 1, else ``None``.
+            (``P`` for padding) when :attr:`pack` > 1, else ``None``; ``'pair'`` tiles:
+            ``(cells, block·Fp / 128, 128)``, each staged row's (``P`` for padding and the
+            connections of other chunks).
     """
 
     kind: str
