@@ -19,6 +19,8 @@ Usage (on a TPU; on the CPU there is no device lane and only the HLO is written)
     python benchmarks/device_profile.py --out /tmp/prof \\
         gru:1024:64:100:bptt,es_d_rtrl snn:256:16:200:bptt,es_d_rtrl@1 \\
         scale:131072:32:30:bptt,es_d_rtrl
+    python benchmarks/device_profile.py --out /tmp/prof --kernels packed+chunked_pair \\
+        scale:1048576:32:30:es_d_rtrl
 """
 
 from __future__ import annotations
@@ -74,15 +76,21 @@ def compiled_pass(model_name: str, method: str, cfg: dict, xs, ys):
     return compiled, run
 
 
-def scale_pass(neurons: int, batch: int, T: int, method: str):
+def scale_pass(neurons: int, batch: int, T: int, method: str, kernels: str | None = None):
     """``(compiled, run)``: one update of ``scale.py``'s network, as ``scale.py`` compiles it
-    (donated arguments made fresh before each call, outside the profile)."""
+    (donated arguments made fresh before each call, outside the profile), its sparse sums by
+    the Pallas kernels ``kernels`` on a TPU (``sparse_kernels_tpu.variant``; ``None``: the
+    default)."""
+    import contextlib
+
     from _scale_child import compile_update
     from scale import FULL, PPPROP
+    from sparse_kernels_tpu import variant
 
     cfg = {**{k: {**PPPROP, **FULL}[k] for k in PPPROP}, "neurons": neurons, "T": T,
            "method": method, "batch": batch}
-    compiled, args, _ = compile_update(cfg)
+    with variant(kernels) if kernels else contextlib.nullcontext():
+        compiled, args, _ = compile_update(cfg)
     if compiled is None:
         raise RuntimeError(f"scale:{neurons}:{batch}:{T}:{method} did not compile")
     fresh = args if callable(args) else (lambda: args)
@@ -136,6 +144,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--inputs", type=int, default=64)
     p.add_argument("--outputs", type=int, default=10)
     p.add_argument("--top", type=int, default=40, help="ops kept per program")
+    p.add_argument("--kernels", default=None,
+                   help="scale configurations on a TPU: the sparse sums' Pallas kernels, a "
+                        "variant as scale.py --kernels takes it (default: the TPU's default)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -152,7 +163,8 @@ def main(argv: list[str] | None = None) -> dict:
             try:
                 start = time.perf_counter()
                 if model_name == "scale":
-                    compiled, run = scale_pass(int(hidden), int(batch), int(T), method)
+                    compiled, run = scale_pass(int(hidden), int(batch), int(T), method,
+                                               args.kernels)
                 else:
                     compiled, run = compiled_pass(model_name, method, cfg, xs, ys)
                 compile_s = time.perf_counter() - start
@@ -166,7 +178,7 @@ def main(argv: list[str] | None = None) -> dict:
             for op in row.get("ops", [])[:8]:
                 print(f"    {op['us_per_step']:9.2f} us/step  x{op['calls_per_step']:.1f}  "
                       f"{op['name']}", flush=True)
-    payload = {"environment": environment(), "results": results}
+    payload = {"environment": environment(), "kernels": args.kernels, "results": results}
     with open(os.path.join(args.out, "device_profile.json"), "w") as f:
         json.dump(payload, f, indent=1)
     with (tarfile.open(os.path.join(args.out, "hlo.tar.gz"), "w:gz") as tar,

@@ -275,7 +275,9 @@ def test_device_profile_compiles_scale_updates_and_writes_their_hlo(tmp_path):
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import device_profile
 
-    payload = device_profile.main(["--out", str(tmp_path), "scale:256:2:4:bptt,es_d_rtrl:fast"])
+    payload = device_profile.main(["--out", str(tmp_path), "--kernels", "packed+chunked_pair",
+                                   "scale:256:2:4:bptt,es_d_rtrl:fast"])
+    assert payload["kernels"] == "packed+chunked_pair"
     results = payload["results"]
     assert set(results) == {"scale_n256_b2_T4_bptt", "scale_n256_b2_T4_es_d_rtrl:fast"}
     for row in results.values():
