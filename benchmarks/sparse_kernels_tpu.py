@@ -178,8 +178,8 @@ def _tables_fn(name: str, conn: Connectivity, rows: int):
     back into connection order), or ``None`` where there is none."""
     side = "outgoing" if name == "x_bar" else "incoming"
     if tpu.KERNELS in ("staged", "packed"):
-        tiles = (tpu.staged_tiles(conn, "pair") if name.startswith("dw") else
-                 tpu.staged_tiles(conn, side, tpu.packing(rows)))
+        tiles = tpu.staged_tiles(conn, "pair" if name.startswith("dw") else side,
+                                 tpu.packing(rows))
         if tiles is not None:
             if tiles.slot is None:
                 return None
@@ -204,8 +204,7 @@ def _cells_record(conn: Connectivity, variants: tuple) -> dict:
             for side in ("incoming", "outgoing", "pair"):
                 start = time.perf_counter()
                 if tpu.KERNELS in ("staged", "packed"):  # 'packed': as at batch 32
-                    tiles = tpu.staged_tiles(conn, side, 1 if side == "pair" else
-                                             tpu.packing(32))
+                    tiles = tpu.staged_tiles(conn, side, tpu.packing(32))
                     record = None if tiles is None else {
                         "pack": tiles.pack, "quarter": tiles.quarter,
                         "chunks": tiles.chunks, "chunk": tiles.chunk, "blocks": tiles.blocks,
