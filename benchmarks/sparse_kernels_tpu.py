@@ -210,8 +210,8 @@ def _cells_record(conn: Connectivity, variants: tuple) -> dict:
                         "chunks": tiles.chunks, "chunk": tiles.chunk, "blocks": tiles.blocks,
                         "block": tiles.block, "uniform": tiles.uniform,
                         "width_cap": tiles.width_cap,
-                        "slots_per_connection": tiles.chunks * tiles.blocks
-                        * tiles.weight_rows * 128 / conn.nnz}
+                        "slots_per_connection": tiles.chunks * tiles.blocks * 128 / conn.nnz
+                        * (tiles.slot_rows if side == "pair" else tiles.weight_rows)}  # staged
                 elif side == "pair":
                     continue
                 else:

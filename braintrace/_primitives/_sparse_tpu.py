@@ -71,7 +71,10 @@ whose slot-ordered output an XLA gather of all ``nnz`` values puts back in conne
 (on a TPU v5e at 1,048,576 neurons, 8 synapses each, batch 32, 7 chunks: 58 ms for that
 gather, 47 ms for the kernel calls). Compiled for a v5e there (ES-D-RTRL, T 30), the time
 loop loses that gather and XLA's peak falls from 9.37 to 7.63 GiB; the kernels stage 7× the
-rows. Off until timed on the chip
+rows. Under ``'packed'`` a pair-sum of at most 64 rows packs too, ``P`` times fewer chunks
+(compiled for a v5e at 16,384 neurons, ES-D-RTRL with blocks of 1 step: 64 rows, 2 sources
+per table row); ES-D-RTRL's default block product at 1,048,576 neurons, batch 32 (``(K + 1)·B
+= 96`` rows) does not pack and stays at 7 chunks. Off until timed on the chip
 (``benchmarks/sparse_kernels_tpu.py --variants staged,staged+chunked_pair``)."""
 
 CHUNK_ROWS: int | None = None
