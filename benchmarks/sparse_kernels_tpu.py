@@ -178,8 +178,8 @@ def _tables_fn(name: str, conn: Connectivity, rows: int):
     back into connection order), or ``None`` where there is none."""
     side = "outgoing" if name == "x_bar" else "incoming"
     if tpu.KERNELS in ("staged", "packed"):
-        tiles = (tpu.staged_tiles(conn, "pair") if name.startswith("dw") else
-                 tpu.staged_tiles(conn, side, tpu.packing(rows)))
+        tiles = tpu.staged_tiles(conn, "pair" if name.startswith("dw") else side,
+                                 tpu.packing(rows))
         if tiles is not None:
             if tiles.slot is None:
                 return None
@@ -204,15 +204,14 @@ def _cells_record(conn: Connectivity, variants: tuple) -> dict:
             for side in ("incoming", "outgoing", "pair"):
                 start = time.perf_counter()
                 if tpu.KERNELS in ("staged", "packed"):  # 'packed': as at batch 32
-                    tiles = tpu.staged_tiles(conn, side, 1 if side == "pair" else
-                                             tpu.packing(32))
+                    tiles = tpu.staged_tiles(conn, side, tpu.packing(32))
                     record = None if tiles is None else {
                         "pack": tiles.pack, "quarter": tiles.quarter,
                         "chunks": tiles.chunks, "chunk": tiles.chunk, "blocks": tiles.blocks,
                         "block": tiles.block, "uniform": tiles.uniform,
                         "width_cap": tiles.width_cap,
-                        "slots_per_connection": tiles.chunks * tiles.blocks
-                        * tiles.weight_rows * 128 / conn.nnz}
+                        "slots_per_connection": tiles.chunks * tiles.blocks * 128 / conn.nnz
+                        * (tiles.slot_rows if side == "pair" else tiles.weight_rows)}  # staged
                 elif side == "pair":
                     continue
                 else:

@@ -14,8 +14,10 @@ R = 1, 5, 32, 33, 64 (packed), 65, 128 and 200 (not: the staged kernels). The pa
 several source chunks (``_sparse_tpu.CHUNKED_PAIR``: each chunk's call stages every
 connection, those of other chunks reading its zero row) gives XLA's values in connection
 order at fan-ins 1, 3 and 8, 1 to 129 rows, a last chunk shorter than the others, and its
-tiles are checked at a fan-in of 130 too; with the flag the weight pullback's program gathers
-nothing, without it it gathers every value. The tiles' index arithmetic is checked on a
+tiles are checked at a fan-in of 130 too; packed (``'packed'``: each staged row summed over
+its own quarter of the table row) at R = 1, 20, 32 (4 sources per row), 64 (2) and 65 (1);
+with the flag the weight pullback's program gathers nothing, without it it gathers every
+value. The tiles' index arithmetic is checked on a
 million neurons without a kernel; a layer's gradients through the kernels equal those
 through XLA's formulation.
 """
@@ -76,8 +78,8 @@ CASES = {
 }
 """The staged cases' first two run in the TPU interpreter; the third, which adds the groups of
 rows (XLA around the calls), in JAX's generic one (8× faster); the race detector runs in
-:func:`test_the_copies_of_v_are_race_free_in_the_tpu_interpreter`. The packed cases compare
-the gather-sums only (their pair-sum is the staged one)."""
+:func:`test_the_copies_of_v_are_race_free_in_the_tpu_interpreter`. The uniform cases (in
+output order) compare the pair-sum too, packed as their gather-sums."""
 
 PACKS = {"packed-odd-chunked": 4, "packed-star-3-chunks": 2, "packed-odd-batch-1": 4,
          "packed-uniform-32": 4, "packed-uniform-64": 2}
@@ -105,9 +107,11 @@ def test_staged_kernels_equal_the_xla_formulation_on_hostile_connectivity(monkey
     d = jnp.asarray(rng.standard_normal((rows, conn.num_out)), jnp.float32)
     incoming = tpu._staged("gather_sum", conn, "incoming", x, w)[1]
     outgoing = tpu._staged("gather_sum", conn, "outgoing", d, w)[1]
-    pair = tpu.staged_tiles(conn, "pair") if kernels == "staged" else None
+    pair = (tpu._staged("pair_sum", conn, "pair", x, d) or (None, None))[1]
     assert incoming is not None and outgoing is not None  # the kernels run, not the fallback
     assert incoming.pack == outgoing.pack == PACKS.get(case, 1)
+    assert (pair is not None) == ("uniform" in case)  # connections in output order
+    assert pair is None or pair.pack == incoming.pack
     if chunk and not case.startswith("packed-uniform"):
         assert incoming.chunks > 1 and outgoing.chunks > 1 and pair is None
     if incoming.pack > 1:  # sources in several quarters of a table row
@@ -294,16 +298,34 @@ def test_every_copy_of_v_into_vmem_is_whole_tiles_of_8_rows_or_within_one(monkey
     assert all(start % 8 == 0 and (size % 8 == 0 or size < 8) for start, size in copies)
 
 PAIR_CASES = {
-    # name: (neurons, fan-in, rows R, source chunk, interpreter)
-    "fan-in-8-rows-32": (100, 8, 32, 40, NO_RACES),  # chunks 40, 40, 20: the last short
-    "fan-in-1-rows-1": (100, 1, 1, 48, True),         # chunks 48, 48, 4
-    "fan-in-8-rows-64-blocks": (300, 8, 64, 130, True),  # 3 chunks by 3 blocks
-    "fan-in-3-rows-129": (37, 3, 129, 16, True),      # two groups of 128 rows by 3 chunks
+    # name: (neurons, fan-in, rows R, source chunk, interpreter, kernels)
+    "fan-in-8-rows-32": (100, 8, 32, 40, NO_RACES, "staged"),  # chunks 40, 40, 20: last short
+    "fan-in-1-rows-1": (100, 1, 1, 48, True, "staged"),         # chunks 48, 48, 4
+    "fan-in-8-rows-64-blocks": (300, 8, 64, 130, True, "staged"),  # 3 chunks by 3 blocks
+    "fan-in-3-rows-129": (37, 3, 129, 16, True, "staged"),      # two groups of 128 rows
+    # 'packed': P = 4 sources per table row for R <= 32, 2 for R <= 64, else 1
+    "packed-fan-in-8-rows-32": (50, 8, 32, 30, NO_RACES, "packed"),  # P 4, Q 8: 30, 20 (3 q.)
+    "packed-fan-in-1-rows-1": (100, 1, 1, 48, True, "packed"),   # P 4, Q 12: 48, 48, 4
+    "packed-fan-in-3-rows-20": (37, 3, 20, 16, True, "packed"),  # P 4, Q 4: 16, 16, 5
+    "packed-fan-in-8-rows-64-blocks": (300, 8, 64, 130, True, "packed"),  # P 2, Q 65, 3 blocks
+    "packed-fan-in-8-rows-65": (37, 8, 65, 16, True, "packed"),  # P 1: the staged pair-sum
 }
-"""The chunked pair-sum's cases: sizes multiples of neither 128 nor the chunk, the first in
-Pallas' TPU interpreter (uninitialised memory NaN, reads out of bounds raise), the others
-in JAX's (faster). A fan-in above 128 (``Fp`` 256: a target's rows across several groups of
-128, as with one chunk) is checked on the tiles alone: its kernel takes ~10 s to interpret."""
+"""The chunked pair-sum's cases: sizes multiples of neither 128 nor the chunk, the first of
+each kernels in Pallas' TPU interpreter (uninitialised memory NaN, reads out of bounds raise),
+the others in JAX's (faster). A fan-in above 128 (``Fp`` 256: a target's rows across several
+groups of 128, as with one chunk) is checked on the tiles alone: its kernel takes ~10 s to
+interpret."""
+
+PAIR_PACKS = {"packed-fan-in-8-rows-32": 4, "packed-fan-in-1-rows-1": 4,
+              "packed-fan-in-3-rows-20": 4, "packed-fan-in-8-rows-64-blocks": 2}
+"""The sources per table row of each packed pair case's tiles (the rest: 1)."""
+
+
+def test_packed_pair_tiles_refuse_values_of_more_rows_than_a_quarter_holds():
+    """Four sources per table row leave 32 lanes to each: 33 rows of values are refused."""
+    tiles = pair_tiles(np.array([0, 2, 1]), 3, 3, fan_in=1, block=LANES, pack=4)
+    with pytest.raises(ValueError, match="at most 32 rows, got 33"):
+        staged.pair_sum(jnp.ones((33, 3)), jnp.ones((33, 3)), tiles, 3, interpret=True)
 
 
 def _in_output_order(n: int, fan_in: int, rng) -> np.ndarray:
@@ -312,16 +334,22 @@ def _in_output_order(n: int, fan_in: int, rng) -> np.ndarray:
 
 
 @pytest.mark.parametrize("case", PAIR_CASES)
-def test_the_chunked_pair_sum_equals_the_xla_formulation(case):
+def test_the_chunked_pair_sum_equals_the_xla_formulation(monkeypatch, case):
     """Over several source chunks, each call staging every connection (those of other chunks
     reading its zero row) and adding into the last one's output: the pair-sum in connection
-    order equals XLA's weight pullback."""
-    n, fan_in, rows, chunk, interpreter = PAIR_CASES[case]
+    order equals XLA's weight pullback; packed (``P`` sources per table row, each staged row
+    summed over its own quarter's lanes), too, its connections in every quarter."""
+    n, fan_in, rows, chunk, interpreter, kernels = PAIR_CASES[case]
+    monkeypatch.setattr(tpu, "KERNELS", kernels)
     rng = np.random.default_rng(1)
     pre = _in_output_order(n, fan_in, rng)
     conn = Connectivity.from_indices(pre, np.repeat(np.arange(n), fan_in), n, n)
-    tiles = pair_tiles(pre, n, n, fan_in, LANES, chunk)
+    tiles = pair_tiles(pre, n, n, fan_in, LANES, chunk, tpu.packing(rows))
     assert tiles.chunks > 1 and n - (tiles.chunks - 1) * chunk < chunk  # the last chunk short
+    assert tiles.pack == PAIR_PACKS.get(case, 1)
+    if tiles.pack > 1:  # sources in every quarter of a table row; other chunks' rows in none
+        assert tiles.quarter == -(-chunk // tiles.pack)
+        assert set(np.unique(tiles.quarters).tolist()) == set(range(tiles.pack + 1))
     x = jnp.asarray(rng.standard_normal((rows, n)), jnp.float32)
     d = jnp.asarray(rng.standard_normal((rows, n)), jnp.float32)
     got = jax.jit(lambda x, d: staged.pair_sum(x, d, tiles, conn.nnz, interpret=interpreter))(
@@ -331,25 +359,34 @@ def test_the_chunked_pair_sum_equals_the_xla_formulation(case):
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * float(jnp.max(jnp.abs(want))))
 
 
-@pytest.mark.parametrize("fan_in", [1, 8, 130])
-def test_each_chunk_of_the_pair_tiles_reads_its_own_connections_and_zeros_elsewhere(fan_in):
+@pytest.mark.parametrize("fan_in, pack", [(1, 1), (8, 1), (130, 1), (1, 4), (8, 2), (130, 4)])
+def test_each_chunk_of_the_pair_tiles_reads_its_own_connections_and_zeros_elsewhere(fan_in,
+                                                                                     pack):
     """Every chunk's index set, read from that chunk's table (its rows, then zero rows), and
     summed over the chunks: each staged row is its connection's source row (in connection
-    order, ``Fp`` rows per target) or zero (padding); every index inside the table."""
+    order, ``Fp`` rows per target) or zero (padding); every index inside the table. Packed,
+    table row ``s``'s quarter ``q`` holds the chunk's source ``q·Q + s``, and each staged row
+    reads its index's row in its quarter (none: zero)."""
     n, chunk = 300, 110  # chunks 110, 110, 80; 3 blocks of 128 targets
     rng = np.random.default_rng(0)
     pre = _in_output_order(n, fan_in, rng)
-    tiles = pair_tiles(pre, n, n, fan_in, LANES, chunk)
-    assert (tiles.chunks, tiles.blocks, tiles.uniform) == (3, 3, fan_in)
+    tiles = pair_tiles(pre, n, n, fan_in, LANES, chunk, pack)
+    assert (tiles.chunks, tiles.blocks, tiles.uniform, tiles.pack) == (3, 3, fan_in, pack)
     v = rng.standard_normal(n) + 10.0  # no source reads zero
     staged_rows = np.zeros((tiles.blocks, tiles.block * tiles.width_cap))  # one tile a block
     q, g = np.divmod(np.arange(staged_rows.shape[1]), REGIONS)
+    quarter = tiles.quarter or chunk
     for c in range(tiles.chunks):
         size = min(chunk, n - c * chunk)
-        table = np.concatenate([v[c * chunk:c * chunk + size], np.zeros(8)])
+        sources = np.concatenate([v[c * chunk:c * chunk + size], np.zeros(pack * quarter - size)])
+        table = np.concatenate([sources.reshape(pack, quarter).T, np.zeros((8, pack))])
+        table = np.concatenate([table, np.zeros((len(table), 1))], axis=1)  # quarter P: none
         index = tiles.source[c * tiles.blocks:(c + 1) * tiles.blocks]
-        assert index.min() >= 0 and index.max() <= size  # in the table, padding at its zero row
-        staged_rows += table[index[:, g, q]]
+        zero = tiles.quarter if pack > 1 else size
+        assert index.min() >= 0 and index.max() <= zero  # in the table, padding at its zero row
+        own = np.zeros(index[:, g, q].shape, np.int64) if pack == 1 else \
+            tiles.quarters[c * tiles.blocks:(c + 1) * tiles.blocks].reshape(tiles.blocks, -1)
+        staged_rows += table[index[:, g, q], own]
     width = tiles.width_cap
     want = np.zeros((tiles.blocks * LANES, width))
     want[:n, :fan_in] = v[pre].reshape(n, fan_in)
@@ -377,15 +414,17 @@ def _uniform_connectivity(n: int, fan_in: int, seed: int) -> Connectivity:
     return Connectivity.from_indices(pre, np.repeat(np.arange(n), fan_in), n, n)
 
 
-def test_with_chunked_pair_the_pullback_over_several_chunks_gathers_nothing(monkeypatch):
-    """A TPU's program (``interpret=False``) of the weight pullback at 3 chunks: with
-    :data:`CHUNKED_PAIR` the staged pair-sum, one call per chunk, and no XLA gather; without
-    it (negative control) the cells' pair-sum and a gather of all ``nnz`` values into
-    connection order."""
+@pytest.mark.parametrize("kernels, chunk", [("staged", 40), ("packed", 10)])
+def test_with_chunked_pair_the_pullback_over_several_chunks_gathers_nothing(monkeypatch,
+                                                                            kernels, chunk):
+    """A TPU's program (``interpret=False``) of the weight pullback at 3 chunks (packed: of 4
+    sources per table row): with :data:`CHUNKED_PAIR` the staged pair-sum, one call per
+    chunk, and no XLA gather; without it (negative control) the cells' pair-sum and a gather
+    of all ``nnz`` values into connection order."""
     conn = _uniform_connectivity(100, 8, 0)
     monkeypatch.setattr(tpu, "interpreting", lambda: False)
-    monkeypatch.setattr(tpu, "KERNELS", "staged")
-    monkeypatch.setattr(tpu, "CHUNK_ROWS", 40)
+    monkeypatch.setattr(tpu, "KERNELS", kernels)
+    monkeypatch.setattr(tpu, "CHUNK_ROWS", chunk)
     x, d = jnp.ones((3, conn.num_in)), jnp.ones((3, conn.num_out))
     staged_calls, kernel = [], staged.pair_sum
     monkeypatch.setattr(staged, "pair_sum",
@@ -396,10 +435,12 @@ def test_with_chunked_pair_the_pullback_over_several_chunks_gathers_nothing(monk
         with formulation("pallas"):
             programs[flag] = jax.make_jaxpr(lambda x, d: tpu.weight_pullback(x, d, conn))(x, d)
         assert len(staged_calls) == flag  # the staged pair-sum only with the flag
-    assert tpu.staged_tiles(conn, "pair").chunks == 3
+    pack = tpu.packing(3)
+    assert pack == {"staged": 1, "packed": 4}[kernels]
+    assert tpu.staged_tiles(conn, "pair", pack).chunks == 3
     calls = {flag: [e for e in p.jaxpr.eqns if e.primitive.name == "pallas_call"]
              for flag, p in programs.items()}
-    assert len(calls[True]) == len(calls[False]) == 3  # one per chunk
+    assert len(calls[True]) == 3 and len(calls[False]) == -(-100 // chunk)  # one per chunk
     assert all(e.params["interpret"] is False for e in calls[True])  # the chip's program
     assert (conn.nnz,) in _gathers(programs[False].jaxpr)
     assert _gathers(programs[True].jaxpr) == []
@@ -426,17 +467,19 @@ def _uniform_network(batch: int):
     return model
 
 
-def test_layer_gradients_through_the_chunked_pair_sum_equal_the_xla_formulation(monkeypatch):
-    """ES-D-RTRL's gradients of a spiking network with a uniform sparse recurrence over 3
-    source chunks (5, 5, 4 neurons), its weight pullback (the block product) through the
-    chunked staged pair-sum, equal those through XLA's formulation."""
-    monkeypatch.setattr(tpu, "KERNELS", "staged")
-    monkeypatch.setattr(tpu, "CHUNK_ROWS", 5)
+@pytest.mark.parametrize("kernels, chunk, pack", [("staged", 5, 1), ("packed", 2, 4)])
+def test_layer_gradients_through_the_chunked_pair_sum_equal_the_xla_formulation(
+        monkeypatch, kernels, chunk, pack):
+    """ES-D-RTRL's gradients of a spiking network with a uniform sparse recurrence over
+    several source chunks (``'staged'``: 3 of 5, 5, 4 neurons; ``'packed'``: 2 of 7, four
+    sources per table row, quarters of 2), its weight pullback (the block product) through
+    the chunked staged pair-sum, equal those through XLA's formulation."""
+    monkeypatch.setattr(tpu, "KERNELS", kernels)
+    monkeypatch.setattr(tpu, "CHUNK_ROWS", chunk)
     monkeypatch.setattr(tpu, "CHUNKED_PAIR", True)
     batch, steps = 3, 4
     rng = np.random.default_rng(3)
     model = _uniform_network(batch)
-    assert tpu.staged_tiles(model.rec.connectivity, "pair").chunks == 3
     example = jnp.zeros((batch, 3), jnp.float32)
     xs = jnp.asarray(2.0 * rng.standard_normal((steps, batch, 3)), jnp.float32)
     ys = jnp.asarray(rng.standard_normal((steps, batch, 2)), jnp.float32)
@@ -448,11 +491,13 @@ def test_layer_gradients_through_the_chunked_pair_sum_equal_the_xla_formulation(
     with formulation("accelerator"):
         want = gradients()
     calls = []
-    kernel = staged.pair_sum  # count the kernel's calls as they are traced
-    monkeypatch.setattr(staged, "pair_sum", lambda *a, **k: (calls.append(1), kernel(*a, **k))[1])
+    kernel = staged.pair_sum  # count the kernel's calls and their tiles as they are traced
+    monkeypatch.setattr(staged, "pair_sum",
+                        lambda *a, **k: (calls.append((a[0].shape[0], a[2])), kernel(*a, **k))[1])
     with formulation("pallas"):
         got = gradients()
     assert calls  # the weight pullback ran the chunked pair-sum
+    assert all(t.pack == pack and t.chunks == (3 if pack == 1 else 2) for _, t in calls)
     assert any(float(jnp.max(jnp.abs(g))) > 0 for g in want)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

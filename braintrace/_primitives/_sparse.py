@@ -178,15 +178,15 @@ class Connectivity:
         (``_sparse_tiles.py``): ``'gather'`` tiles of ``chunk`` source rows by ``block``
         target rows, or ``None`` when too uneven; ``side='pair'``: the incoming connections
         in ``'pair'`` tiles of ``chunk`` source rows (one index set per chunk) when they are
-        in output order (else ``None``); built once per arguments. ``pack``: gather tiles with
-        that many sources per table row."""
+        in output order (else ``None``); built once per arguments. ``pack``: tiles with that
+        many sources per table row."""
         cache = self.__dict__.setdefault("_tiles", {})
         key = (side, chunk, block) if pack == 1 else (side, chunk, block, pack)
         if key not in cache:
             if side == "pair":
                 fan_in = self.nnz // max(self.num_out, 1)
-                cache[side, chunk, block] = (
-                    pair_tiles(self.pre, self.num_in, self.num_out, fan_in, block, chunk)
+                cache[key] = (
+                    pair_tiles(self.pre, self.num_in, self.num_out, fan_in, block, chunk, pack)
                     if self.nnz and self.in_output_order else None)
             else:
                 sources, targets, counts = ((self.pre, self.post, (self.num_in, self.num_out))

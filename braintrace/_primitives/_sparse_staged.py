@@ -32,7 +32,12 @@ that a chunk holds ``P`` times the sources; the dense sum takes each quarter of 
 transposed ``stage_j`` times its own weight row, ``accᵀ = Σ_j Σ_q stage_jᵀ[q] · w_{j,q}``
 (``w_{j,q}`` zero but where slot ``j``'s source is in quarter ``q``). The other quarters of a
 staged row are multiplied by zero: a value that is not finite (``inf``, ``NaN``) reaches, as
-``NaN``, the sums of the sources that share its table row.
+``NaN``, the sums of the sources that share its table row. **Packed** pair tiles hold the
+same table; ``dᵀ``'s rows are copied into every quarter (``d_rows`` rows ``q·128/P …``), so
+that one 128-lane product per staged row gives every quarter's, and each staged row's sum
+is taken over its own quarter's lanes, ``p = Σ_q [quarter = q] Σ_{r} (stageᵀ · dᵀ)[q·128/P
++ r]`` (the quarters an int row per 128 staged rows, in the output's layout; the other
+quarters selected away, not multiplied by zero).
 
 Larger tables run as several calls, each adding into the last one's output (aliased): one
 per source chunk, and one per group of 128 rows of ``v`` (their pair-sums add, their
@@ -40,7 +45,8 @@ gather-sums fill other rows). A gather-sum's chunk stages only its own connectio
 chunk of the pair-sum stages **every** connection, in connection order, those whose source
 lies in another chunk reading the zero row: chunk ``c``'s call gives chunk ``c``'s products
 and zeros elsewhere, and the output stays in connection order (no permutation), at
-``chunks × nnz`` staged rows (and index entries) in all, where the gather-sum stages ``nnz``.
+``chunks × nnz`` staged rows (and index entries) in all, where the gather-sum stages ``nnz``;
+packed, ``P`` times fewer chunks.
 No matrix unit: float32 stays float32.
 """
 
@@ -232,25 +238,38 @@ def _gather_kernel(widths_ref, wrows_ref, source_ref, *refs, rows: int, chain: s
 
 
 def _pair_kernel(source_ref, v_hbm, d_ref, *refs, rows: int, chain: str, width: int,
-                 unroll: int, first: int, start: int, sources: int):
+                 unroll: int, first: int, start: int, sources: int, pack: int, quarter: int):
     """One block of the uniform pair-sum over the chunk of ``v``'s columns ``start …
-    start + sources`` (module docstring); ``refs``: the last call's output (``chain ==
-    'add'``), the output, then the scratch: table, copy buffer, semaphores, stage, ``d``'s
-    block padded to 128 rows and its transpose."""
+    start + sources`` (module docstring); ``refs``: the staged rows' quarters (``pack > 1``),
+    the last call's output (``chain == 'add'``), the output, then the scratch: table, copy
+    buffer, semaphores, stage, ``d``'s block padded to 128 rows (``P`` copies, one per
+    quarter, when packed) and its transpose."""
     refs = list(refs)
+    quarters_ref = refs.pop(0) if pack > 1 else None
     prev_ref = refs.pop(0) if chain == "add" else None
     out_ref, table, buf, sem, stage, d_rows, d_t = refs
     block = d_ref.shape[1]
     per_row = min(width, LANES)  # staged rows of one target within 128
+    stride, kept = LANES // pack, -(-rows // 8) * 8
 
     @pl.when(pl.program_id(0) == 0)
     def _():
         _load_table(v_hbm, table, buf, sem, first=first, rows=rows, start=start,
-                    sources=sources)
+                    sources=sources, pack=pack, quarter=quarter)
         d_rows[...] = jnp.zeros(d_rows.shape, d_rows.dtype)
 
-    d_rows[pl.ds(0, rows), :] = d_ref[...]
-    d_t[...] = d_rows[...].T  # row t: d[:, t]
+    for q in range(pack):  # quarter q of row t of dᵀ: d[:, t]
+        d_rows[pl.ds(q * stride, rows), :] = d_ref[...]
+    d_t[...] = d_rows[...].T
+
+    def row_sums(products_t, at):
+        """``Σ_r`` over each staged row's own quarter of lanes (all 128 when not packed)."""
+        if pack == 1:
+            return jnp.sum(products_t, axis=0, keepdims=True)
+        own = quarters_ref[pl.ds(at, 1), :]  # each staged row's quarter; P: none
+        return functools.reduce(operator.add, (
+            jnp.where(own == q, jnp.sum(products_t[q * stride:q * stride + kept], axis=0,
+                                        keepdims=True), 0.0) for q in range(pack)))
 
     def tile(i, carry):
         _stage(source_ref, table, stage, first_row=i * width, width=width, unroll=unroll)
@@ -260,8 +279,8 @@ def _pair_kernel(source_ref, v_hbm, d_ref, *refs, rows: int, chain: str, width: 
                 jnp.broadcast_to(d_t[pl.ds(first_target + n, 1), :], (per_row, LANES))
                 for n in range(LANES // per_row)])
             products = stage[pl.ds(h * LANES, LANES), :] * rep
-            sums = jnp.sum(products.T, axis=0, keepdims=True)
             at = i * width + h
+            sums = row_sums(products.T, at)
             if prev_ref is not None:
                 sums = sums + prev_ref[pl.ds(at, 1), :]
             out_ref[pl.ds(at, 1), :] = sums
@@ -442,7 +461,8 @@ def pair_sum(values: jax.Array, d: jax.Array, tiles: Tiles, nnz: int, *,
     and uniform ``'pair'`` tiles: ``(nnz,)`` in connection order. Over several source chunks,
     one call per chunk (and group of 128 rows), each staging every connection (those of
     other chunks read the zero row) and adding into the last one's output: ``chunks·nnz``
-    staged rows, no permutation of the result.
+    staged rows, no permutation of the result. Packed tiles (``P`` sources per table row,
+    ``R ≤ 128 / P``): each staged row's products summed over its own quarter's lanes.
 
     Example:
         >>> import numpy as np, jax.numpy as jnp
@@ -452,8 +472,14 @@ def pair_sum(values: jax.Array, d: jax.Array, tiles: Tiles, nnz: int, *,
         >>> values, d = jnp.array([[1.0, 10.0, 100.0]]), jnp.array([[2.0, 3.0, 4.0]])
         >>> pair_sum(values, d, t, 3, interpret=True).tolist()
         [2.0, 300.0, 40.0]
+        >>> p = pair_tiles(np.array([0, 2, 1]), 3, 3, fan_in=1, block=128, pack=4)
+        >>> pair_sum(values, d, p, 3, interpret=True).tolist()
+        [2.0, 300.0, 40.0]
     """
     rows, _ = values.shape
+    if tiles.pack > 1 and rows > LANES // tiles.pack:
+        raise ValueError(f"tiles packing {tiles.pack} sources per table row take values of at "
+                         f"most {LANES // tiles.pack} rows, got {rows}.")
     v, groups = _groups(values, _columns(tiles))
     block, blocks, width = tiles.block, tiles.blocks, tiles.width_cap
     dv, _ = _groups(d, blocks * block)
@@ -463,16 +489,26 @@ def pair_sum(values: jax.Array, d: jax.Array, tiles: Tiles, nnz: int, *,
     group_rows = min(rows, LANES)
     out_rows = block * width // LANES
     vmem += 4 * LANES * block * 4 + 4 * 4 * out_rows * LANES
+    packed = tiles.pack > 1
+    if packed:  # each staged row's quarter, in the output's layout
+        quarters = jnp.asarray(tiles.quarters.reshape(-1, LANES), jnp.int32)
+        vmem += 2 * 4 * out_rows * LANES
     out, unroll = None, _unroll(interpret)
     for lane, c in itertools.product(range(groups), range(tiles.chunks)):
         chain = "new" if out is None else "add"
         specs = [_index_block(tiles, c * blocks), pl.BlockSpec(memory_space=pl.ANY),
                  pl.BlockSpec((group_rows, block), lambda b, lane=lane: (lane, b))]
+        operands = [source, v, dv]
+        if packed:
+            specs.append(pl.BlockSpec((out_rows, LANES), lambda b, cell0=c * blocks: (
+                cell0 + b, 0)))
+            operands.append(quarters)
         kernel = functools.partial(
             _pair_kernel, rows=group_rows if groups == 1 else LANES, chain=chain, width=width,
             unroll=unroll, first=lane * LANES, start=c * tiles.chunk,
-            sources=min(tiles.chunk, tiles.num_sources - c * tiles.chunk))
-        out = _call(kernel, blocks, specs, [source, v, dv], (out_rows, LANES),
+            sources=min(tiles.chunk, tiles.num_sources - c * tiles.chunk), pack=tiles.pack,
+            quarter=tiles.quarter)
+        out = _call(kernel, blocks, specs, operands, (out_rows, LANES),
                     lambda b: (b, 0), (blocks * out_rows, LANES), scratch, vmem + 8 * 2**20,
                     chain, out, interpret)
     by_target = out.reshape(blocks * block, width)[:tiles.num_targets, :tiles.uniform]

@@ -33,7 +33,10 @@ connection from offset ``o`` in its chunk reads table row ``o mod Q`` (``o - q·
 ``q = o // Q``; padding the zero row ``Q``), and its weight sits in row ``j·P + q`` of its
 slot's ``P`` weight rows (lane ``u``; 0 in the other quarters' rows): the dense sum is
 ``Σ_j Σ_q stage_jᵀ[quarter q] · w_{j,q}``. :attr:`Tiles.quarters` keeps each slot's
-quarter.
+quarter. **Lane-packed** ``'pair'`` tiles read the same tables (each chunk's connections
+row ``o mod Q``, the others and the padding row ``Q``); :attr:`Tiles.quarters` keeps each
+staged row's quarter (``P``: none, the sum zero) in the output's layout, row ``i·Fp + h``
+lane ``l`` for staged row ``h·128 + l`` of tile ``i``.
 
 The scalar unit reads one index per staged row: row ``s = 8·q + g`` of tile ``i`` reads
 entry ``16·r_i + q`` of the cell's index row ``g`` (``r_i = Σ_{i' < i} W_i'``, the tile's
@@ -87,7 +90,9 @@ class Tiles(NamedTuple):
         pack: ``P``, sources per table row (module docstring); 1: one.
         quarter: ``Q``, table rows of one quarter when :attr:`pack` > 1 (else 0).
         quarters: ``(cells, slot_rows, 128)`` int8, the quarter of each slot's source
-            (``P`` for padding) when :attr:`pack` > 1, else ``None``.
+            (``P`` for padding) when :attr:`pack` > 1, else ``None``; ``'pair'`` tiles:
+            ``(cells, block·Fp / 128, 128)``, each staged row's (``P`` for padding and the
+            connections of other chunks).
     """
 
     kind: str
@@ -270,10 +275,11 @@ def _gather_tiles(sources: np.ndarray, targets: np.ndarray, num_sources: int,
 
 
 def pair_tiles(sources: np.ndarray, num_sources: int, num_targets: int, fan_in: int,
-               block: int, chunk: int | None = None) -> Tiles:
+               block: int, chunk: int | None = None, pack: int = 1) -> Tiles:
     """Uniform connections (``targets = repeat(arange(T), F)``, ``sources`` in that order) in
     ``'pair'`` lane tiles: each target ``Fp`` staged rows (module docstring), in order; with
-    ``chunk`` below ``num_sources``, one index set per source chunk (``_chunk_rows``).
+    ``chunk`` below ``num_sources``, one index set per source chunk (``_chunk_rows``);
+    ``pack`` (1, 2 or 4) sources per table row, ``Q = ⌈chunk / pack⌉`` rows per quarter.
 
     Example:
         >>> import numpy as np
@@ -285,9 +291,15 @@ def pair_tiles(sources: np.ndarray, num_sources: int, num_targets: int, fan_in: 
         >>> c = pair_tiles(np.array([2, 0, 1, 1]), 3, 2, fan_in=2, block=128, chunk=2)
         >>> c.chunks, c.source[[0, 1], 0, 0].tolist()  # chunk 0 reads its zero row 2
         (2, [2, 0])
+        >>> p = pair_tiles(np.array([2, 0, 1, 1]), 3, 2, fan_in=2, block=128, pack=2)
+        >>> p.quarter, p.source[0, [0, 1, 0, 0], [0, 0, 1, 2]].tolist()  # rows o mod Q
+        (2, [0, 0, 1, 2])
+        >>> p.quarters[0, 0, [0, 1, 8, 9, 2]].tolist()  # o // Q; padding P
+        [1, 0, 0, 0, 2]
     """
-    if block % LANES or block <= 0:
-        raise ValueError(f"block must be a positive multiple of {LANES}, got {block}.")
+    if block % LANES or block <= 0 or pack not in (1, 2, 4):
+        raise ValueError(f"block must be a positive multiple of {LANES} and pack 1, 2 or 4, "
+                         f"got block={block}, pack={pack}.")
     sources = np.asarray(sources, np.int64)
     if chunk is not None and chunk <= 0:
         raise ValueError(f"chunk must be positive, got {chunk}.")
@@ -306,21 +318,33 @@ def pair_tiles(sources: np.ndarray, num_sources: int, num_targets: int, fan_in: 
     cell = np.broadcast_to(np.arange(blocks)[:, None, None], by_row.shape)
     g = np.broadcast_to(g, by_row.shape)
     chunks = -(-max(num_sources, 1) // chunk)
-    source = np.concatenate([
-        _chunk_rows(by_row, cell, g, entry, c * chunk, min(chunk, num_sources - c * chunk),
-                    _entries(widths)) for c in range(chunks)])
+    quarter = -(-chunk // pack) if pack > 1 else 0
+    rows = [_chunk_rows(by_row, cell, g, entry, c * chunk, min(chunk, num_sources - c * chunk),
+                        _entries(widths), pack, quarter) for c in range(chunks)]
+    source = np.concatenate([index for index, _ in rows])
+    quarters = np.concatenate([q for _, q in rows]) if pack > 1 else None
     return Tiles("pair", num_sources, num_targets, chunk, block,
-                 int32_indices(np.tile(widths, (chunks, 1))), source, None, None, fan_in, width)
+                 int32_indices(np.tile(widths, (chunks, 1))), source, None, None, fan_in, width,
+                 pack, quarter, quarters)
 
 
 def _chunk_rows(by_row: np.ndarray, cell: np.ndarray, g: np.ndarray, entry: np.ndarray,
-                start: int, size: int, entries: int) -> np.ndarray:
+                start: int, size: int, entries: int, pack: int = 1,
+                quarter: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
     """One source chunk's index rows ``(blocks, 8, entries)`` of the ``'pair'`` tiles: a
     connection whose source lies in the chunk reads its row ``source - start``, every other
     connection and the padding (``-1``) read the chunk's first zero row ``size`` (the chunk's
-    sources: the staged table zeroes rows ``size … size + 7``)."""
+    sources: the staged table zeroes rows ``size … size + 7``). Packed (``pack = P > 1``):
+    offset ``o = source - start`` reads row ``o mod Q`` (``Q = quarter``), the others row
+    ``Q``; and each staged row's quarter ``o // Q`` (the others ``P``), ``(blocks, block·Fp /
+    128, 128)`` int8 in the output's layout (row ``h`` of tile ``i``: ``i·Fp + h``)."""
     local = by_row - start
-    rows = np.where((by_row >= 0) & (local >= 0) & (local < size), local, size)
-    source = np.full((by_row.shape[0], REGIONS, entries), size, np.int64)
+    inside = (by_row >= 0) & (local >= 0) & (local < size)
+    zero = quarter if pack > 1 else size
+    rows = np.where(inside, local % quarter if pack > 1 else local, zero)
+    source = np.full((by_row.shape[0], REGIONS, entries), zero, np.int64)
     source[cell, g, entry] = rows
-    return int32_indices(source)
+    if pack == 1:
+        return int32_indices(source), None
+    which = np.where(inside, local // max(quarter, 1), pack).astype(np.int8)
+    return int32_indices(source), which.reshape(by_row.shape[0], -1, LANES)

@@ -24,9 +24,12 @@ kernels are the default; where a side has no lane tiles (connections too uneven,
 ``_sparse_tiles.MAX_FILL``) it takes the cells' kernels, and so does the weight pullback
 where the staged pair-sum does not apply (connections not in output order, or several
 chunks unless :data:`CHUNKED_PAIR`). ``'packed'`` (opt-in, not yet timed on a chip) is
-``'staged'`` whose gather-sums, where their values have at most 64 rows, pack ``P = 4`` (at
-most 32 rows) or 2 sources per row of the staged table (``_sparse_tiles.py``): a chunk holds
-``P`` times the sources (at 1,048,576 neurons, batch 32: 2 chunks, not 7).
+``'staged'`` whose sums, where their values have at most 64 rows, pack ``P = 4`` (at most 32
+rows) or 2 sources per row of the staged table (``_sparse_tiles.py``): a chunk holds ``P``
+times the sources (at 1,048,576 neurons, batch 32: 2 chunks, not 7). Its pair-sum too: each
+staged row's products summed over its own quarter's lanes, so that the staged pair-sum
+applies up to ``P`` times the sources in one chunk without :data:`CHUNKED_PAIR`, and with it
+stages ``P`` times fewer rows (``chunks × nnz``) over several.
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ VARIANTS = ("cells", "staged", "packed")
 """The sets of kernels :data:`KERNELS` chooses from (module docstring)."""
 
 PACKED_ROWS = {4: 32, 2: 64}
-"""``'packed'``: ``P`` sources per table row (the first that fits) for a gather-sum's values of
-at most this many rows."""
+"""``'packed'``: ``P`` sources per table row (the first that fits) for a staged sum's values
+of at most this many rows."""
 
 KERNELS = "staged"
 """The kernels a TPU runs, one of :data:`VARIANTS`. ``'staged'``: on a TPU v5e (131,072 neurons,
@@ -68,11 +71,14 @@ whose slot-ordered output an XLA gather of all ``nnz`` values puts back in conne
 (on a TPU v5e at 1,048,576 neurons, 8 synapses each, batch 32, 7 chunks: 58 ms for that
 gather, 47 ms for the kernel calls). Compiled for a v5e there (ES-D-RTRL, T 30), the time
 loop loses that gather and XLA's peak falls from 9.37 to 7.63 GiB; the kernels stage 7× the
-rows. Off until timed on the chip
+rows. Under ``'packed'`` a pair-sum of at most 64 rows packs too, ``P`` times fewer chunks
+(compiled for a v5e at 16,384 neurons, ES-D-RTRL with blocks of 1 step: 64 rows, 2 sources
+per table row); ES-D-RTRL's default block product at 1,048,576 neurons, batch 32 (``(K + 1)·B
+= 96`` rows) does not pack and stays at 7 chunks. Off until timed on the chip
 (``benchmarks/sparse_kernels_tpu.py --variants staged,staged+chunked_pair``)."""
 
 CHUNK_ROWS: int | None = None
-"""Table rows per chunk (source rows; of packed gather tiles, ``P`` sources per row);
+"""Table rows per chunk (source rows; of packed tiles, ``P`` sources per row);
 ``None``: ``_sparse_pallas.chunk_rows()``, balanced over chunks."""
 
 BLOCK_ROWS: int | None = None
@@ -146,9 +152,10 @@ def _staged_sizes(connectivity: Any, side: str, pack: int = 1) -> tuple[int, int
 
 def staged_tiles(connectivity: Any, side: str, pack: int = 1) -> Any:
     """The lane tiles of the staged kernels (``_sparse_tiles.py``) for ``side``:
-    ``'incoming'`` or ``'outgoing'`` (gather-sums, ``pack`` sources per table row) or
-    ``'pair'`` (the weight pullback over the incoming connections in output order, in one
-    source chunk unless :data:`CHUNKED_PAIR`); ``None`` where they do not apply.
+    ``'incoming'`` or ``'outgoing'`` (gather-sums) or ``'pair'`` (the weight pullback over
+    the incoming connections in output order, in one source chunk unless
+    :data:`CHUNKED_PAIR`), ``pack`` sources per table row; ``None`` where they do not
+    apply.
 
     Example:
         >>> import numpy as np
@@ -165,8 +172,8 @@ def staged_tiles(connectivity: Any, side: str, pack: int = 1) -> Any:
 
 
 def packing(rows: int) -> int:
-    """Sources per table row of the staged gather-sum of values with ``rows`` rows under
-    :data:`KERNELS`: 1 but for ``'packed'`` (:data:`PACKED_ROWS`).
+    """Sources per table row of the staged sums (gather-sum or pair-sum) of values with
+    ``rows`` rows under :data:`KERNELS`: 1 but for ``'packed'`` (:data:`PACKED_ROWS`).
 
     Example:
         >>> from braintrace._primitives import _sparse_tpu as tpu
@@ -204,12 +211,12 @@ def _kernels():
 
 def _staged(kernel: str, connectivity: Any, side: str, *arrays: jax.Array) -> Any:
     """The staged kernel ``kernel``, the tiles of ``side`` and the ``interpret`` argument, or
-    ``None`` (other :data:`KERNELS`, no tiles, or not float32). ``'packed'``: a gather-sum's
-    tiles pack ``P`` sources per table row where its values (``arrays[0]``) have at most
+    ``None`` (other :data:`KERNELS`, no tiles, or not float32). ``'packed'``: the tiles pack
+    ``P`` sources per table row where the values (``arrays[0]``) have at most
     :data:`PACKED_ROWS` ``[P]`` rows."""
     if KERNELS not in ("staged", "packed") or not _float32(*arrays):
         return None
-    pack = packing(arrays[0].shape[0]) if kernel == "gather_sum" else 1
+    pack = packing(arrays[0].shape[0])
     tiles = staged_tiles(connectivity, side, pack)
     if tiles is None:
         return None
