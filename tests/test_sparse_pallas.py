@@ -154,13 +154,15 @@ def test_hubs_too_wide_to_cut_keep_the_xla_formulation():
 
 
 @built_on_the_host
-def _network(batch: int):
-    """A float32 spiking network with a sparse recurrence (unused neurons, a repeated pair)."""
+def _network(batch: int, connectivity: Connectivity | None = None):
+    """A float32 spiking network of 14 neurons with a sparse recurrence: ``connectivity``, by
+    default one with unused neurons and a repeated pair."""
     n = 14
-    rng = np.random.default_rng(2)
-    pre = np.concatenate([rng.choice(12, 3, replace=False) for _ in range(12)] + [[3, 3]])
-    post = np.concatenate([np.repeat(np.arange(12), 3), [13, 13]])
-    connectivity = Connectivity(pre, post, n, n)
+    if connectivity is None:
+        rng = np.random.default_rng(2)
+        pre = np.concatenate([rng.choice(12, 3, replace=False) for _ in range(12)] + [[3, 3]])
+        post = np.concatenate([np.repeat(np.arange(12), 3), [13, 13]])
+        connectivity = Connectivity(pre, post, n, n)
 
     class SparseALIF(nnx.Module):
         def __init__(self, rngs):

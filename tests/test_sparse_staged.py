@@ -33,13 +33,12 @@ import numpy as np
 import pytest
 import test_sparse_pallas
 from flax import nnx
-from helpers import built_on_the_host, mse
+from helpers import mse
 from jax.experimental.pallas import tpu as pltpu
 from test_sparse_layouts import KINDS
 from test_sparse_pallas import _star, _uniform
 
 import braintrace
-from braintrace import layers
 from braintrace._platform import formulation
 from braintrace._primitives import _sparse_accelerator as accelerator
 from braintrace._primitives import _sparse_staged as staged
@@ -215,6 +214,22 @@ def test_tiles_place_every_connection_once_with_int32_indices_at_a_million_neuro
     assert uniform.width_cap == 8 and uniform.kind == "pair"
 
 
+def _es_d_rtrl_gradients(model: nnx.Module, batch: int, steps: int = 4):
+    """A function giving ES-D-RTRL's gradients of one ``etrace_grad`` call on ``model`` (3
+    inputs, 2 outputs, ``batch`` samples) over random data, under the formulation it is
+    called in."""
+    rng = np.random.default_rng(3)
+    example = jnp.zeros((batch, 3), jnp.float32)
+    xs = jnp.asarray(2.0 * rng.standard_normal((steps, batch, 3)), jnp.float32)
+    ys = jnp.asarray(rng.standard_normal((steps, batch, 2)), jnp.float32)
+
+    def gradients():
+        learner = braintrace.compile(nnx.clone(model), "es_d_rtrl", example, batch_size=batch)
+        return jax.tree.leaves(learner.etrace_grad(xs, ys, mse))
+
+    return gradients
+
+
 @pytest.mark.parametrize("kernels, chunk, pack", [("staged", None, 1), ("packed", 4, 4)])
 def test_layer_gradients_through_the_staged_kernels_equal_the_xla_formulation(
         monkeypatch, kernels, chunk, pack):
@@ -224,17 +239,7 @@ def test_layer_gradients_through_the_staged_kernels_equal_the_xla_formulation(
     sources per table row, quarters of 4 of the 14 neurons), too."""
     monkeypatch.setattr(tpu, "KERNELS", kernels)
     monkeypatch.setattr(tpu, "CHUNK_ROWS", chunk)
-    batch, steps = 3, 4
-    rng = np.random.default_rng(3)
-    model = test_sparse_pallas._network(batch)
-    example = jnp.zeros((batch, 3), jnp.float32)
-    xs = jnp.asarray(2.0 * rng.standard_normal((steps, batch, 3)), jnp.float32)
-    ys = jnp.asarray(rng.standard_normal((steps, batch, 2)), jnp.float32)
-
-    def gradients():
-        learner = braintrace.compile(nnx.clone(model), "es_d_rtrl", example, batch_size=batch)
-        return jax.tree.leaves(learner.etrace_grad(xs, ys, mse))
-
+    gradients = _es_d_rtrl_gradients(test_sparse_pallas._network(3), 3)
     with formulation("accelerator"):
         want = gradients()
     calls = []
@@ -446,27 +451,6 @@ def test_with_chunked_pair_the_pullback_over_several_chunks_gathers_nothing(monk
     assert _gathers(programs[True].jaxpr) == []
 
 
-@built_on_the_host
-def _uniform_network(batch: int):
-    """A float32 spiking network whose sparse recurrence is uniform (3 synapses into each of
-    14 neurons, in output order)."""
-    n, connectivity = 14, _uniform_connectivity(14, 3, 2)
-
-    class SparseALIF(nnx.Module):
-        def __init__(self, rngs):
-            self.inp = layers.ETPLinear(3, n, rngs=rngs)
-            self.rec = layers.ETPSparseLinear(n, n, connectivity=connectivity, rngs=rngs)
-            self.neuron = layers.ALIF(n)
-            self.readout = layers.LeakyReadout(n, 2, rngs=rngs)
-
-        def __call__(self, x):
-            return self.readout(self.neuron(self.inp(x) + 4.0 * self.rec(self.neuron.spikes())))
-
-    model = SparseALIF(nnx.Rngs(0))
-    braintrace.init_states(model, batch)
-    return model
-
-
 @pytest.mark.parametrize("kernels, chunk, pack", [("staged", 5, 1), ("packed", 2, 4)])
 def test_layer_gradients_through_the_chunked_pair_sum_equal_the_xla_formulation(
         monkeypatch, kernels, chunk, pack):
@@ -477,17 +461,8 @@ def test_layer_gradients_through_the_chunked_pair_sum_equal_the_xla_formulation(
     monkeypatch.setattr(tpu, "KERNELS", kernels)
     monkeypatch.setattr(tpu, "CHUNK_ROWS", chunk)
     monkeypatch.setattr(tpu, "CHUNKED_PAIR", True)
-    batch, steps = 3, 4
-    rng = np.random.default_rng(3)
-    model = _uniform_network(batch)
-    example = jnp.zeros((batch, 3), jnp.float32)
-    xs = jnp.asarray(2.0 * rng.standard_normal((steps, batch, 3)), jnp.float32)
-    ys = jnp.asarray(rng.standard_normal((steps, batch, 2)), jnp.float32)
-
-    def gradients():
-        learner = braintrace.compile(nnx.clone(model), "es_d_rtrl", example, batch_size=batch)
-        return jax.tree.leaves(learner.etrace_grad(xs, ys, mse))
-
+    uniform = _uniform_connectivity(14, 3, 2)
+    gradients = _es_d_rtrl_gradients(test_sparse_pallas._network(3, uniform), 3)
     with formulation("accelerator"):
         want = gradients()
     calls = []
