@@ -86,8 +86,8 @@ def variant(name: str):
         >>> with variant("staged+chunked_pair@2048"):
         ...     tpu.KERNELS, tpu.CHUNKED_PAIR, tpu.BLOCK_ROWS
         ('staged', True, 2048)
-        >>> tpu.CHUNKED_PAIR, tpu.BLOCK_ROWS
-        (False, None)
+        >>> tpu.KERNELS, tpu.CHUNKED_PAIR, tpu.BLOCK_ROWS  # the defaults again
+        ('packed', True, None)
     """
     base, _, rows = name.partition("@")
     kernels, plus, option = base.partition("+")

@@ -83,7 +83,7 @@ def test_the_device_script_measures_each_variant_and_survives_a_kernel_that_fail
     assert entry["xla_over_fastest"] > 0
     assert entry["floor_ms"] == pytest.approx(conn.nnz * kernels_run.ROW_NS * 1e-6)
     assert not any(k.startswith("tables") for k in entry)  # uniform: no gather of the tables
-    assert (tpu.KERNELS, tpu.BLOCK_ROWS) == ("staged", None)  # each variant's sizes restored
+    assert (tpu.KERNELS, tpu.BLOCK_ROWS) == ("packed", None)  # each variant's sizes restored
 
     def broken(*args):
         raise RuntimeError("Mosaic failed to compile the kernel")
@@ -104,7 +104,7 @@ def test_a_variant_sets_the_kernels_the_chunked_pair_sum_and_the_block_within_it
         with kernels_run.variant("staged"):
             assert (tpu.CHUNKED_PAIR, tpu.BLOCK_ROWS) == (False, None)
         assert tpu.CHUNKED_PAIR
-    assert (tpu.KERNELS, tpu.CHUNKED_PAIR, tpu.BLOCK_ROWS) == ("staged", False, None)
+    assert (tpu.KERNELS, tpu.CHUNKED_PAIR, tpu.BLOCK_ROWS) == ("packed", True, None)
     for name in ("staged+chunked", "staged@256+chunked_pair", "chunked_pair"):
         with pytest.raises(ValueError, match="optionally \\+chunked_pair"):
             kernels_run.main(["--variants", name])

@@ -85,6 +85,13 @@ PACKS = {"packed-odd-chunked": 4, "packed-star-3-chunks": 2, "packed-odd-batch-1
 """The sources per table row of each packed case's gather tiles (the rest: 1)."""
 
 
+@pytest.fixture(autouse=True)
+def _pack_one_chunk(monkeypatch):
+    """The packed kernels' tests pack within one chunk too (the default packs a gather-sum
+    only where that saves chunks: ``test_a_tpu_runs_the_staged_kernels_by_default...``)."""
+    monkeypatch.setattr(tpu, "PACK_ONE_CHUNK", True)
+
+
 def _sums(module, conn, pullback: bool):
     """The product, the input pullback and (``pullback``: where the staged pair-sum applies;
     elsewhere the cells' kernel, ``test_sparse_pallas.py``) the weight pullback."""
@@ -162,15 +169,22 @@ def test_the_copies_of_v_are_race_free_in_the_tpu_interpreter(monkeypatch, kerne
 
 def test_a_tpu_runs_the_staged_kernels_by_default_and_the_cells_where_they_do_not_apply(
         monkeypatch):
-    """Off the interpreter (a TPU's program) the default kernels are the staged ones, called
+    """Off the interpreter (a TPU's program) the default kernels are the staged ones (packed
+    where that saves chunks), called
     as the chip's program (``interpret=False``); a side without lane tiles (one hub whose
     padding exceeds ``MAX_FILL``) and other dtypes fall back."""
     conn = _star(None)
     x, w = jnp.ones((1, conn.num_in)), jnp.ones((conn.nnz,))
     monkeypatch.setattr(tpu, "interpreting", lambda: False)
-    assert tpu.KERNELS == "staged"
+    monkeypatch.setattr(tpu, "PACK_ONE_CHUNK", False)
+    assert tpu.KERNELS == "packed"  # one chunk: its gather-sums unpacked, the staged ones
     kernel, tiles, interpret = tpu._staged("gather_sum", conn, "incoming", x, w)
     assert kernel is staged.gather_sum and tiles.kind == "gather" and interpret is False
+    uniform, ones = _uniform(np.random.default_rng(0)), jnp.ones((1, 37))
+    assert tiles.pack == 1 and tpu._staged("pair_sum", uniform, "pair", ones, ones)[1].pack == 4
+    monkeypatch.setattr(tpu, "CHUNK_ROWS", 8)  # 19 sources in 3 chunks unpacked: packed
+    assert tpu._staged("gather_sum", conn, "incoming", x, w)[1].pack == 4
+    monkeypatch.setattr(tpu, "CHUNK_ROWS", None)
     assert tpu._staged("gather_sum", conn, "incoming", x.astype(jnp.bfloat16), w) is None
     pre = np.r_[np.arange(2000), np.arange(127)]  # 2,000 into target 0, one into 1 … 127
     hub = Connectivity.from_indices(pre, np.r_[np.zeros(2000, int), np.arange(1, 128)], 2000,

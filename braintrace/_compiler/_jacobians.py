@@ -170,8 +170,15 @@ def _pulled_jacobians(graph: ETraceGraph, leaves: StepLeaves
 
 
 def jacobian_responses(graph: ETraceGraph, leaves: StepLeaves) -> list[jax.Array]:
-    """The cut step's responses to its tangents, per hidden leaf ``(R, *V)``: what
+    """The cut step's responses to its tangents, per hidden leaf ``(R_g, *V)``: what
     :func:`assemble_jacobians` arranges into ``D`` and ``Df``.
+
+    A leaf of group ``g`` holds its responses to ``g``'s own ``R_g`` slots only
+    (:func:`_group_slots`: its states' colours, then its relations' colours), the only
+    ones the assembly reads: one ``vmap`` of the JVP per group, each returning its own
+    leaves, so that XLA computes ``Σ_g R_g·|g|`` responses, not ``R·Σ_g |g|`` (an ALIF
+    layer with a readout: 4 of 6 slots per neuron; each layer of a deeper network only
+    its own slots). A leaf of no group holds none, ``(0, *V)``.
 
     Kept apart so that a loop over time can stack the responses (contiguous
     rows) and arrange a whole block of steps at once: arranged inside the
@@ -185,10 +192,18 @@ def jacobian_responses(graph: ETraceGraph, leaves: StepLeaves) -> list[jax.Array
         return []
     tangents = _slot_tangents(graph, hidden_in, zero_y, _injected(graph))
     _, jvp = jax.linearize(cut_step, hidden_in, zero_y)
-    # The one-hot tangents are made inside the vmapped call from the slot's index: a
-    # materialised (R, *V) stack of them is loop-invariant, and XLA hoists it out of the
-    # time loop as R live copies of every hidden state (384 MiB at 131,072 ALIF neurons).
-    return list(jax.vmap(lambda slot: jvp(*tangents(slot)))(jnp.arange(len(slots))))
+    index = {slot: i for i, slot in enumerate(slots)}
+    outs = [jnp.zeros((0, *h.shape), h.dtype) for h in hidden_in]
+    for g in graph.groups:
+        rows = jnp.asarray([index[slot] for slot in _group_slots(graph, g)], jnp.int32)
+        # The one-hot tangents are made inside the vmapped call from the slot's index: a
+        # materialised (R, *V) stack of them is loop-invariant, and XLA hoists it out of
+        # the time loop as R live copies of every hidden state (384 MiB at 131,072 ALIF
+        # neurons).
+        own = jax.vmap(lambda slot, g=g: [jvp(*tangents(slot))[k] for k in g.leaves])(rows)
+        for k, response in zip(g.leaves, own):
+            outs[k] = response
+    return outs
 
 
 def assemble_jacobians(graph: ETraceGraph, outs: Sequence[jax.Array]
@@ -196,9 +211,11 @@ def assemble_jacobians(graph: ETraceGraph, outs: Sequence[jax.Array]
     """``D`` per group and ``Df`` per relation from :func:`jacobian_responses`."""
     if not outs:
         return [], []
-    row = {slot: i for i, slot in enumerate(_slots(graph))}
-    return ([_assemble_d(g, outs, row) for g in graph.groups],
-            [_assemble_df(r, graph.groups[r.group], outs, row) for r in graph.relations])
+    row = {g.index: {slot: i for i, slot in enumerate(_group_slots(graph, g))}
+           for g in graph.groups}
+    return ([_assemble_d(g, outs, row[g.index]) for g in graph.groups],
+            [_assemble_df(r, graph.groups[r.group], outs, row[r.group])
+             for r in graph.relations])
 
 
 def arranges_colours(graph: ETraceGraph) -> bool:
@@ -218,6 +235,14 @@ def _slots(graph: ETraceGraph) -> list[tuple[str, int, int, int]]:
              for c in range(g.num_colours)]
     return slots + [("relation", r.index, 0, c) for r in graph.relations
                     for c in range(r.num_colours)]
+
+
+def _group_slots(graph: ETraceGraph, g: HiddenGroup) -> list[tuple[str, int, int, int]]:
+    """The slots of :func:`_slots` whose responses group ``g``'s ``D`` and ``Df`` read, in
+    order: ``g``'s states' colours, then the colours of the relations into ``g``."""
+    return [slot for slot in _slots(graph)
+            if (slot[0] == "group" and slot[1] == g.index)
+            or (slot[0] == "relation" and graph.relations[slot[1]].group == g.index)]
 
 
 def _slot_tangents(graph, hidden_in, zero_y, injected):

@@ -15,21 +15,19 @@ from 256 to 4,096 near :data:`CELL_SLOTS` slots per cell). A float32 sum whose
 connectivity cuts into cells runs the kernels; another dtype, or connections too uneven to
 cut (``_sparse_cells.MAX_FILL``), the XLA formulation.
 
-:data:`KERNELS` chooses between two sets of kernels: ``'cells'`` (``_sparse_pallas.py``:
+:data:`KERNELS` chooses between the sets of kernels: ``'cells'`` (``_sparse_pallas.py``:
 rows added into registers times scalar weights, eight targets in lockstep, ``v`` transposed
-and padded by XLA around each call) and ``'staged'`` (``_sparse_staged.py`` over the lane
+and padded by XLA around each call), ``'staged'`` (``_sparse_staged.py`` over the lane
 tiles of ``_sparse_tiles.py``: one index load and one row copy per connection, then dense
-sums; ``v`` and the results in their own layout, transposed in the kernel). The staged
-kernels are the default; where a side has no lane tiles (connections too uneven,
+sums; ``v`` and the results in their own layout, transposed in the kernel) and ``'packed'``,
+the default: ``'staged'`` whose sums, where their values have at most 64 rows, pack ``P =
+4`` (at most 32 rows) or 2 sources per row of the staged table where that saves chunks (a
+gather-sum whose sources span several chunks unpacked; the pair-sum always): at 1,048,576
+neurons, batch 32, 2 chunks, not 7. Its pair-sum sums each staged row's products over its
+own quarter's lanes. Where a side has no lane tiles (connections too uneven,
 ``_sparse_tiles.MAX_FILL``) it takes the cells' kernels, and so does the weight pullback
-where the staged pair-sum does not apply (connections not in output order, or several
-chunks unless :data:`CHUNKED_PAIR`). ``'packed'`` (opt-in, not yet timed on a chip) is
-``'staged'`` whose sums, where their values have at most 64 rows, pack ``P = 4`` (at most 32
-rows) or 2 sources per row of the staged table (``_sparse_tiles.py``): a chunk holds ``P``
-times the sources (at 1,048,576 neurons, batch 32: 2 chunks, not 7). Its pair-sum too: each
-staged row's products summed over its own quarter's lanes, so that the staged pair-sum
-applies up to ``P`` times the sources in one chunk without :data:`CHUNKED_PAIR`, and with it
-stages ``P`` times fewer rows (``chunks × nnz``) over several.
+where the staged pair-sum does not apply (connections not in output order, or several chunks
+without :data:`CHUNKED_PAIR`).
 """
 
 from __future__ import annotations
@@ -44,8 +42,8 @@ from braintrace._primitives import _sparse_accelerator as accelerator
 from braintrace._primitives._sparse_cells import Cells
 
 __all__ = ["BLOCK_ROWS", "CELL_SLOTS", "CHUNKED_PAIR", "CHUNK_ROWS", "KERNELS", "PACKED_ROWS",
-           "VARIANTS", "cut", "packing", "product", "staged_tiles", "transposed_product",
-           "weight_pullback"]
+           "PACK_ONE_CHUNK", "VARIANTS", "cut", "packing", "product", "staged_tiles",
+           "transposed_product", "weight_pullback"]
 
 VARIANTS = ("cells", "staged", "packed")
 """The sets of kernels :data:`KERNELS` chooses from (module docstring)."""
@@ -54,28 +52,37 @@ PACKED_ROWS = {4: 32, 2: 64}
 """``'packed'``: ``P`` sources per table row (the first that fits) for a staged sum's values
 of at most this many rows."""
 
-KERNELS = "staged"
+KERNELS = "packed"
 """The kernels a TPU runs, one of :data:`VARIANTS`. ``'staged'``: on a TPU v5e (131,072 neurons,
 8 synapses each, batch 32; ``benchmarks/results/sparse_kernels_tpu.json``) the forward sum in
-2.56 ms (cells 5.01, XLA 4.43), the weight pullback in 2.27 ms (cells 4.74, XLA 4.60), each
-within 3e-7 of XLA's values relative to its largest. (A first version, whose index rows were 2-D
-SMEM blocks, gave wrong sums on the chip while right in Pallas' interpreters; its index rows
-are 1-D blocks since, as the cells' kernels' always were.)"""
+2.52 ms (XLA 4.37), the weight pullback in 2.27 ms (XLA 4.67), each within 3e-7 of XLA's values
+relative to its largest. ``'packed'`` (the default) is ``'staged'`` with several sources per
+table row where that saves chunks (:func:`packing`): at 1,048,576 neurons, batch 32, with
+:data:`CHUNKED_PAIR`, the forward sum 90.6 ms a call (staged 125.1; of which XLA's gather of
+the weights into slot order, done once per time loop, 67.7 and 92.8), the weight pullback
+25.7 ms (staged 125.1, XLA 100.9), within 2.4e-7 of XLA's; ES-D-RTRL's update over 30 steps
+3.47 s (staged 4.40; ``benchmarks/results/scale_tpu_1m_pallas.json``). At 131,072 neurons it
+packs only the pair-sum (2.20 ms; its gather-sums fit one chunk unpacked). (A first staged
+version, whose index rows were 2-D SMEM blocks, gave wrong sums on the chip while right in
+Pallas' interpreters; its index rows are 1-D blocks since, as the cells' kernels' always
+were.)"""
 
-CHUNKED_PAIR: bool = False
+CHUNKED_PAIR: bool = True
 """Whether the weight pullback of uniform connections (one fan-in, in output order) whose
 sources span several chunks runs the staged pair-sum, one call per chunk, each staging every
 connection (those of other chunks read the zero row: ``chunks × nnz`` staged rows) and
 adding into the last one's output, in connection order; ``False``: the cells' pair-sum,
 whose slot-ordered output an XLA gather of all ``nnz`` values puts back in connection order
 (on a TPU v5e at 1,048,576 neurons, 8 synapses each, batch 32, 7 chunks: 58 ms for that
-gather, 47 ms for the kernel calls). Compiled for a v5e there (ES-D-RTRL, T 30), the time
-loop loses that gather and XLA's peak falls from 9.37 to 7.63 GiB; the kernels stage 7× the
-rows. Under ``'packed'`` a pair-sum of at most 64 rows packs too, ``P`` times fewer chunks
-(compiled for a v5e at 16,384 neurons, ES-D-RTRL with blocks of 1 step: 64 rows, 2 sources
-per table row); ES-D-RTRL's default block product at 1,048,576 neurons, batch 32 (``(K + 1)·B
-= 96`` rows) does not pack and stays at 7 chunks. Off until timed on the chip
-(``benchmarks/sparse_kernels_tpu.py --variants staged,staged+chunked_pair``)."""
+gather, 47 ms for the kernel calls; compiled for a v5e, ES-D-RTRL over 30 steps, XLA's peak
+9.37 GiB against 7.63 with the chunked form). Under ``'packed'`` a pair-sum of at most 64
+rows packs too, ``P`` times fewer chunks: there the weight pullback at batch 32 takes 25.7 ms
+(2 chunks) against 125.1 (cells and gather). ES-D-RTRL's block product at that size (``(K +
+1)·B = 96`` rows) does not pack and runs 7 chunks."""
+
+PACK_ONE_CHUNK: bool = False
+"""Whether ``'packed'`` packs a gather-sum whose sources fit one chunk unpacked too
+(:func:`packing`; the tests of the packed kernels at small sizes set it)."""
 
 CHUNK_ROWS: int | None = None
 """Table rows per chunk (source rows; of packed tiles, ``P`` sources per row);
@@ -171,17 +178,25 @@ def staged_tiles(connectivity: Any, side: str, pack: int = 1) -> Any:
     return connectivity.tiles(side, chunk, block, pack)
 
 
-def packing(rows: int) -> int:
+def packing(rows: int, sources: int | None = None) -> int:
     """Sources per table row of the staged sums (gather-sum or pair-sum) of values with
     ``rows`` rows under :data:`KERNELS`: 1 but for ``'packed'`` (:data:`PACKED_ROWS`).
+    Given ``sources`` (a gather-sum's source rows), 1 where they fit one chunk unpacked:
+    packing then only adds each staged row's quarter selection (on a TPU v5e at 131,072
+    neurons, batch 32: forward 2.80 ms packed, 2.52 unpacked).
 
     Example:
         >>> from braintrace._primitives import _sparse_tpu as tpu
-        >>> tpu.packing(32), tpu.KERNELS
-        (1, 'staged')
+        >>> tpu.KERNELS, tpu.packing(32), tpu.packing(96), tpu.packing(32, sources=1000)
+        ('packed', 4, 1, 1)
     """
     if KERNELS != "packed":
         return 1
+    if sources is not None and not PACK_ONE_CHUNK:
+        from braintrace._primitives._sparse_pallas import chunk_rows  # Pallas: on use
+
+        if sources <= (CHUNK_ROWS or chunk_rows()):
+            return 1
     return next((p for p, most in PACKED_ROWS.items() if rows <= most), 1)
 
 
@@ -213,10 +228,13 @@ def _staged(kernel: str, connectivity: Any, side: str, *arrays: jax.Array) -> An
     """The staged kernel ``kernel``, the tiles of ``side`` and the ``interpret`` argument, or
     ``None`` (other :data:`KERNELS`, no tiles, or not float32). ``'packed'``: the tiles pack
     ``P`` sources per table row where the values (``arrays[0]``) have at most
-    :data:`PACKED_ROWS` ``[P]`` rows."""
+    :data:`PACKED_ROWS` ``[P]`` rows and, for a gather-sum, the sources span several
+    chunks (:func:`packing`)."""
     if KERNELS not in ("staged", "packed") or not _float32(*arrays):
         return None
-    pack = packing(arrays[0].shape[0])
+    conn = connectivity
+    sources = None if side == "pair" else conn.num_out if side == "outgoing" else conn.num_in
+    pack = packing(arrays[0].shape[0], sources)
     tiles = staged_tiles(connectivity, side, pack)
     if tiles is None:
         return None
