@@ -280,7 +280,7 @@ def scale_cpu(results: Results) -> str:
 
 
 KERNEL_SCALE_RUNS = ("scale_tpu_cells.json", "scale_tpu_staged.json", "scale_tpu_1m_kernels.json",
-                     "scale_tpu_1m_t300_pallas.json")
+                     "scale_tpu_1m_t300_pallas.json", "scale_tpu_1m_packed.json")
 """``scale.py --kernels VARIANT`` runs on a TPU (``config['sparse_sums']`` names the kernels),
 shown once committed: 131,072 neurons with each variant in one device call, and 1,048,576
 (T = 30 and 300)."""

@@ -400,8 +400,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--sparse-staged", action="store_true",
                    help="on a TPU, the uniform sparse forward in its staged form "
                         "(braintrace._primitives._sparse_pallas.STAGED)")
-    p.add_argument("--kernels", default="staged",
-                   help="on a TPU, the Pallas kernels of the sparse sums: a variant of "
+    p.add_argument("--kernels", default=None,
+                   help="on a TPU, the Pallas kernels of the sparse sums (default: the "
+                        "library's, sparse_kernels_tpu.default_variant()): a variant of "
                         "braintrace._primitives._sparse_tpu.VARIANTS, optionally +chunked_pair "
                         "(the weight pullback over several source chunks by the staged "
                         "pair-sum: _sparse_tpu.CHUNKED_PAIR), then optionally @ROWS (target "
@@ -438,8 +439,9 @@ def main(argv: list[str] | None = None) -> dict:
     sys.path.insert(0, HERE)
     from _models import environment, write_json
     from _scale_ops import measure_ops
-    from sparse_kernels_tpu import sparse_sums, variant
+    from sparse_kernels_tpu import default_variant, sparse_sums, variant
 
+    args.kernels = args.kernels or default_variant()
     with variant(args.kernels):  # an unknown name fails here, before any configuration
         pass
 

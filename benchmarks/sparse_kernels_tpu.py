@@ -104,6 +104,16 @@ def variant(name: str):
         tpu.KERNELS, tpu.BLOCK_ROWS, tpu.CHUNKED_PAIR = saved
 
 
+def default_variant() -> str:
+    """The variant a TPU runs by default, named as :func:`variant` takes it.
+
+    Example:
+        >>> default_variant()
+        'packed+chunked_pair'
+    """
+    return tpu.KERNELS + ("+chunked_pair" if tpu.CHUNKED_PAIR else "")
+
+
 def sparse_sums(backend: str, forced: str | None, kernels: str) -> str:
     """What computes the sparse sums of a ``scale.py`` run (``config['sparse_sums']``):
     ``Pallas `KERNELS` `` (a TPU's default, or ``--formulation pallas``) or ``XLA`` (XLA's

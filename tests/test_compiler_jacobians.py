@@ -73,6 +73,11 @@ def make(name, rngs):
     if name == "dense-alif":  # two coupled states fed by a dense layer, no elementwise relation
         return nnx.Sequential(layers.ETPLinear(I, H, rngs=rngs, **f64),
                               layers.ALIF(H, tau=3.0, tau_a=5.0, **f64))
+    if name == "two-layer":  # two groups: an ALIF layer (2 states) into a LIF layer (1)
+        return nnx.Sequential(layers.ETPLinear(I, H, rngs=rngs, **f64),
+                              layers.ALIF(H, learn_tau=True, tau=3.0, tau_a=5.0, **f64),
+                              layers.ETPLinear(H, 3, rngs=rngs, **f64),
+                              layers.LIF(3, learn_tau=True, tau=4.0, **f64))
     raise AssertionError(name)
 
 
@@ -134,7 +139,7 @@ def real_step(model, x):
     return f
 
 
-@pytest.mark.parametrize("name", ["leaky", "lif", "alif", "lstm", "gru", "roll"])
+@pytest.mark.parametrize("name", ["leaky", "lif", "alif", "lstm", "gru", "roll", "two-layer"])
 def test_d_equals_diagonal_blocks_of_the_cut_step_jacobian(name):
     with jax.enable_x64(True):
         _, graph, P, Hs, O, X = setup(name)
@@ -191,7 +196,7 @@ def df_oracle(graph, relation, P, Hs, O, X):
     return jac.reshape(n, group.num_states, y_size), group
 
 
-@pytest.mark.parametrize("name", ["leaky", "lif", "alif", "lstm", "gru"])
+@pytest.mark.parametrize("name", ["leaky", "lif", "alif", "lstm", "gru", "two-layer"])
 def test_df_equals_jacobian_with_respect_to_the_etp_output(name):
     with jax.enable_x64(True):
         _, graph, P, Hs, O, X = setup(name)
@@ -400,3 +405,29 @@ def test_a_step_that_moves_positions_keeps_one_jvp_per_colour():
         np.testing.assert_array_equal(d, d_jvp)
         (d_pulled,), _ = run(_jacobians._pulled_jacobians)  # negative control
         assert float(jnp.max(jnp.abs(d_pulled - d))) > 1e-2
+
+
+def test_each_group_takes_its_own_tangents_and_an_unread_df_none():
+    """Two groups (an ALIF layer, a LIF layer): each leaf holds its responses to its own
+    group's slots only (fewer than all slots), and a relation whose ``Df`` no rule reads gets
+    no tangent and ``None``, the rest unchanged (the oracle tests above check the values)."""
+    with jax.enable_x64(True):
+        _, graph, P, Hs, O, X = setup("two-layer")
+        assert len(graph.groups) == 2
+        leaves = StepLeaves(P, Hs, O, X)
+        outs = programs.jacobian_responses(graph, leaves)
+        slots = _jacobians._slots(graph)
+        for g in graph.groups:
+            own = _jacobians._group_slots(graph, g)
+            assert all(outs[k].shape[0] == len(own) < len(slots) for k in g.leaves)
+        d, df = programs.jacobians(graph, leaves)
+        skip = next(r for r in graph.relations if r.has_input and r.group == 0)
+        d_skip, df_skip = programs.jacobians(graph, leaves, frozenset({skip.index}))
+        outs_skip = programs.jacobian_responses(graph, leaves, frozenset({skip.index}))
+        assert df_skip[skip.index] is None and df[skip.index] is not None
+        assert outs_skip[graph.groups[0].leaves[0]].shape[0] == outs[
+            graph.groups[0].leaves[0]].shape[0] - skip.num_colours
+        for got, want in zip(jax.tree.leaves((d_skip, df_skip)),
+                             jax.tree.leaves((d, [f for r, f in zip(graph.relations, df)
+                                                  if r.index != skip.index]))):
+            np.testing.assert_array_equal(got, want)

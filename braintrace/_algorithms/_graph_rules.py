@@ -168,6 +168,12 @@ class GraphRules:
         """The relation whose ``Df``-only state part relation ``index`` shares, or ``None``."""
         return self.leaders[index] if self.leaders else None
 
+    def df(self, df: Sequence[Any], index: int) -> Any:
+        """Relation ``index``'s ``Df`` in ``df`` (per relation): a sharing relation's is its
+        leader's, the same Jacobian (the step's Jacobians skip its own: ``None`` there)."""
+        lead = self.leader(index)
+        return df[index if lead is None else lead]
+
     def _tied(self, state: Sequence[Any]) -> list[Any]:
         """Every relation's whole state (a sharing relation's tied to its leader's), as the
         rules read it (widened from the trace dtype)."""
@@ -204,7 +210,7 @@ class GraphRules:
         """``ε^{t-1} → ε^t`` for every relation."""
         d = ([(d_g, reads) for d_g, reads in zip(jac.d, jac.reads)] if self.readers
              else jac.d)
-        return self._owned([rule.update(r, s, d[r.group], jac.df[r.index], x, theta)
+        return self._owned([rule.update(r, s, d[r.group], self.df(jac.df, r.index), x, theta)
                             for r, rule, s, x, theta in zip(self.relations, self.relation_rules,
                                                             self._tied(state), rel_x, operands)])
 
@@ -248,7 +254,7 @@ class GraphRules:
         out = []
         for r, rule, s in zip(self.relations, self.relation_rules, self._tied(state)):
             out.append((s, None) if rule.block_step is None else rule.block_step(
-                r, s, self.signal(delta, r), jac.d[r.group], jac.df[r.index]))
+                r, s, self.signal(delta, r), jac.d[r.group], self.df(jac.df, r.index)))
         return self._owned([new for new, _ in out]), self.unshared([o for _, o in out])
 
     def block_finish(self, state: Sequence[Any], steps: Sequence[BlockSteps],

@@ -9,8 +9,9 @@ mixing operations stopped) as evaluated by ``_interpret.evaluate``:
   positions, no elementwise output shared between units) and a relation has
   several colours (fused gates), from one pullback per state
   (:func:`pulls_jacobians`); elsewhere one JVP per state and colour of a group
-  and per colour of a relation — exact because units of one colour never meet
-  in one output (in two parts, :func:`jacobian_responses` and
+  and per colour of a relation (each group's responses to its own, a relation
+  whose ``Df`` no rule reads skipped) — exact because units of one colour never
+  meet in one output (in two parts, :func:`jacobian_responses` and
   :func:`assemble_jacobians`, so that a loop over a block of steps can arrange
   the colours once for the block);
 * :func:`coupled_jacobians`: per-position blocks of the full hidden Jacobian
@@ -54,8 +55,10 @@ def _etp_stops(graph: ETraceGraph) -> frozenset[int]:
                      if not graph.jaxpr.eqns[e].primitive.gradient_enabled)
 
 
-def jacobians(graph: ETraceGraph, leaves: StepLeaves) -> tuple[list[jax.Array], list[jax.Array]]:
-    """Each group's ``D`` ``(*V, S, S)`` and each relation's ``Df``.
+def jacobians(graph: ETraceGraph, leaves: StepLeaves, unread: frozenset[int] = frozenset()
+              ) -> tuple[list[jax.Array], list[jax.Array | None]]:
+    """Each group's ``D`` ``(*V, S, S)`` and each relation's ``Df`` (``None`` for the
+    relations in ``unread``, whose ``Df`` no rule reads: its tangents are not taken).
 
     ``Df`` is ``(*y, S)`` for an operation with an input (entry ``[k, s]`` is
     ``∂h[π(k), s]/∂y[k]``) and ``(*V, S)`` for the elementwise primitive
@@ -63,8 +66,9 @@ def jacobians(graph: ETraceGraph, leaves: StepLeaves) -> tuple[list[jax.Array], 
     where :func:`pulls_jacobians` holds, else from one JVP per slot.
     """
     if pulls_jacobians(graph):
-        return _pulled_jacobians(graph, leaves)
-    return assemble_jacobians(graph, jacobian_responses(graph, leaves))
+        d, df = _pulled_jacobians(graph, leaves)
+        return d, [None if r.index in unread else f for r, f in zip(graph.relations, df)]
+    return assemble_jacobians(graph, jacobian_responses(graph, leaves, unread), unread)
 
 
 def _injected(graph: ETraceGraph) -> list[int]:
@@ -169,16 +173,19 @@ def _pulled_jacobians(graph: ETraceGraph, leaves: StepLeaves
     return d, df
 
 
-def jacobian_responses(graph: ETraceGraph, leaves: StepLeaves) -> list[jax.Array]:
+def jacobian_responses(graph: ETraceGraph, leaves: StepLeaves,
+                       unread: frozenset[int] = frozenset()) -> list[jax.Array]:
     """The cut step's responses to its tangents, per hidden leaf ``(R_g, *V)``: what
     :func:`assemble_jacobians` arranges into ``D`` and ``Df``.
 
     A leaf of group ``g`` holds its responses to ``g``'s own ``R_g`` slots only
-    (:func:`_group_slots`: its states' colours, then its relations' colours), the only
-    ones the assembly reads: one ``vmap`` of the JVP per group, each returning its own
-    leaves, so that XLA computes ``Σ_g R_g·|g|`` responses, not ``R·Σ_g |g|`` (an ALIF
-    layer with a readout: 4 of 6 slots per neuron; each layer of a deeper network only
-    its own slots). A leaf of no group holds none, ``(0, *V)``.
+    (:func:`_group_slots`: its states' colours, then the colours of its relations but those
+    in ``unread``, whose ``Df`` no rule reads), the only ones the assembly reads: one
+    ``vmap`` of the JVP per group, each returning its own leaves, so that XLA computes
+    ``Σ_g R_g·|g|`` responses, not ``R·Σ_g |g|`` (an ALIF layer fed by an input and a
+    recurrent relation, with a readout: 4 of 6 slots per neuron, 3 when the recurrent
+    relation reads the input's ``Df``; each layer of a deeper network only its own slots).
+    A leaf of no group holds none, ``(0, *V)``.
 
     Kept apart so that a loop over time can stack the responses (contiguous
     rows) and arrange a whole block of steps at once: arranged inside the
@@ -195,7 +202,7 @@ def jacobian_responses(graph: ETraceGraph, leaves: StepLeaves) -> list[jax.Array
     index = {slot: i for i, slot in enumerate(slots)}
     outs = [jnp.zeros((0, *h.shape), h.dtype) for h in hidden_in]
     for g in graph.groups:
-        rows = jnp.asarray([index[slot] for slot in _group_slots(graph, g)], jnp.int32)
+        rows = jnp.asarray([index[slot] for slot in _group_slots(graph, g, unread)], jnp.int32)
         # The one-hot tangents are made inside the vmapped call from the slot's index: a
         # materialised (R, *V) stack of them is loop-invariant, and XLA hoists it out of
         # the time loop as R live copies of every hidden state (384 MiB at 131,072 ALIF
@@ -206,15 +213,18 @@ def jacobian_responses(graph: ETraceGraph, leaves: StepLeaves) -> list[jax.Array
     return outs
 
 
-def assemble_jacobians(graph: ETraceGraph, outs: Sequence[jax.Array]
-                       ) -> tuple[list[jax.Array], list[jax.Array]]:
-    """``D`` per group and ``Df`` per relation from :func:`jacobian_responses`."""
+def assemble_jacobians(graph: ETraceGraph, outs: Sequence[jax.Array],
+                       unread: frozenset[int] = frozenset()
+                       ) -> tuple[list[jax.Array], list[jax.Array | None]]:
+    """``D`` per group and ``Df`` per relation (``None`` in ``unread``) from
+    :func:`jacobian_responses` of the same ``unread``."""
     if not outs:
         return [], []
-    row = {g.index: {slot: i for i, slot in enumerate(_group_slots(graph, g))}
+    row = {g.index: {slot: i for i, slot in enumerate(_group_slots(graph, g, unread))}
            for g in graph.groups}
     return ([_assemble_d(g, outs, row[g.index]) for g in graph.groups],
-            [_assemble_df(r, graph.groups[r.group], outs, row[r.group])
+            [None if r.index in unread else
+             _assemble_df(r, graph.groups[r.group], outs, row[r.group])
              for r in graph.relations])
 
 
@@ -237,12 +247,15 @@ def _slots(graph: ETraceGraph) -> list[tuple[str, int, int, int]]:
                     for c in range(r.num_colours)]
 
 
-def _group_slots(graph: ETraceGraph, g: HiddenGroup) -> list[tuple[str, int, int, int]]:
+def _group_slots(graph: ETraceGraph, g: HiddenGroup, unread: frozenset[int] = frozenset()
+                 ) -> list[tuple[str, int, int, int]]:
     """The slots of :func:`_slots` whose responses group ``g``'s ``D`` and ``Df`` read, in
-    order: ``g``'s states' colours, then the colours of the relations into ``g``."""
+    order: ``g``'s states' colours, then the colours of the relations into ``g`` but those
+    in ``unread``."""
     return [slot for slot in _slots(graph)
             if (slot[0] == "group" and slot[1] == g.index)
-            or (slot[0] == "relation" and graph.relations[slot[1]].group == g.index)]
+            or (slot[0] == "relation" and graph.relations[slot[1]].group == g.index
+                and slot[1] not in unread)]
 
 
 def _slot_tangents(graph, hidden_in, zero_y, injected):

@@ -28,7 +28,13 @@ from braintrace._loops._context import LoopContext
 from braintrace._loops._groups import scan_grouped
 from braintrace._loops._masks import ignore_masked
 from braintrace._loops._per_step import ScanCarry, keep_dtype
-from braintrace._loops._step import add_same_step, probed_loss_terms, step_jacobians, step_leaves
+from braintrace._loops._step import (
+    add_same_step,
+    probed_loss_terms,
+    step_jacobians,
+    step_leaves,
+    unread_df,
+)
 
 __all__ = ["run_blocked", "stacked_bytes_per_step"]
 
@@ -69,7 +75,7 @@ def stacked_bytes_per_step(rules: GraphRules) -> int:
         y = size(r.y_shape)
         shared = rules.leader(i) is not None  # its d and dy are its leader's
         if rule.block_step is None:
-            extra = y * g.num_states if rules.reads_jacobians else 0  # Df
+            extra = y * g.num_states if rules.reads_jacobians and not shared else 0  # Df
         else:  # d
             extra = 0 if shared else y
         total += (x + (y if stacks_dy and not shared else 0) + extra) * itemsize(g)
@@ -92,7 +98,7 @@ def _relation_steps(rules: GraphRules, signal: Any, d: Any, df: Any, reads: Any,
         if rule.block_step is None:
             rel_signal = jax.vmap(lambda delta, r=r: rules.signal(delta, r))(signal)
             d_g = (d[r.group], reads[r.group]) if rules.readers else d[r.group]
-            views.append(BlockSteps(rel_signal, d_g, df[r.index], rel_x[i], dy[i]))
+            views.append(BlockSteps(rel_signal, d_g, rules.df(df, r.index), rel_x[i], dy[i]))
         else:
             views.append(BlockSteps(None, None, None, rel_x[i], dy[i], stepped[i], outs[i]))
     return views
@@ -112,6 +118,7 @@ def _run_block(ctx: LoopContext, carry: ScanCarry, inputs: Any) -> tuple[ScanCar
     deferred = (not any(hooked) and rules.reads_jacobians and rules.scope == "diagonal"
                 and not rules.readers and programs.arranges_colours(graph))
     new_state = rules.learning_signal.reads_new_state  # the rules' blocks take δ^t then
+    unread = unread_df(rules)
 
     def step(state, step_inputs):
         hidden, other, same, stepped = state
@@ -126,7 +133,8 @@ def _run_block(ctx: LoopContext, carry: ScanCarry, inputs: Any) -> tuple[ScanCar
         if not stack_steps:
             signal, stacked_jac = [], ([], [])
         elif deferred:
-            signal, stacked_jac = terms.signal, programs.jacobian_responses(graph, leaves)
+            signal, stacked_jac = terms.signal, programs.jacobian_responses(graph, leaves,
+                                                                            unread)
         else:
             signal, stacked_jac = terms.signal, (list(jac.d), list(jac.df))
         reads = list(jac.reads) if stack_steps and rules.readers else []  # not deferred then
@@ -142,7 +150,8 @@ def _run_block(ctx: LoopContext, carry: ScanCarry, inputs: Any) -> tuple[ScanCar
     (hidden, other, same, stepped), ((signal, jac, reads, rel_x, dy, outs), losses) = (
         scan_grouped(step, start, inputs, steps_second=output_side))
     if deferred:  # the block's responses, arranged for all its steps at once
-        jac = jax.vmap(lambda responses: programs.assemble_jacobians(graph, responses))(jac)
+        jac = jax.vmap(lambda responses: programs.assemble_jacobians(graph, responses,
+                                                                     unread))(jac)
     views = _relation_steps(rules, signal, list(jac[0]), list(jac[1]), reads, rel_x, dy,
                             stepped, outs if any(hooked) else [None] * len(hooked))
     traces, term = rules.block_finish(carry.traces, views, ctx.operands)
