@@ -89,7 +89,7 @@ def default_block_size(rules: GraphRules, most: int = DEFAULT_BLOCK_SIZE) -> int
     ``K = clamp(⌊BLOCK_MEMORY_BUDGET / stacked bytes per step⌋, 2, most)``, the bytes per step
     counted from the graph's shapes (``_blocked.stacked_bytes_per_step``): a block holds ``K``
     steps of every relation's input and output-sized values, which for a large network (B 32,
-    131,072 neurons: 96 MiB per step for ES-D-RTRL) would be gigabytes at ``K = 32``.
+    131,072 neurons: 64 MiB per step for ES-D-RTRL) would be gigabytes at ``K = 32``.
 
     Example:
         >>> from braintrace._loops import default_block_size

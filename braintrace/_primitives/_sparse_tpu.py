@@ -61,7 +61,7 @@ table row where that saves chunks (:func:`packing`): at 1,048,576 neurons, batch
 :data:`CHUNKED_PAIR`, the forward sum 90.6 ms a call (staged 125.1; of which XLA's gather of
 the weights into slot order, done once per time loop, 67.7 and 92.8), the weight pullback
 25.7 ms (staged 125.1, XLA 100.9), within 2.4e-7 of XLA's; ES-D-RTRL's update over 30 steps
-3.47 s (staged 4.40; ``benchmarks/results/scale_tpu_1m_pallas.json``). At 131,072 neurons it
+3.47 s (``benchmarks/results/scale_tpu_1m_packed.json``; staged 4.40). At 131,072 neurons it
 packs only the pair-sum (2.20 ms; its gather-sums fit one chunk unpacked). (A first staged
 version, whose index rows were 2-D SMEM blocks, gave wrong sums on the chip while right in
 Pallas' interpreters; its index rows are 1-D blocks since, as the cells' kernels' always
