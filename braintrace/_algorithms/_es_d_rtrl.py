@@ -318,11 +318,17 @@ def es_input_rule(x_decay: float, f_decay: float, after_update: bool = False) ->
         """The state with the output side of a relation with the same ``Df``."""
         return s._replace(f=leader.f, f_power=leader.f_power)
 
+    def uniform(s: IOTrace, first: IOTrace) -> IOTrace:
+        """The state with ``ε_1`` and ``α_f^t`` of ``first``: functions of the step count
+        alone, alike in every relation of this rule (the same start, the same decays)."""
+        return s._replace(ones=first.ones,
+                          f_power=None if s.f_power is None else first.f_power)
+
     block_step, block_finish = es_block_rules(f_update, x_decay, after_update)
     return RelationRule(init=init, update=update, contribution=contribution,
                         finalize=input_side_finalize,
                         rules=lambda r: ("init_pp", "xy_to_dw"), block_step=block_step,
-                        block_finish=block_finish, own=own, tie=tie,
+                        block_finish=block_finish, own=own, tie=tie, uniform=uniform,
                         contribution_with_share=None if after_update else contribution_with_share)
 
 

@@ -178,9 +178,17 @@ class GraphRules:
         """Every relation's whole state (a sharing relation's tied to its leader's), as the
         rules read it (widened from the trace dtype)."""
         state = working(list(state), self.trace_dtype)
-        return [s if self.leader(i) is None
+        tied = [s if self.leader(i) is None
                 else self.relation_rules[i].tie(s, state[self.leader(i)])
                 for i, s in enumerate(state)]
+        # the parts every relation of one rule holds alike, read from its first relation's
+        # state: one scalar update per step, not one per relation
+        first: dict[int, Any] = {}
+        for i, (rule, s) in enumerate(zip(self.relation_rules, tied)):
+            if rule.uniform is not None:
+                source = first.setdefault(id(rule), s)
+                tied[i] = s if source is s else rule.uniform(s, source)
+        return tied
 
     def unshared(self, per_relation: Sequence[Any]) -> list[Any]:
         """``per_relation`` with a sharing relation's entry ``None`` (its leader's stands for

@@ -84,5 +84,6 @@ class RelationRule(NamedTuple):
     block_finish: Callable[..., tuple[Any, Any]] | None = None
     own: Callable[[Any], Any] | None = None
     tie: Callable[[Any, Any], Any] | None = None
+    uniform: Callable[[Any, Any], Any] | None = None
     jacobians: bool = True
     contribution_with_share: Callable[..., Any] | None = None
