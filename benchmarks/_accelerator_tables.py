@@ -313,7 +313,8 @@ def sparse_kernels(results: Results) -> str:
         + ("each variant of the kernels (`_sparse_tpu.KERNELS`: `cells`, `_sparse_pallas.py`; "
            "`staged`, `_sparse_staged.py`; `packed`, the staged ones with up to 4 sources per "
            "table row where that saves source chunks; `+chunked_pair`: the weight pullback over "
-           "several chunks by the staged pair-sum, in connection order; `@ROWS`: that many "
+           "several chunks by the staged pair-sum, in connection order; `+own_pair`: that, "
+           "each chunk's call staging its own connections alone; `@ROWS`: that many "
            "target rows per block), "
            if all(":" in label for label in labels) else "the kernels (`_sparse_pallas.py`), ")
         + "each call with the XLA gather of its tables (the weights into slot order, which a time "

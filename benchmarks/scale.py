@@ -405,9 +405,10 @@ def main(argv: list[str] | None = None) -> dict:
                         "library's, sparse_kernels_tpu.default_variant()): a variant of "
                         "braintrace._primitives._sparse_tpu.VARIANTS, optionally +chunked_pair "
                         "(the weight pullback over several source chunks by the staged "
-                        "pair-sum: _sparse_tpu.CHUNKED_PAIR), then optionally @ROWS (target "
-                        "rows per block): cells, staged, packed, packed+chunked_pair, "
-                        "staged@2048")
+                        "pair-sum: _sparse_tpu.CHUNKED_PAIR) or +own_pair (that, each chunk's "
+                        "call staging its own connections: _sparse_tpu.OWN_CHUNK_PAIR), then "
+                        "optionally @ROWS (target rows per block): cells, staged, packed, "
+                        "packed+chunked_pair, packed+own_pair, staged@2048")
     p.add_argument("--timeout", type=float, default=4 * 3600.0, help="seconds per configuration")
     p.add_argument("--memory-report", action="store_true",
                    help="dump XLA's buffer assignment; record each program's largest buffers")

@@ -14,9 +14,11 @@ A variant is a name of ``_sparse_tpu.VARIANTS`` (``cells``: the kernels of
 ``_sparse_pallas.py``; ``staged``: those of ``_sparse_staged.py``; ``packed``: those with
 several sources per row of the gather-sums' tables at batches up to 64), optionally
 ``+chunked_pair`` (``_sparse_tpu.CHUNKED_PAIR``: the weight pullback over several source
-chunks by the staged pair-sum, one call per chunk, instead of the cells' and a gather), then
-optionally ``@ROWS``, the target rows per block (``_sparse_tpu.BLOCK_ROWS``):
-``--variants cells,staged,packed,staged+chunked_pair,staged@2048``.
+chunks by the staged pair-sum, one call per chunk, instead of the cells' and a gather) or
+``+own_pair`` (that, each chunk's call staging its own connections alone:
+``_sparse_tpu.OWN_CHUNK_PAIR``), then optionally ``@ROWS``, the target rows per block
+(``_sparse_tpu.BLOCK_ROWS``):
+``--variants cells,staged,packed,staged+chunked_pair,packed+own_pair,staged@2048``.
 Per sum and variant: the largest difference to XLA's values (absolute, and relative to XLA's
 largest value), the median and minimum of ``--repeats`` calls (``block_until_ready``, every
 program in turn), and the time over the **row-rate floor**: one row load per synapse and per
@@ -79,29 +81,32 @@ def _fns(module, conn: Connectivity) -> dict:
 
 @contextlib.contextmanager
 def variant(name: str):
-    """The kernels of variant ``name`` (``KERNELS[+chunked_pair][@ROWS]``, module docstring)
-    within the block.
+    """The kernels of variant ``name`` (``KERNELS[+chunked_pair|+own_pair][@ROWS]``, module
+    docstring) within the block.
 
     Example:
         >>> with variant("staged+chunked_pair@2048"):
-        ...     tpu.KERNELS, tpu.CHUNKED_PAIR, tpu.BLOCK_ROWS
-        ('staged', True, 2048)
-        >>> tpu.KERNELS, tpu.CHUNKED_PAIR, tpu.BLOCK_ROWS  # the defaults again
-        ('packed', True, None)
+        ...     tpu.KERNELS, tpu.CHUNKED_PAIR, tpu.OWN_CHUNK_PAIR, tpu.BLOCK_ROWS
+        ('staged', True, False, 2048)
+        >>> with variant("packed+own_pair"):
+        ...     tpu.CHUNKED_PAIR, tpu.OWN_CHUNK_PAIR
+        (True, True)
+        >>> tpu.KERNELS, tpu.CHUNKED_PAIR, tpu.OWN_CHUNK_PAIR, tpu.BLOCK_ROWS  # the defaults
+        ('packed', True, False, None)
     """
     base, _, rows = name.partition("@")
     kernels, plus, option = base.partition("+")
-    if (kernels not in tpu.VARIANTS or (plus and option != "chunked_pair")
+    if (kernels not in tpu.VARIANTS or (plus and option not in ("chunked_pair", "own_pair"))
             or (rows and not rows.isdigit())):
         raise ValueError(f"unknown variant {name!r}: one of {tpu.VARIANTS}, optionally "
-                         "+chunked_pair, then optionally @ROWS")
-    saved = tpu.KERNELS, tpu.BLOCK_ROWS, tpu.CHUNKED_PAIR
+                         "+chunked_pair or +own_pair, then optionally @ROWS")
+    saved = tpu.KERNELS, tpu.BLOCK_ROWS, tpu.CHUNKED_PAIR, tpu.OWN_CHUNK_PAIR
     tpu.KERNELS, tpu.BLOCK_ROWS = kernels, int(rows) if rows else None
-    tpu.CHUNKED_PAIR = bool(plus)
+    tpu.CHUNKED_PAIR, tpu.OWN_CHUNK_PAIR = bool(plus), option == "own_pair"
     try:
         yield
     finally:
-        tpu.KERNELS, tpu.BLOCK_ROWS, tpu.CHUNKED_PAIR = saved
+        tpu.KERNELS, tpu.BLOCK_ROWS, tpu.CHUNKED_PAIR, tpu.OWN_CHUNK_PAIR = saved
 
 
 def default_variant() -> str:
@@ -111,7 +116,8 @@ def default_variant() -> str:
         >>> default_variant()
         'packed+chunked_pair'
     """
-    return tpu.KERNELS + ("+chunked_pair" if tpu.CHUNKED_PAIR else "")
+    return tpu.KERNELS + ("+own_pair" if tpu.CHUNKED_PAIR and tpu.OWN_CHUNK_PAIR else
+                          "+chunked_pair" if tpu.CHUNKED_PAIR else "")
 
 
 def sparse_sums(backend: str, forced: str | None, kernels: str) -> str:
@@ -220,8 +226,10 @@ def _cells_record(conn: Connectivity, variants: tuple) -> dict:
                         "chunks": tiles.chunks, "chunk": tiles.chunk, "blocks": tiles.blocks,
                         "block": tiles.block, "uniform": tiles.uniform,
                         "width_cap": tiles.width_cap,
-                        "slots_per_connection": tiles.chunks * tiles.blocks * 128 / conn.nnz
-                        * (tiles.slot_rows if side == "pair" else tiles.weight_rows)}  # staged
+                        "slots_per_connection": (
+                            tiles.positions.size / conn.nnz if tiles.positions is not None
+                            else tiles.chunks * tiles.blocks * 128 / conn.nnz
+                            * (tiles.slot_rows if side == "pair" else tiles.weight_rows))}
                 elif side == "pair":
                     continue
                 else:

@@ -14,7 +14,9 @@ R = 1, 5, 32, 33, 64 (packed), 65, 128 and 200 (not: the staged kernels). The pa
 several source chunks (``_sparse_tpu.CHUNKED_PAIR``: each chunk's call stages every
 connection, those of other chunks reading its zero row) gives XLA's values in connection
 order at fan-ins 1, 3 and 8, 1 to 129 rows, a last chunk shorter than the others, and its
-tiles are checked at a fan-in of 130 too; packed (``'packed'``: each staged row summed over
+tiles are checked at a fan-in of 130 too; so does each chunk's call staging its own
+connections alone (``_sparse_tpu.OWN_CHUNK_PAIR``: into a stage zeroed first where it does not
+pack; its tiles' entries put every connection in its staged row once); packed (``'packed'``: each staged row summed over
 its own quarter of the table row) at R = 1, 20, 32 (4 sources per row), 64 (2) and 65 (1);
 with the flag the weight pullback's program gathers nothing, without it it gathers every
 value. The tiles' index arithmetic is checked on a
@@ -352,18 +354,21 @@ def _in_output_order(n: int, fan_in: int, rng) -> np.ndarray:
     return np.concatenate([rng.choice(n, fan_in, replace=False) for _ in range(n)])
 
 
+@pytest.mark.parametrize("own", [False, True], ids=["every", "own"])
 @pytest.mark.parametrize("case", PAIR_CASES)
-def test_the_chunked_pair_sum_equals_the_xla_formulation(monkeypatch, case):
+def test_the_chunked_pair_sum_equals_the_xla_formulation(monkeypatch, case, own):
     """Over several source chunks, each call staging every connection (those of other chunks
-    reading its zero row) and adding into the last one's output: the pair-sum in connection
-    order equals XLA's weight pullback; packed (``P`` sources per table row, each staged row
-    summed over its own quarter's lanes), too, its connections in every quarter."""
+    reading its zero row; ``own``: its own chunk's alone, into a stage zeroed first unless
+    packed) and adding into the last one's output: the pair-sum in connection order equals
+    XLA's weight pullback; packed (``P`` sources per table row, each staged row summed over
+    its own quarter's lanes), too, its connections in every quarter."""
     n, fan_in, rows, chunk, interpreter, kernels = PAIR_CASES[case]
     monkeypatch.setattr(tpu, "KERNELS", kernels)
     rng = np.random.default_rng(1)
     pre = _in_output_order(n, fan_in, rng)
     conn = Connectivity.from_indices(pre, np.repeat(np.arange(n), fan_in), n, n)
-    tiles = pair_tiles(pre, n, n, fan_in, LANES, chunk, tpu.packing(rows))
+    tiles = pair_tiles(pre, n, n, fan_in, LANES, chunk, tpu.packing(rows), own)
+    assert (tiles.positions is not None) == own
     assert tiles.chunks > 1 and n - (tiles.chunks - 1) * chunk < chunk  # the last chunk short
     assert tiles.pack == PAIR_PACKS.get(case, 1)
     if tiles.pack > 1:  # sources in every quarter of a table row; other chunks' rows in none
@@ -410,6 +415,50 @@ def test_each_chunk_of_the_pair_tiles_reads_its_own_connections_and_zeros_elsewh
     want = np.zeros((tiles.blocks * LANES, width))
     want[:n, :fan_in] = v[pre].reshape(n, fan_in)
     np.testing.assert_array_equal(staged_rows, want.reshape(tiles.blocks, -1))
+
+
+@pytest.mark.parametrize("fan_in, pack", [(1, 1), (8, 1), (130, 1), (1, 4), (8, 2), (130, 4)])
+def test_each_chunk_of_own_pair_tiles_stages_its_own_connections_into_their_rows(fan_in,
+                                                                                 pack):
+    """Tiles that stage each chunk's own connections alone: every chunk's entries, read from
+    that chunk's table into their staged rows (padding into the spare row, from the zero
+    row), and summed over the chunks, give each staged row its connection's source row in
+    connection order (packed: in its quarter) and zero elsewhere; ``nnz`` entries in all but
+    the padding, each tile's a whole number of groups."""
+    n, chunk = 300, 110  # chunks 110, 110, 80; 3 blocks of 128 targets
+    rng = np.random.default_rng(0)
+    pre = _in_output_order(n, fan_in, rng)
+    tiles = pair_tiles(pre, n, n, fan_in, LANES, chunk, pack, own=True)
+    every = pair_tiles(pre, n, n, fan_in, LANES, chunk, pack)  # the quarters: the same
+    assert (tiles.chunks, tiles.blocks) == (3, 3) and tiles.groups.shape[0] == 9
+    assert every.positions is None and tiles.source.shape == tiles.positions.shape
+    width = tiles.width_cap
+    spare = LANES * width
+    v = rng.standard_normal(n) + 10.0  # no source reads zero
+    staged_rows = np.zeros((tiles.blocks, spare + 1))  # a block's one tile, then the spare
+    live = 0
+    for c in range(tiles.chunks):
+        size = min(chunk, n - c * chunk)
+        quarter = tiles.quarter or size
+        sources = np.concatenate([v[c * chunk:c * chunk + size], np.zeros(pack * quarter - size)])
+        table = np.concatenate([sources.reshape(pack, quarter).T, np.zeros((8, pack))])
+        table = np.concatenate([table, np.zeros((len(table), 1))], axis=1)  # quarter P: none
+        for b in range(tiles.blocks):
+            cell = c * tiles.blocks + b
+            count = int(tiles.groups[cell, 0]) * 8  # one tile a block
+            index, at = tiles.source[cell, :count], tiles.positions[cell, :count]
+            assert index.min() >= 0 and index.max() <= (tiles.quarter or size)
+            assert (tiles.source[cell, count:] == (tiles.quarter or size)).all()  # padding
+            assert (tiles.positions[cell, count:] == spare).all()
+            live += int((at < spare).sum())
+            assert len(np.unique(at[at < spare])) == (at < spare).sum()  # each row once
+            own = np.zeros(count, np.int64) if pack == 1 else np.minimum(
+                every.quarters[cell].reshape(-1)[np.minimum(at, spare - 1)], pack)
+            np.add.at(staged_rows[b], at, np.where(at < spare, table[index, own], 0.0))
+    assert live == n * fan_in
+    want = np.zeros((tiles.blocks * LANES, width))
+    want[:n, :fan_in] = v[pre].reshape(n, fan_in)
+    np.testing.assert_array_equal(staged_rows[:, :spare], want.reshape(tiles.blocks, -1))
 
 
 def _gathers(jaxpr) -> list[tuple]:
@@ -465,16 +514,21 @@ def test_with_chunked_pair_the_pullback_over_several_chunks_gathers_nothing(monk
     assert _gathers(programs[True].jaxpr) == []
 
 
-@pytest.mark.parametrize("kernels, chunk, pack", [("staged", 5, 1), ("packed", 2, 4)])
+@pytest.mark.parametrize("kernels, chunk, pack, own", [
+    ("staged", 5, 1, False), ("packed", 2, 4, False), ("staged", 5, 1, True),
+    ("packed", 2, 4, True)])
 def test_layer_gradients_through_the_chunked_pair_sum_equal_the_xla_formulation(
-        monkeypatch, kernels, chunk, pack):
+        monkeypatch, kernels, chunk, pack, own):
     """ES-D-RTRL's gradients of a spiking network with a uniform sparse recurrence over
     several source chunks (``'staged'``: 3 of 5, 5, 4 neurons; ``'packed'``: 2 of 7, four
     sources per table row, quarters of 2), its weight pullback (the block product) through
-    the chunked staged pair-sum, equal those through XLA's formulation."""
+    the chunked staged pair-sum (``own``: each chunk's call staging its own connections,
+    :data:`~braintrace._primitives._sparse_tpu.OWN_CHUNK_PAIR`), equal those through XLA's
+    formulation."""
     monkeypatch.setattr(tpu, "KERNELS", kernels)
     monkeypatch.setattr(tpu, "CHUNK_ROWS", chunk)
     monkeypatch.setattr(tpu, "CHUNKED_PAIR", True)
+    monkeypatch.setattr(tpu, "OWN_CHUNK_PAIR", own)
     uniform = _uniform_connectivity(14, 3, 2)
     gradients = _es_d_rtrl_gradients(test_sparse_pallas._network(3, uniform), 3)
     with formulation("accelerator"):
@@ -486,7 +540,8 @@ def test_layer_gradients_through_the_chunked_pair_sum_equal_the_xla_formulation(
     with formulation("pallas"):
         got = gradients()
     assert calls  # the weight pullback ran the chunked pair-sum
-    assert all(t.pack == pack and t.chunks == (3 if pack == 1 else 2) for _, t in calls)
+    assert all(t.pack == pack and t.chunks == (3 if pack == 1 else 2)
+               and (t.positions is not None) == own for _, t in calls)
     assert any(float(jnp.max(jnp.abs(g))) > 0 for g in want)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

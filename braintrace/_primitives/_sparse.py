@@ -173,20 +173,22 @@ class Connectivity:
             cache[side, chunk, block] = cells(sources, targets, *counts, chunk, block)
         return cache[side, chunk, block]
 
-    def tiles(self, side: str, chunk: int, block: int, pack: int = 1) -> Tiles | None:
+    def tiles(self, side: str, chunk: int, block: int, pack: int = 1,
+              own: bool = False) -> Tiles | None:
         """The ``'incoming'`` or ``'outgoing'`` connections in the staged kernels' lane tiles
         (``_sparse_tiles.py``): ``'gather'`` tiles of ``chunk`` source rows by ``block``
         target rows, or ``None`` when too uneven; ``side='pair'``: the incoming connections
-        in ``'pair'`` tiles of ``chunk`` source rows (one index set per chunk) when they are
-        in output order (else ``None``); built once per arguments. ``pack``: tiles with that
-        many sources per table row."""
+        in ``'pair'`` tiles of ``chunk`` source rows (one index set per chunk; ``own``: of its
+        own connections alone) when they are in output order (else ``None``); built once per
+        arguments. ``pack``: tiles with that many sources per table row."""
         cache = self.__dict__.setdefault("_tiles", {})
-        key = (side, chunk, block) if pack == 1 else (side, chunk, block, pack)
+        key = (side, chunk, block, pack, own)
         if key not in cache:
             if side == "pair":
                 fan_in = self.nnz // max(self.num_out, 1)
                 cache[key] = (
-                    pair_tiles(self.pre, self.num_in, self.num_out, fan_in, block, chunk, pack)
+                    pair_tiles(self.pre, self.num_in, self.num_out, fan_in, block, chunk, pack,
+                               own)
                     if self.nnz and self.in_output_order else None)
             else:
                 sources, targets, counts = ((self.pre, self.post, (self.num_in, self.num_out))

@@ -46,7 +46,11 @@ chunk of the pair-sum stages **every** connection, in connection order, those wh
 lies in another chunk reading the zero row: chunk ``c``'s call gives chunk ``c``'s products
 and zeros elsewhere, and the output stays in connection order (no permutation), at
 ``chunks × nnz`` staged rows (and index entries) in all, where the gather-sum stages ``nnz``;
-packed, ``P`` times fewer chunks.
+packed, ``P`` times fewer chunks. With **own** pair tiles (``Tiles.positions``;
+``_sparse_tpu.OWN_CHUNK_PAIR``) each chunk's call stages its own connections alone, each into
+its staged row (two scalar loads per connection, ``nnz`` staged rows in all), into a stage
+zeroed first where it does not pack (packed, the other rows' quarter ``P`` selects them
+away); the dense sums still run over every staged row, once per chunk.
 No matrix unit: float32 stays float32.
 """
 
@@ -68,7 +72,7 @@ from braintrace._primitives._sparse_table import (
     table_columns,
     table_scratch,
 )
-from braintrace._primitives._sparse_tiles import LANES, REGIONS, Tiles
+from braintrace._primitives._sparse_tiles import LANES, OWN_UNROLL, REGIONS, Tiles
 
 __all__ = ["COPY_COLUMNS", "UNROLL", "gather_sum", "pair_sum"]
 
@@ -98,6 +102,31 @@ def _stage(source_ref, table, stage, *, first_row, width, unroll: int):
         return carry
 
     jax.lax.fori_loop(0, width * (STEP // unroll), rows, 0)
+
+
+def _stage_own(positions_ref, source_ref, table, stage, *, first_entry, groups):
+    """``stage[positions[e]] = table[source[e]]`` for the ``OWN_UNROLL·groups`` entries from
+    ``first_entry`` (a tile's own connections, padding the spare row)."""
+
+    def rows(it, carry):
+        e0 = first_entry + it * OWN_UNROLL
+        for t in range(OWN_UNROLL):
+            at, index = positions_ref[e0 + t], source_ref[e0 + t]
+            stage[pl.ds(at, 1), :] = table[pl.ds(index, 1), :]
+        return carry
+
+    jax.lax.fori_loop(0, groups, rows, 0)
+
+
+def _zero_stage(stage, width: int):
+    """``stage[:width·128] = 0``, 128 rows at a time."""
+
+    def rows(h, carry):
+        stage[pl.ds(pl.multiple_of(h * LANES, LANES), LANES), :] = jnp.zeros(
+            (LANES, LANES), jnp.float32)
+        return carry
+
+    jax.lax.fori_loop(0, width, rows, 0)
 
 
 def _weighted_sum(stage, weight_ref, row0, width, rows: int, pack: int):
@@ -183,14 +212,19 @@ def _gather_kernel(widths_ref, wrows_ref, source_ref, *refs, rows: int, chain: s
         out_ref[...] = total if prev_ref is None else total + prev_ref[...]
 
 
-def _pair_kernel(source_ref, v_hbm, d_ref, *refs, rows: int, chain: str, width: int,
-                 unroll: int, first: int, start: int, sources: int, pack: int, quarter: int):
+def _pair_kernel(*refs, rows: int, chain: str, width: int, unroll: int, first: int,
+                 start: int, sources: int, pack: int, quarter: int, own: bool):
     """One block of the uniform pair-sum over the chunk of ``v``'s columns ``start …
-    start + sources`` (module docstring); ``refs``: the staged rows' quarters (``pack > 1``),
-    the last call's output (``chain == 'add'``), the output, then the scratch: table, copy
-    buffer, semaphores, stage, ``d``'s block padded to 128 rows (``P`` copies, one per
-    quarter, when packed) and its transpose."""
+    start + sources`` (module docstring); ``refs``: each tile's groups and the entries' staged
+    rows (``own``), the index entries, ``v`` (HBM), ``d``'s block, the staged rows' quarters
+    (``pack > 1``), the last call's output (``chain == 'add'``), the output, then the scratch:
+    table, copy buffer, semaphores, stage, ``d``'s block padded to 128 rows (``P`` copies,
+    one per quarter, when packed) and its transpose. ``own``: each tile stages its own
+    chunk's connections alone, into a stage zeroed first unless packed (where the other
+    rows' quarter, ``P``, selects them away)."""
     refs = list(refs)
+    groups_ref, positions_ref = (refs.pop(0), refs.pop(0)) if own else (None, None)
+    source_ref, v_hbm, d_ref = refs.pop(0), refs.pop(0), refs.pop(0)
     quarters_ref = refs.pop(0) if pack > 1 else None
     prev_ref = refs.pop(0) if chain == "add" else None
     out_ref, table, buf, sem, stage, d_rows, d_t = refs
@@ -217,8 +251,15 @@ def _pair_kernel(source_ref, v_hbm, d_ref, *refs, rows: int, chain: str, width: 
             jnp.where(own == q, jnp.sum(products_t[q * stride:q * stride + kept], axis=0,
                                         keepdims=True), 0.0) for q in range(pack)))
 
-    def tile(i, carry):
-        _stage(source_ref, table, stage, first_row=i * width, width=width, unroll=unroll)
+    def tile(i, first_entry):
+        if own:
+            if pack == 1:
+                _zero_stage(stage, width)
+            _stage_own(positions_ref, source_ref, table, stage, first_entry=first_entry,
+                       groups=groups_ref[i])
+            first_entry = first_entry + groups_ref[i] * OWN_UNROLL
+        else:
+            _stage(source_ref, table, stage, first_row=i * width, width=width, unroll=unroll)
         for h in range(width):  # staged rows h·128 …: 128 / Fp targets, or a part of one
             first_target = i * LANES + h * LANES // width
             rep = jnp.concatenate([
@@ -230,7 +271,7 @@ def _pair_kernel(source_ref, v_hbm, d_ref, *refs, rows: int, chain: str, width: 
             if prev_ref is not None:
                 sums = sums + prev_ref[pl.ds(at, 1), :]
             out_ref[pl.ds(at, 1), :] = sums
-        return carry
+        return first_entry
 
     jax.lax.fori_loop(0, block // LANES, tile, 0)
 
@@ -397,7 +438,8 @@ def pair_sum(values: jax.Array, d: jax.Array, tiles: Tiles, nnz: int, *,
     block, blocks, width = tiles.block, tiles.blocks, tiles.width_cap
     dv, _ = padded_values(d, blocks * block)
     source = _indices(tiles)
-    scratch, vmem = table_scratch(tiles, width * LANES)
+    own = tiles.positions is not None
+    scratch, vmem = table_scratch(tiles, width * LANES + (8 if own else 0))  # own: a spare row
     scratch += [pltpu.VMEM((LANES, block), jnp.float32), pltpu.VMEM((block, LANES), jnp.float32)]
     group_rows = min(rows, LANES)
     out_rows = block * width // LANES
@@ -409,9 +451,17 @@ def pair_sum(values: jax.Array, d: jax.Array, tiles: Tiles, nnz: int, *,
     out, unroll = None, _unroll(interpret)
     for lane, c in itertools.product(range(groups), range(tiles.chunks)):
         chain = "new" if out is None else "add"
-        specs = [_index_block(tiles, c * blocks), pl.BlockSpec(memory_space=pl.ANY),
-                 pl.BlockSpec((group_rows, block), lambda b, lane=lane: (lane, b))]
-        operands = [source, v, dv]
+        if own:  # each tile's groups, then the entries' staged rows and table rows
+            entries, cell0 = tiles.source.shape[1], c * blocks
+            specs = [_smem(tiles.groups.shape[1], lambda b, cell0=cell0: (cell0 + b,))] + [
+                _smem(entries, lambda b, cell0=cell0: (cell0 + b,))] * 2
+            operands = [jnp.asarray(tiles.groups.reshape(-1)),
+                        jnp.asarray(tiles.positions.reshape(-1)), source]
+        else:
+            specs, operands = [_index_block(tiles, c * blocks)], [source]
+        specs += [pl.BlockSpec(memory_space=pl.ANY),
+                  pl.BlockSpec((group_rows, block), lambda b, lane=lane: (lane, b))]
+        operands += [v, dv]
         if packed:
             specs.append(pl.BlockSpec((out_rows, LANES), lambda b, cell0=c * blocks: (
                 cell0 + b, 0)))
@@ -420,7 +470,7 @@ def pair_sum(values: jax.Array, d: jax.Array, tiles: Tiles, nnz: int, *,
             _pair_kernel, rows=group_rows if groups == 1 else LANES, chain=chain, width=width,
             unroll=unroll, first=lane * LANES, start=c * tiles.chunk,
             sources=min(tiles.chunk, tiles.num_sources - c * tiles.chunk), pack=tiles.pack,
-            quarter=tiles.quarter)
+            quarter=tiles.quarter, own=own)
         out = _call(kernel, blocks, specs, operands, (out_rows, LANES),
                     lambda b: (b, 0), (blocks * out_rows, LANES), scratch, vmem + 8 * 2**20,
                     chain, out, interpret)

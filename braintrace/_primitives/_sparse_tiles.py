@@ -23,7 +23,11 @@ connections are cut once, with NumPy, into **cells** ``(source chunk c, target b
   ``source - c·chunk`` of that chunk's table, every other one the chunk's zero row, so that
   chunk ``c``'s call gives chunk ``c``'s products in connection order and zeros elsewhere,
   and the calls add up. Every chunk's call stages every connection: ``chunks·nnz·Fp/F``
-  staged rows and as many index entries (``int32``) in all.
+  staged rows and as many index entries (``int32``) in all. **Own** pair tiles
+  (``pair_tiles(..., own=True)``) keep instead, per cell, only the connections of its chunk,
+  each tile's in staged-row order and padded to groups of :data:`OWN_UNROLL`: two entries
+  per connection (its table row, :attr:`Tiles.source`, and its staged row,
+  :attr:`Tiles.positions`), ``nnz`` connections over all the chunks.
 
 **Lane-packed** ``'gather'`` tiles (``pack = P`` of 2 or 4, for values of at most ``128 / P``
 rows): each row of the staged table holds ``P`` sources, one per **quarter** of ``128 / P``
@@ -54,7 +58,7 @@ import numpy as np
 
 from braintrace._primitives._sparse_cells import int32_indices
 
-__all__ = ["LANES", "REGIONS", "Tiles", "gather_tiles", "pair_tiles"]
+__all__ = ["LANES", "OWN_UNROLL", "REGIONS", "Tiles", "gather_tiles", "pair_tiles"]
 
 LANES = 128
 """Targets per lane tile: the TPU's vector lanes."""
@@ -64,6 +68,10 @@ REGIONS = 8
 
 MAX_FILL = 3.0
 """The most staged rows per connection (padding included) for which a side is tiled."""
+
+OWN_UNROLL = 8
+"""Entries per group of ``'pair'`` tiles that stage only their own chunk's connections: each
+tile's padded to a multiple of this, the staging loop's unroll."""
 
 
 class Tiles(NamedTuple):
@@ -93,6 +101,14 @@ class Tiles(NamedTuple):
             (``P`` for padding) when :attr:`pack` > 1, else ``None``; ``'pair'`` tiles:
             ``(cells, block·Fp / 128, 128)``, each staged row's (``P`` for padding and the
             connections of other chunks).
+        positions: ``(cells, entries)`` int32, for ``'pair'`` tiles that stage only their own
+            chunk's connections (``pair_tiles(..., own=True)``): the staged row within its
+            tile of each entry of :attr:`source` (then ``(cells, entries)`` too, the table
+            rows), :data:`OWN_UNROLL` entries at a time per tile, padding the spare row
+            ``width_cap·128`` reading the zero row; else ``None``.
+        groups: ``(cells, tiles)`` int32, with :attr:`positions`: each tile's entries in
+            groups of :data:`OWN_UNROLL` (a tile's first entry: the groups before it, times
+            :data:`OWN_UNROLL`).
     """
 
     kind: str
@@ -109,6 +125,8 @@ class Tiles(NamedTuple):
     pack: int = 1
     quarter: int = 0
     quarters: np.ndarray | None = None
+    positions: np.ndarray | None = None
+    groups: np.ndarray | None = None
 
     @property
     def chunks(self) -> int:
@@ -161,6 +179,12 @@ def _entries(widths: np.ndarray) -> int:
     """Index entries per row: the largest cell's, rounded up to a multiple of 128."""
     used = int(widths.sum(axis=1).max(initial=0)) * (LANES // REGIONS)
     return max(-(-used // LANES) * LANES, LANES)
+
+
+def _smem_entries(count: int) -> int:
+    """``count`` rounded up to a length that Mosaic takes for a 1-D SMEM block: a power of two
+    from 128 to 1,024, above that a multiple of 1,024."""
+    return max(1 << (count - 1).bit_length(), LANES) if count <= 1024 else -(-count // 1024) * 1024
 
 
 def _padded_tiles(count: int) -> int:
@@ -275,10 +299,12 @@ def _gather_tiles(sources: np.ndarray, targets: np.ndarray, num_sources: int,
 
 
 def pair_tiles(sources: np.ndarray, num_sources: int, num_targets: int, fan_in: int,
-               block: int, chunk: int | None = None, pack: int = 1) -> Tiles:
+               block: int, chunk: int | None = None, pack: int = 1,
+               own: bool = False) -> Tiles:
     """Uniform connections (``targets = repeat(arange(T), F)``, ``sources`` in that order) in
     ``'pair'`` lane tiles: each target ``Fp`` staged rows (module docstring), in order; with
-    ``chunk`` below ``num_sources``, one index set per source chunk (``_chunk_rows``);
+    ``chunk`` below ``num_sources``, one index set per source chunk (``_chunk_rows``; with
+    ``own``, of that chunk's connections alone and their staged rows, ``_own_rows``);
     ``pack`` (1, 2 or 4) sources per table row, ``Q = ⌈chunk / pack⌉`` rows per quarter.
 
     Example:
@@ -296,6 +322,10 @@ def pair_tiles(sources: np.ndarray, num_sources: int, num_targets: int, fan_in: 
         (2, [0, 0, 1, 2])
         >>> p.quarters[0, 0, [0, 1, 8, 9, 2]].tolist()  # o // Q; padding P
         [1, 0, 0, 0, 2]
+        >>> o = pair_tiles(np.array([2, 0, 1, 1]), 3, 2, fan_in=2, block=128, chunk=2, own=True)
+        >>> # chunk 0: staged rows 1, 8, 9 read rows 0, 1, 1; chunk 1: row 0 reads its row 0
+        >>> o.positions[[0, 1], :4].tolist(), o.source[[0, 1], :4].tolist()
+        ([[1, 8, 9, 1024], [0, 1024, 1024, 1024]], [[0, 1, 1, 2], [0, 1, 1, 1]])
     """
     if block % LANES or block <= 0 or pack not in (1, 2, 4):
         raise ValueError(f"block must be a positive multiple of {LANES} and pack 1, 2 or 4, "
@@ -323,9 +353,55 @@ def pair_tiles(sources: np.ndarray, num_sources: int, num_targets: int, fan_in: 
                         _entries(widths), pack, quarter) for c in range(chunks)]
     source = np.concatenate([index for index, _ in rows])
     quarters = np.concatenate([q for _, q in rows]) if pack > 1 else None
+    positions = groups = None
+    if own and chunks > 1:
+        source, positions, groups = _own_rows(by_row, chunk, num_sources, pack, quarter,
+                                              LANES * width, widths.shape[1])
     return Tiles("pair", num_sources, num_targets, chunk, block,
                  int32_indices(np.tile(widths, (chunks, 1))), source, None, None, fan_in, width,
-                 pack, quarter, quarters)
+                 pack, quarter, quarters, positions, groups)
+
+
+def _own_rows(by_row: np.ndarray, chunk: int, num_sources: int, pack: int, quarter: int,
+              spare: int, tiles: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each chunk's own connections of the ``'pair'`` tiles' staged rows ``by_row (blocks,
+    tiles, rows)`` (sources, ``-1`` padding): ``(table rows, staged rows, groups)``, the first
+    two ``(chunks·blocks, entries)`` (cell ``c·blocks + b``; tile ``i``'s entries from
+    :data:`OWN_UNROLL` times the groups of the tiles before it, in staged-row order, padded
+    with the staged row ``spare`` reading the zero row), the groups ``(chunks·blocks,
+    tiles)``. A connection from offset ``o`` of its chunk reads row ``o`` (packed: ``o mod
+    Q``)."""
+    zero = quarter if pack > 1 else None
+    cells = []
+    for c in range(-(-max(num_sources, 1) // chunk)):
+        size = min(chunk, num_sources - c * chunk)
+        local = by_row - c * chunk
+        inside = (by_row >= 0) & (local >= 0) & (local < size)
+        counts = inside.sum(axis=2)  # (blocks, tiles in a block)
+        padded = -(-counts // OWN_UNROLL) * OWN_UNROLL
+        first = np.cumsum(padded, axis=1) - padded  # each tile's first entry in its cell
+        b, i, s = np.nonzero(inside)  # in order: block, tile, staged row
+        flat = counts.reshape(-1)
+        rank = np.arange(len(b)) - (np.cumsum(flat) - flat)[b * counts.shape[1] + i]
+        entry = first[b, i] + rank
+        entries = max(int(padded.sum(axis=1).max(initial=0)), 1)
+        zero_row = size if zero is None else zero
+        table = np.full((len(by_row), entries), zero_row, np.int64)
+        table[b, entry] = local[b, i, s] % quarter if pack > 1 else local[b, i, s]
+        staged = np.full((len(by_row), entries), spare, np.int64)
+        staged[b, entry] = s
+        groups = np.zeros((len(by_row), tiles), np.int64)
+        groups[:, :counts.shape[1]] = padded // OWN_UNROLL
+        cells.append((table, staged, groups, zero_row))
+    entries = _smem_entries(max(cell[0].shape[1] for cell in cells))
+
+    def stacked(part: int, fill) -> np.ndarray:
+        return int32_indices(np.concatenate([
+            np.pad(cell[part], ((0, 0), (0, entries - cell[part].shape[1])),
+                   constant_values=fill(cell)) for cell in cells]))
+
+    return (stacked(0, lambda cell: cell[3]), stacked(1, lambda _: spare),
+            int32_indices(np.concatenate([cell[2] for cell in cells])))
 
 
 def _chunk_rows(by_row: np.ndarray, cell: np.ndarray, g: np.ndarray, entry: np.ndarray,

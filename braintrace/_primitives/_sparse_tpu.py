@@ -41,8 +41,8 @@ from braintrace._platform import interpreting
 from braintrace._primitives import _sparse_accelerator as accelerator
 from braintrace._primitives._sparse_cells import Cells
 
-__all__ = ["BLOCK_ROWS", "CELL_SLOTS", "CHUNKED_PAIR", "CHUNK_ROWS", "KERNELS", "PACKED_ROWS",
-           "PACK_ONE_CHUNK", "VARIANTS", "cut", "packing", "product", "staged_tiles",
+__all__ = ["BLOCK_ROWS", "CELL_SLOTS", "CHUNKED_PAIR", "CHUNK_ROWS", "KERNELS",
+           "OWN_CHUNK_PAIR", "PACKED_ROWS", "PACK_ONE_CHUNK", "VARIANTS", "cut", "packing", "product", "staged_tiles",
            "transposed_product", "weight_pullback"]
 
 VARIANTS = ("cells", "staged", "packed")
@@ -79,6 +79,14 @@ gather, 47 ms for the kernel calls; compiled for a v5e, ES-D-RTRL over 30 steps,
 rows packs too, ``P`` times fewer chunks: there the weight pullback at batch 32 takes 25.7 ms
 (2 chunks) against 125.1 (cells and gather). ES-D-RTRL's block product at that size (``(K +
 1)·B = 96`` rows) does not pack and runs 7 chunks."""
+
+OWN_CHUNK_PAIR: bool = False
+"""Whether each chunk's call of the chunked pair-sum (:data:`CHUNKED_PAIR`) stages only the
+connections whose source lies in its chunk (``nnz`` staged rows over all the calls, each
+read through two indices, its table row and its staged row; every call zeroes its staged rows
+first where it does not pack, and still sums every staged row) instead of every connection
+(``chunks × nnz``, those of other chunks reading the zero row). Not yet timed on a chip:
+off by default."""
 
 PACK_ONE_CHUNK: bool = False
 """Whether ``'packed'`` packs a gather-sum whose sources fit one chunk unpacked too
@@ -175,7 +183,7 @@ def staged_tiles(connectivity: Any, side: str, pack: int = 1) -> Any:
     chunk, block = _staged_sizes(connectivity, side, pack)
     if side == "pair" and chunk < connectivity.num_in and not CHUNKED_PAIR:
         return None
-    return connectivity.tiles(side, chunk, block, pack)
+    return connectivity.tiles(side, chunk, block, pack, side == "pair" and OWN_CHUNK_PAIR)
 
 
 def packing(rows: int, sources: int | None = None) -> int:
