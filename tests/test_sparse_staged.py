@@ -354,8 +354,15 @@ def _in_output_order(n: int, fan_in: int, rng) -> np.ndarray:
     return np.concatenate([rng.choice(n, fan_in, replace=False) for _ in range(n)])
 
 
-@pytest.mark.parametrize("own", [False, True], ids=["every", "own"])
-@pytest.mark.parametrize("case", PAIR_CASES)
+OWN_CASES = ("fan-in-8-rows-32", "fan-in-1-rows-1", "fan-in-3-rows-129",
+             "packed-fan-in-8-rows-32", "packed-fan-in-8-rows-64-blocks")
+"""The pair cases run with each chunk's call staging its own connections too: zeroed stages
+in the TPU interpreter (NaN where unwritten), one source per target, two groups of rows, and
+packed in it and over several blocks."""
+
+
+@pytest.mark.parametrize("case, own", [(case, False) for case in PAIR_CASES]
+                         + [(case, True) for case in OWN_CASES])
 def test_the_chunked_pair_sum_equals_the_xla_formulation(monkeypatch, case, own):
     """Over several source chunks, each call staging every connection (those of other chunks
     reading its zero row; ``own``: its own chunk's alone, into a stage zeroed first unless
