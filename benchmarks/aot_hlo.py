@@ -130,7 +130,14 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--inputs", type=int, default=64)
     p.add_argument("--outputs", type=int, default=10)
     p.add_argument("--out", required=True)
+    p.add_argument("--fused-dense-blocks", action="store_true",
+                   help="D-RTRL's time-blocked update of a dense trace in one pass "
+                        "(braintrace._algorithms._d_rtrl.FUSED_DENSE_BLOCKS)")
     args = p.parse_args(argv)
+    if args.fused_dense_blocks:
+        from braintrace._algorithms import _d_rtrl
+
+        _d_rtrl.FUSED_DENSE_BLOCKS = True
     os.makedirs(args.out, exist_ok=True)
     device = aot_device()
     results = {}

@@ -31,7 +31,7 @@ from typing import Any
 
 import jax
 
-__all__ = ["FORMULATIONS", "by_platform", "formulation", "interpreting"]
+__all__ = ["FORMULATIONS", "by_platform", "formulation", "interpreting", "tpu_formulations"]
 
 FORMULATIONS = ("cpu", "accelerator", "pallas")
 """The formulations :func:`by_platform` chooses between."""
@@ -79,6 +79,24 @@ def interpreting() -> bool:
         True
     """
     return bool(_forced) and _forced[-1] == "pallas" and jax.default_backend() != "tpu"
+
+
+def tpu_formulations() -> bool:
+    """Whether :func:`by_platform` traces the ``tpu`` formulations: under
+    ``formulation('pallas')``, or by default where the default backend is a TPU. (A caller
+    that would otherwise not call :func:`by_platform` at all asks first, so that no program
+    for another backend changes.)
+
+    Example:
+        >>> from braintrace._platform import formulation, tpu_formulations
+        >>> with formulation("pallas"):
+        ...     tpu_formulations()
+        True
+        >>> with formulation("accelerator"):
+        ...     tpu_formulations()
+        False
+    """
+    return _forced[-1] == "pallas" if _forced else jax.default_backend() == "tpu"
 
 
 def by_platform(cpu: Callable[..., Any], accelerator: Callable[..., Any],
