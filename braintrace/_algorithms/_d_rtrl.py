@@ -217,8 +217,7 @@ def _fused_dense(r: InputRelation, eps: tuple) -> bool:
     that tiles, stored in the dtype it is read in (a bfloat16 trace reaches the rules
     widened: the kernel would be handed a float32 copy of it, which XLA materialises), the
     batch on one device, where :func:`by_platform` takes a TPU's formulations."""
-    from braintrace._primitives._dense import dense_xy_to_dw
-    from braintrace._primitives._rules import output_axis_contract, scale_output_axis
+    from braintrace._primitives import DENSE_RULES, output_axis_contract, scale_output_axis
 
     prim = r.primitive
     if not (FUSED_DENSE_BLOCKS and not widened_traces() and r.batched and len(eps) == 1 and "kernel" in eps[0] and tpu_formulations()
@@ -226,7 +225,7 @@ def _fused_dense(r: InputRelation, eps: tuple) -> bool:
         return False
     if not (prim.rule("dt_to_t") is scale_output_axis
             and prim.rules.resolved("contract") is output_axis_contract
-            and prim.rules.resolved("xy_to_trace") is dense_xy_to_dw):
+            and prim.rules.resolved("xy_to_trace") is DENSE_RULES.xy_to_dw):
         return False
     from braintrace._algorithms._dense_block_kernel import tile_sizes
 
