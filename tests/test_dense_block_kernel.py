@@ -5,7 +5,8 @@ a read out of bounds raises) or JAX's, against :func:`reference` (XLA's formulat
 float32, bfloat16 traces and float64. Through D-RTRL's time blocks under
 ``formulation('pallas')``: a GRU whose two traces tile takes the kernel for both and gives
 the gradients of XLA's formulation (float64, to 1e-12 of the largest); one whose traces do
-not tile (hidden 100) takes none, nor does either with ``_d_rtrl.FUSED_DENSE_BLOCKS`` off (its
+not tile (hidden 100) takes none, nor do traces stored in bfloat16 (read widened), nor does
+either with ``_d_rtrl.FUSED_DENSE_BLOCKS`` off (its
 default until the kernel has run on a chip; the negative controls); and on a dense layer feeding LIF
 neurons, where D-RTRL is exact, the gradients through the kernel equal BPTT's (float64).
 """
@@ -72,20 +73,21 @@ def test_a_trace_that_does_not_tile_is_refused():
         kernel.block_update(*_operands(1, 100, 128, 2, jnp.float32), interpret=True)
 
 
-def _gru(hidden: int) -> nnx.Module:
+def _gru(hidden: int, dtype=jnp.float64) -> nnx.Module:
     rngs = nnx.Rngs(0)
-    f64 = {"param_dtype": jnp.float64}
+    f64 = {"param_dtype": dtype}
     model = nnx.Sequential(layers.Stateful(layers.GRUCell(hidden, hidden, rngs=rngs, **f64)),
                            layers.ETPLinear(hidden, 2, rngs=rngs, **f64))
     braintrace.init_states(model, batch_size=2)
     return model
 
 
-def _drtrl_grads(model, xs, ys, name):
+def _drtrl_grads(model, xs, ys, name, trace_dtype=None):
     """D-RTRL's gradients (time blocks of 3) under formulation ``name``, and the Pallas calls
     of the traced program."""
     with formulation(name):
-        learner = braintrace.compile(model, "d_rtrl", xs[0], batch_size=xs.shape[1])
+        learner = braintrace.compile(model, "d_rtrl", xs[0], batch_size=xs.shape[1],
+                                     trace_dtype=trace_dtype)
         online = braintrace.online_grad(learner, mse, block_size=3, reduction="sum")
         carried = online.init(model)
         step = lambda c, xs, ys: online.grad(model, c, xs, ys)[0]
@@ -124,6 +126,20 @@ def test_drtrl_blocks_through_the_kernel_equal_xlas_formulation(monkeypatch, hid
     for a, b in pairs:
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-12 * float(np.max(np.abs(b))))
     assert all(float(np.max(np.abs(b))) > 1e-6 for _, b in pairs)
+
+
+def test_traces_stored_in_bfloat16_keep_xlas_passes():
+    """Traces stored in bfloat16 reach the rules widened to float32: the kernel would be
+    handed a whole float32 copy, so the blocks keep XLA's formulation (which fuses the
+    widening into its passes) and the gradients are its own."""
+    model = _gru(128, jnp.float32)
+    xs = jax.random.normal(jax.random.key(1), (6, 2, 128), jnp.float32)
+    ys = jax.random.normal(jax.random.key(2), (6, 2, 2), jnp.float32)
+    got, used = _drtrl_grads(model, xs, ys, "pallas", jnp.bfloat16)
+    want, _ = _drtrl_grads(model, xs, ys, "accelerator", jnp.bfloat16)
+    assert used == 0
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_drtrl_through_the_kernel_equals_bptt_where_it_is_exact():

@@ -53,6 +53,7 @@ from braintrace._algorithms._trace_algebra import (
     sum_over_samples,
     tree_sum,
 )
+from braintrace._algorithms._trace_storage import widened_traces
 from braintrace._compiler import (
     Approximation,
     ElementwiseRelation,
@@ -213,18 +214,18 @@ def _fused_dense(r: InputRelation, eps: tuple) -> bool:
     """Whether the block's update and entering contraction of ``eps["kernel"]`` run as one
     pass (:data:`FUSED_DENSE_BLOCKS`): a batched dense relation (its own ``dt_to_t``,
     ``contract`` and outer product, no kernel transform) on a group of one state, a trace
-    that tiles, the batch on one device, where :func:`by_platform` takes a TPU's
-    formulations."""
-    from braintrace._primitives._dense import dense_xy_to_dw
-    from braintrace._primitives._rules import output_axis_contract, scale_output_axis
+    that tiles, stored in the dtype it is read in (a bfloat16 trace reaches the rules
+    widened: the kernel would be handed a float32 copy of it, which XLA materialises), the
+    batch on one device, where :func:`by_platform` takes a TPU's formulations."""
+    from braintrace._primitives import DENSE_RULES, output_axis_contract, scale_output_axis
 
     prim = r.primitive
-    if not (FUSED_DENSE_BLOCKS and r.batched and len(eps) == 1 and "kernel" in eps[0] and tpu_formulations()
+    if not (FUSED_DENSE_BLOCKS and not widened_traces() and r.batched and len(eps) == 1 and "kernel" in eps[0] and tpu_formulations()
             and not batch_split() and r.params.get("kernel_transform") is None):
         return False
     if not (prim.rule("dt_to_t") is scale_output_axis
             and prim.rules.resolved("contract") is output_axis_contract
-            and prim.rules.resolved("xy_to_trace") is dense_xy_to_dw):
+            and prim.rules.resolved("xy_to_trace") is DENSE_RULES.xy_to_dw):
         return False
     from braintrace._algorithms._dense_block_kernel import tile_sizes
 

@@ -18,7 +18,7 @@ import jax
 
 from braintrace._algorithms._relation_rule import BlockSteps, Jacobians, RelationRule
 from braintrace._algorithms._signals import AbstractLearningSignal
-from braintrace._algorithms._trace_storage import stored, working
+from braintrace._algorithms._trace_storage import reading_widened, stored, working
 from braintrace._compiler import ETraceGraph, Relation
 from braintrace._primitives import MissingRuleError
 
@@ -281,7 +281,8 @@ class GraphRules:
                 steps[i] = view._replace(
                     stepped=self.relation_rules[i].tie(view.stepped, steps[lead].stepped),
                     outs=steps[lead].outs, dy=steps[lead].dy)
-        out = [rule.block_finish(r, s, view, theta)
-               for r, rule, s, view, theta in zip(self.relations, self.relation_rules,
-                                                  self._tied(state), steps, operands)]
+        with reading_widened(self.trace_dtype):
+            out = [rule.block_finish(r, s, view, theta)
+                   for r, rule, s, view, theta in zip(self.relations, self.relation_rules,
+                                                      self._tied(state), steps, operands)]
         return self._owned([new for new, _ in out]), [term for _, term in out]

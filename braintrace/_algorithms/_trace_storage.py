@@ -18,6 +18,9 @@ the trace halves what D-RTRL's per-step update reads and writes, its bandwidth f
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -26,7 +29,9 @@ import numpy as np
 
 from braintrace._arguments import ArgumentTypeError
 
-__all__ = ["check_trace_dtype", "stored", "working"]
+__all__ = ["check_trace_dtype", "reading_widened", "stored", "widened_traces", "working"]
+
+_WIDENED: contextvars.ContextVar[bool] = contextvars.ContextVar("widened_traces", default=False)
 
 
 def check_trace_dtype(trace_dtype: Any) -> np.dtype | None:
@@ -105,3 +110,31 @@ def working(states: Any, trace_dtype: np.dtype | None) -> Any:
         return states
     wide = trace_dtype if trace_dtype.itemsize > 4 else jnp.dtype(jnp.float32)
     return jax.tree.map(lambda a: a.astype(wide) if _is_trace(a) else a, states)
+
+
+@contextlib.contextmanager
+def reading_widened(trace_dtype: np.dtype | None) -> Iterator[None]:
+    """Within the block, :func:`widened_traces` says whether the rules read traces widened
+    by :func:`working` from a narrower stored ``trace_dtype`` (a time-blocked update that
+    would hand the whole trace to a kernel then hands it the widened copy, which XLA
+    materialises, instead of fusing the widening into its own passes).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from braintrace._algorithms._trace_storage import reading_widened, widened_traces
+        >>> with reading_widened(jnp.dtype(jnp.bfloat16)):
+        ...     widened_traces()
+        True
+        >>> widened_traces()
+        False
+    """
+    token = _WIDENED.set(trace_dtype is not None and trace_dtype.itemsize < 4)
+    try:
+        yield
+    finally:
+        _WIDENED.reset(token)
+
+
+def widened_traces() -> bool:
+    """Whether the traces being read are widened copies (:func:`reading_widened`)."""
+    return _WIDENED.get()
