@@ -220,8 +220,9 @@ def _fused_dense(r: InputRelation, eps: tuple) -> bool:
     from braintrace._primitives import DENSE_RULES, output_axis_contract, scale_output_axis
 
     prim = r.primitive
-    if not (FUSED_DENSE_BLOCKS and not widened_traces() and r.batched and len(eps) == 1 and "kernel" in eps[0] and tpu_formulations()
-            and not batch_split() and r.params.get("kernel_transform") is None):
+    if not (FUSED_DENSE_BLOCKS and tpu_formulations() and not widened_traces()
+            and r.batched and len(eps) == 1 and "kernel" in eps[0] and not batch_split()
+            and r.params.get("kernel_transform") is None):
         return False
     if not (prim.rule("dt_to_t") is scale_output_axis
             and prim.rules.resolved("contract") is output_axis_contract

@@ -42,8 +42,8 @@ from braintrace._primitives import _sparse_accelerator as accelerator
 from braintrace._primitives._sparse_cells import Cells
 
 __all__ = ["BLOCK_ROWS", "CELL_SLOTS", "CHUNKED_PAIR", "CHUNK_ROWS", "KERNELS",
-           "OWN_CHUNK_PAIR", "PACKED_ROWS", "PACK_ONE_CHUNK", "VARIANTS", "cut", "packing", "product", "staged_tiles",
-           "transposed_product", "weight_pullback"]
+           "OWN_CHUNK_PAIR", "PACKED_ROWS", "PACK_ONE_CHUNK", "VARIANTS", "cut", "packing",
+           "product", "staged_tiles", "transposed_product", "weight_pullback"]
 
 VARIANTS = ("cells", "staged", "packed")
 """The sets of kernels :data:`KERNELS` chooses from (module docstring)."""
