@@ -424,6 +424,26 @@ def test_each_chunk_of_the_pair_tiles_reads_its_own_connections_and_zeros_elsewh
     np.testing.assert_array_equal(staged_rows, want.reshape(tiles.blocks, -1))
 
 
+@pytest.mark.parametrize("pack, rows", [(1, 40), (4, 20)])
+def test_own_pair_tiles_over_several_tiles_a_block_equal_the_xla_formulation(pack, rows):
+    """Blocks of 512 targets (4 lane tiles each, their entries one after another in the cell,
+    each tile's start carried from the groups of those before it), 3 chunks: the pair-sum that
+    stages each chunk's own connections equals XLA's weight pullback."""
+    n, fan_in, chunk = 600, 8, 250
+    rng = np.random.default_rng(4)
+    pre = _in_output_order(n, fan_in, rng)
+    conn = Connectivity.from_indices(pre, np.repeat(np.arange(n), fan_in), n, n)
+    tiles = pair_tiles(pre, n, n, fan_in, 512, chunk, pack, own=True)
+    assert (tiles.chunks, tiles.blocks, tiles.block) == (3, 2, 512)
+    first_blocks = tiles.groups[::tiles.blocks]  # targets 0-511 of every chunk: 4 tiles
+    assert (first_blocks[:, :4] > 0).all() and (tiles.groups[:, 4:] == 0).all()
+    x = jnp.asarray(rng.standard_normal((rows, n)), jnp.float32)
+    d = jnp.asarray(rng.standard_normal((rows, n)), jnp.float32)
+    got = jax.jit(lambda x, d: staged.pair_sum(x, d, tiles, conn.nnz, interpret=True))(x, d)
+    want = accelerator.weight_pullback(x, d, conn)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * float(jnp.max(jnp.abs(want))))
+
+
 @pytest.mark.parametrize("fan_in, pack", [(1, 1), (8, 1), (130, 1), (1, 4), (8, 2), (130, 4)])
 def test_each_chunk_of_own_pair_tiles_stages_its_own_connections_into_their_rows(fan_in,
                                                                                  pack):
