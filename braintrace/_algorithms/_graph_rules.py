@@ -168,6 +168,12 @@ class GraphRules:
         """The relation whose ``Df``-only state part relation ``index`` shares, or ``None``."""
         return self.leaders[index] if self.leaders else None
 
+    @property
+    def unread_df(self) -> frozenset[int]:
+        """The relations whose ``Df`` no rule reads: those sharing their leader's output side,
+        which read the leader's (:meth:`df`); the step's Jacobians skip their tangents."""
+        return frozenset(i for i in range(len(self.relation_rules)) if self.leader(i) is not None)
+
     def df(self, df: Sequence[Any], index: int) -> Any:
         """Relation ``index``'s ``Df`` in ``df`` (per relation): a sharing relation's is its
         leader's, the same Jacobian (the step's Jacobians skip its own: ``None`` there)."""

@@ -28,13 +28,7 @@ from braintrace._loops._context import LoopContext
 from braintrace._loops._groups import scan_grouped
 from braintrace._loops._masks import ignore_masked
 from braintrace._loops._per_step import ScanCarry, keep_dtype
-from braintrace._loops._step import (
-    add_same_step,
-    probed_loss_terms,
-    step_jacobians,
-    step_leaves,
-    unread_df,
-)
+from braintrace._loops._step import add_same_step, probed_loss_terms, step_jacobians, step_leaves
 
 __all__ = ["run_blocked", "stacked_bytes_per_step"]
 
@@ -118,7 +112,7 @@ def _run_block(ctx: LoopContext, carry: ScanCarry, inputs: Any) -> tuple[ScanCar
     deferred = (not any(hooked) and rules.reads_jacobians and rules.scope == "diagonal"
                 and not rules.readers and programs.arranges_colours(graph))
     new_state = rules.learning_signal.reads_new_state  # the rules' blocks take δ^t then
-    unread = unread_df(rules)
+    unread = rules.unread_df
 
     def step(state, step_inputs):
         hidden, other, same, stepped = state

@@ -247,12 +247,6 @@ def output_loss_terms(ctx: LoopContext, leaves: StepLeaves, y_t: Any,
                      probed.rel_x, probed.loss)
 
 
-def unread_df(rules: GraphRules) -> frozenset[int]:
-    """The relations whose ``Df`` no rule reads: those sharing their leader's output side
-    (``GraphRules.leaders``), which read the leader's."""
-    return frozenset(i for i in range(len(rules.relation_rules)) if rules.leader(i) is not None)
-
-
 def step_jacobians(rules: GraphRules, leaves: StepLeaves) -> Jacobians:
     """``D`` (diagonal, coupled or full, as the algorithm reads) and ``Df`` of one step.
 
@@ -265,7 +259,7 @@ def step_jacobians(rules: GraphRules, leaves: StepLeaves) -> Jacobians:
     if rules.scope == "full":
         jac, df = programs.full_jacobians(graph, leaves, is_batched(graph))
         return Jacobians(d=[jac] * len(graph.groups), df=df)
-    d, df = programs.jacobians(graph, leaves, unread_df(rules))
+    d, df = programs.jacobians(graph, leaves, rules.unread_df)
     if rules.scope == "coupled":
         d = programs.coupled_jacobians(graph, leaves)
     reads = (programs.reader_jacobians(graph, leaves, rules.readers) if rules.readers

@@ -448,6 +448,9 @@ def pair_sum(values: jax.Array, d: jax.Array, tiles: Tiles, nnz: int, *,
     if packed:  # each staged row's quarter, in the output's layout
         quarters = jnp.asarray(tiles.quarters.reshape(-1, LANES), jnp.int32)
         vmem += 2 * 4 * out_rows * LANES
+    if own:  # each tile's groups and the entries' staged rows, flat like the index entries
+        own_groups = jnp.asarray(tiles.groups.reshape(-1))
+        positions = jnp.asarray(tiles.positions.reshape(-1))
     out, unroll = None, _unroll(interpret)
     for lane, c in itertools.product(range(groups), range(tiles.chunks)):
         chain = "new" if out is None else "add"
@@ -455,8 +458,7 @@ def pair_sum(values: jax.Array, d: jax.Array, tiles: Tiles, nnz: int, *,
             entries, cell0 = tiles.source.shape[1], c * blocks
             specs = [_smem(tiles.groups.shape[1], lambda b, cell0=cell0: (cell0 + b,))] + [
                 _smem(entries, lambda b, cell0=cell0: (cell0 + b,))] * 2
-            operands = [jnp.asarray(tiles.groups.reshape(-1)),
-                        jnp.asarray(tiles.positions.reshape(-1)), source]
+            operands = [own_groups, positions, source]
         else:
             specs, operands = [_index_block(tiles, c * blocks)], [source]
         specs += [pl.BlockSpec(memory_space=pl.ANY),
