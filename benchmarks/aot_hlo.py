@@ -130,14 +130,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--inputs", type=int, default=64)
     p.add_argument("--outputs", type=int, default=10)
     p.add_argument("--out", required=True)
-    p.add_argument("--fused-dense-blocks", action="store_true",
+    p.add_argument("--fused-dense-blocks", action=argparse.BooleanOptionalAction, default=None,
                    help="D-RTRL's time-blocked update of a dense trace in one pass "
-                        "(braintrace._algorithms._d_rtrl.FUSED_DENSE_BLOCKS)")
+                        "(braintrace._algorithms._d_rtrl.FUSED_DENSE_BLOCKS; default: the "
+                        "library's, on); --no-fused-dense-blocks: XLA's passes")
     args = p.parse_args(argv)
-    if args.fused_dense_blocks:
+    if args.fused_dense_blocks is not None:
         from braintrace._algorithms import _d_rtrl
 
-        _d_rtrl.FUSED_DENSE_BLOCKS = True
+        _d_rtrl.FUSED_DENSE_BLOCKS = args.fused_dense_blocks
     os.makedirs(args.out, exist_ok=True)
     device = aot_device()
     results = {}

@@ -92,7 +92,7 @@ def variant(name: str):
         ...     tpu.CHUNKED_PAIR, tpu.OWN_CHUNK_PAIR
         (True, True)
         >>> tpu.KERNELS, tpu.CHUNKED_PAIR, tpu.OWN_CHUNK_PAIR, tpu.BLOCK_ROWS  # the defaults
-        ('packed', True, False, None)
+        ('packed', True, True, None)
     """
     base, _, rows = name.partition("@")
     kernels, plus, option = base.partition("+")
@@ -114,7 +114,7 @@ def default_variant() -> str:
 
     Example:
         >>> default_variant()
-        'packed+chunked_pair'
+        'packed+own_pair'
     """
     return tpu.KERNELS + ("+own_pair" if tpu.CHUNKED_PAIR and tpu.OWN_CHUNK_PAIR else
                           "+chunked_pair" if tpu.CHUNKED_PAIR else "")

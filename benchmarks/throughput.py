@@ -453,14 +453,15 @@ def main(argv: list[str] | None = None) -> dict:
                         f"{NAME}_xla_mof.json")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=None,
                    help="also time the parts of one online step (default: on, off with --quick)")
-    p.add_argument("--fused-dense-blocks", action="store_true",
+    p.add_argument("--fused-dense-blocks", action=argparse.BooleanOptionalAction, default=None,
                    help="on a TPU, D-RTRL's time-blocked update of a dense trace in one pass "
-                        "(braintrace._algorithms._d_rtrl.FUSED_DENSE_BLOCKS, off by default)")
+                        "(braintrace._algorithms._d_rtrl.FUSED_DENSE_BLOCKS; default: the "
+                        "library's, on); --no-fused-dense-blocks: XLA's passes")
     args = p.parse_args(argv)
-    if args.fused_dense_blocks:
-        from braintrace._algorithms import _d_rtrl
+    from braintrace._algorithms import _d_rtrl
 
-        _d_rtrl.FUSED_DENSE_BLOCKS = True
+    if args.fused_dense_blocks is not None:
+        _d_rtrl.FUSED_DENSE_BLOCKS = args.fused_dense_blocks
     sizes = {k: v for k, v in (("hidden", args.hidden), ("batch", args.batch)) if v}
     lengths = ([int(t) for t in args.length.split(",")] if args.length
                else [20 if args.quick else 200])
@@ -499,7 +500,7 @@ def main(argv: list[str] | None = None) -> dict:
                    "repeats": repeats, "back_to_back": args.back_to_back,
                    "dtype": "float32", "loss": "mse",
                    "xla_flags": os.environ.get("XLA_FLAGS", ""),
-                   "fused_dense_blocks": args.fused_dense_blocks},
+                   "fused_dense_blocks": _d_rtrl.FUSED_DENSE_BLOCKS},
         "environment": {**environment(), "loadavg_at_end": load},
         "bandwidth": probe,
         "floor_terms": TERMS,

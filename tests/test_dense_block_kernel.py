@@ -6,8 +6,8 @@ float32, bfloat16 traces and float64. Through D-RTRL's time blocks under
 ``formulation('pallas')``: a GRU whose two traces tile takes the kernel for both and gives
 the gradients of XLA's formulation (float64, to 1e-12 of the largest); one whose traces do
 not tile (hidden 100) takes none, nor do traces stored in bfloat16 (read widened), nor does
-either with ``_d_rtrl.FUSED_DENSE_BLOCKS`` off (its
-default until the kernel has run on a chip; the negative controls); and on a dense layer feeding LIF
+either with ``_d_rtrl.FUSED_DENSE_BLOCKS`` off (the negative
+controls); and on a dense layer feeding LIF
 neurons, where D-RTRL is exact, the gradients through the kernel equal BPTT's (float64).
 """
 
@@ -31,7 +31,8 @@ from braintrace._platform import formulation
 
 @pytest.fixture(autouse=True)
 def _fused(monkeypatch):
-    """The kernel on (``_d_rtrl.FUSED_DENSE_BLOCKS``, off by default until run on a chip)."""
+    """The kernel on (``_d_rtrl.FUSED_DENSE_BLOCKS``, the default; explicit here so that the
+    tests hold whatever the default becomes)."""
     monkeypatch.setattr(_d_rtrl, "FUSED_DENSE_BLOCKS", True)
 
 

@@ -108,7 +108,8 @@ def test_a_variant_sets_the_kernels_the_chunked_pair_sum_and_the_block_within_it
             assert (tpu.KERNELS, tpu.CHUNKED_PAIR, tpu.OWN_CHUNK_PAIR) == ("packed", True, True)
             assert kernels_run.default_variant() == "packed+own_pair"
         assert not tpu.OWN_CHUNK_PAIR
-    assert (tpu.KERNELS, tpu.CHUNKED_PAIR, tpu.BLOCK_ROWS) == ("packed", True, None)
+    assert (tpu.KERNELS, tpu.CHUNKED_PAIR, tpu.OWN_CHUNK_PAIR, tpu.BLOCK_ROWS) == (
+        "packed", True, True, None)  # the defaults
     for name in ("staged+chunked", "staged@256+chunked_pair", "chunked_pair"):
         with pytest.raises(ValueError, match="optionally \\+chunked_pair"):
             kernels_run.main(["--variants", name])
