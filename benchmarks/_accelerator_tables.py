@@ -3,9 +3,12 @@
 :data:`LATEST_RUNS` and :data:`OTHER_RUNS` list the TPU runs of ``throughput.py`` the
 tables show, one row per run and model, each against BPTT in its own run; a method that a
 later run measured again, or whose formulation the library no longer uses, is left out of its
-run's row and named in the caption. The floor tables set a measured time against the analytic floor that its run
-recorded (``_floor.py``, ``_scale_floor.py``); ``sparse_probe`` shows the sparse product's
-sums alone (``_sparse_probe.py``). Nothing here holds a measured number.
+run's row and named in the caption (a run left with BPTT alone shows no row). The floor tables
+set a measured time against the analytic floor that its run recorded (``_floor.py``,
+``_scale_floor.py``); ``throughput_tpu_fused`` sets D-RTRL's block update in one Pallas pass
+against its control, XLA's passes (:data:`FUSED_RUNS`); ``sparse_probe`` and
+``sparse_kernels`` show the sparse product's sums alone (``_sparse_probe.py``,
+``sparse_kernels_tpu.py``). Nothing here holds a measured number.
 """
 
 from __future__ import annotations
@@ -34,18 +37,26 @@ class Run(NamedTuple):
     left_out: tuple[tuple[str, str], ...] = ()
 
 
+H256_AGAIN = "measured again in `throughput_tpu_h256_gru.json` and `throughput_tpu_h256_snn.json`"
 LATEST_RUNS = (
-    Run("throughput_tpu_host.json"),
+    Run("throughput_tpu_h256_gru.json"),
+    Run("throughput_tpu_h256_snn.json"),
     Run("throughput_tpu_h1024_bf16.json",
-        (("es_d_rtrl", "a block formulation since reverted"),)),
+        (("es_d_rtrl", "a block formulation since reverted"),
+         ("d_rtrl", "measured again in `throughput_tpu_h1024.json`"))),
+    Run("throughput_tpu_h1024.json"),
 )
-"""The latest TPU runs of ``throughput.py``: ``throughput_tpu`` and its floors."""
+"""The latest TPU runs of ``throughput.py``: ``throughput_tpu`` and its floors (at hidden 1024
+the bfloat16 traces' run, older, before the run that measured the float32 methods again)."""
 OTHER_RUNS = (
-    Run("throughput_tpu.json", (("es_d_rtrl", "measured again in `throughput_tpu_host.json`"),)),
-    Run("throughput_tpu_h1024.json",
-        (("d_rtrl", "measured again in `throughput_tpu_h1024_bf16.json`"),)),
+    Run("throughput_tpu_host.json", (("es_d_rtrl", H256_AGAIN), ("es_d_rtrl@1", H256_AGAIN))),
+    Run("throughput_tpu.json", (("es_d_rtrl", H256_AGAIN), ("es_d_rtrl@1", H256_AGAIN))),
 )
 """Runs of earlier commits, for the methods the latest runs did not measure."""
+FUSED_RUNS = ("throughput_tpu_h1024.json", "throughput_tpu_h1024_xla.json")
+"""D-RTRL with the time-blocked update of its dense traces in one Pallas pass
+(``config['fused_dense_blocks']`` true, ``_d_rtrl.FUSED_DENSE_BLOCKS``), then its control of
+the same session, XLA's passes (false): ``throughput_tpu_fused``."""
 HOST_RUN = "throughput_tpu_host.json"
 """The run that timed the host's share of each call (``throughput.py --host-time``)."""
 LOW_PRECISION = "_bf16"
@@ -53,13 +64,20 @@ LOW_PRECISION = "_bf16"
 
 
 def _rows(results: Results, runs: Sequence[Run]) -> list[tuple[Run, str, int, dict[str, Any]]]:
-    """``(run, model, T, methods shown)`` for every model and length of ``runs``."""
+    """``(run, model, T, methods shown)`` for every model and length of ``runs`` that shows a
+    method besides BPTT."""
     found = []
     for run in runs:
         for model, length, entry in lengths(results(run.name)):
             shown = {m: e for m, e in entry["methods"].items() if m not in dict(run.left_out)}
-            found.append((run, model, length, shown))
+            if set(shown) - {"bptt"}:
+                found.append((run, model, length, shown))
     return found
+
+
+def _shown(rows: Sequence[tuple[Run, str, int, dict[str, Any]]]) -> list[str]:
+    """The names of the runs that ``rows`` show, in order."""
+    return list(dict.fromkeys(run.name for run, *_ in rows))
 
 
 def _methods(rows: Sequence[tuple[Run, str, int, dict[str, Any]]]) -> list[str]:
@@ -99,7 +117,7 @@ def _throughput(results: Results, runs: Sequence[Run], caption: str) -> str:
              *(cell(shown.get(m), m) for m in methods)) for run, model, length, shown in rows_in]
     left_out = _left_out(runs)
     return captioned(
-        f"{source(results, *(run.name for run in runs))}{caption} BPTT's time per step (on "
+        f"{source(results, *_shown(rows_in))}{caption} BPTT's time per step (on "
         "the device), then each method's over BPTT's in that run: "
         + " / ".join(what for _, what in THROUGHPUT_FIGURES) + "."
         + (f" Left out: {left_out}." if left_out else ""),
@@ -119,26 +137,64 @@ def throughput_tpu_floor(results: Results) -> str:
     rows_in = _rows(results, LATEST_RUNS)
     methods = _methods(rows_in)
 
-    def cell(shown: dict[str, Any], method: str) -> str:
+    def cell(run: Run, model: str, length: int, shown: dict[str, Any], method: str) -> str:
         entry = shown.get(method)
         if entry is None:
             return MISSING
         text = f"{micro(entry['device_step_us'])}, {ratio(entry['floor']['ratio'])}"
-        base = shown.get(method.removesuffix(LOW_PRECISION))
-        if method.endswith(LOW_PRECISION) and base:
+        measured = {(m, t): e["methods"] for m, t, e in lengths(results(run.name))}
+        base = measured[model, length].get(method.removesuffix(LOW_PRECISION))
+        if method.endswith(LOW_PRECISION) and base:  # its own run's, left out of the row or not
             text += f", {ratio(entry['device_step_us'] / base['device_step_us'])} float32's"
         return text
 
     rows = [(_model(results, run, model, length),
              f"{results(run.name)['bandwidth']['gb_per_s']:.0f} GB/s",
-             *(cell(shown, m) for m in methods)) for run, model, length, shown in rows_in]
+             *(cell(run, model, length, shown, m) for m in methods))
+            for run, model, length, shown in rows_in]
     return captioned(
-        f"{source(results, *(run.name for run in LATEST_RUNS))}. The device's time per step, then over the analytic "
-        "floor: the bytes one step must move (Params, inputs, hidden states, and the traces "
-        "read and written once per time block; `benchmarks/_floor.py`) over the bandwidth "
-        f"probed in the same run; `d_rtrl{LOW_PRECISION}` also over D-RTRL's time with float32 "
-        "traces.",
+        f"{source(results, *_shown(rows_in))}. The device's time per step, then over the "
+        "analytic floor: the bytes one step must move (Params, inputs, hidden states, and the "
+        "traces read and written once per time block; `benchmarks/_floor.py`) over the "
+        f"bandwidth probed in the same run; `d_rtrl{LOW_PRECISION}` also over D-RTRL's time "
+        "with float32 traces in its own run (where a later run's row shows that method, this "
+        "run's is in its JSON).",
         *table(("model", "probed bandwidth", *(f"`{m}`" for m in methods)), rows))
+
+
+def throughput_tpu_fused(results: Results) -> str:
+    """D-RTRL's time-blocked update of a dense trace in one Pallas pass against XLA's passes
+    (:data:`FUSED_RUNS`): per model, a row per run, the device's time per step over BPTT's in
+    that run and over the analytic floor, and the one pass's time over XLA's."""
+    runs = {name: results(name) for name in FUSED_RUNS}
+    forms = dict(zip(FUSED_RUNS, ("one Pallas pass", "XLA's passes")))
+    for name, fused in zip(FUSED_RUNS, (True, False)):
+        if runs[name]["config"].get("fused_dense_blocks") is not fused:
+            raise ValueError(f"{name}: its config's fused_dense_blocks is not {fused}, as "
+                             "FUSED_RUNS lists it")
+    control = {(m, t): e["methods"] for m, t, e in lengths(runs[FUSED_RUNS[1]])}
+    rows = []
+    for model, length, entry in lengths(runs[FUSED_RUNS[0]]):
+        pair = (entry["methods"]["d_rtrl"], control[model, length]["d_rtrl"])
+        for name, methods, d_rtrl in zip(FUSED_RUNS, (entry["methods"], control[model, length]),
+                                         pair):
+            over = (ratio(pair[0]["device_step_us"] / pair[1]["device_step_us"])
+                    if d_rtrl is pair[0] else MISSING)
+            rows.append((_model(results, Run(name), model, length), forms[name], f"`{name}`",
+                         f"{methods['bptt']['device_step_us']:.1f} µs",
+                         f"{d_rtrl['device_step_us']:.1f} µs",
+                         ratio(d_rtrl["device_ratio_to_bptt"]), ratio(d_rtrl["floor"]["ratio"]),
+                         ratio(d_rtrl.get("jit_ratio_to_bptt")), over))
+    return captioned(
+        f"{source(results, *FUSED_RUNS)}: D-RTRL's time-blocked update of its dense traces "
+        "(`_d_rtrl.FUSED_DENSE_BLOCKS`, the run's `fused_dense_blocks`) as one Pallas pass "
+        "(`_dense_block_kernel.py`: each trace read once and written once per block) and as "
+        "XLA's passes, the control, run one after the other on the same chip. Per row: "
+        "BPTT's and D-RTRL's time per step on the device, D-RTRL's over BPTT's in that run, "
+        "over the analytic floor (`benchmarks/_floor.py`), its jitted step over BPTT's, and "
+        "the one pass's device time over XLA's passes'.",
+        *table(("model", "block update", "run", "`bptt` on the device", "`d_rtrl` on the device",
+                "× BPTT", "× floor", "jitted step × BPTT", "÷ XLA's passes"), rows))
 
 
 _PER_CALL = (("stateful_us", "`etrace_grad`"), ("device_us", "its device time"),
@@ -244,8 +300,9 @@ def trace_dtype_accuracy(results: Results) -> str:
         *table(("task", "rule", "float32 traces", "bfloat16 traces", "points"), rows))
 
 
-KERNELS = "sparse_kernels_tpu.json"
-"""The run of ``sparse_kernels_tpu.py``: each sparse sum, Pallas kernels against XLA's."""
+KERNELS = ("sparse_kernels_tpu_own.json", "sparse_kernels_tpu.json")
+"""The runs of ``sparse_kernels_tpu.py``, newest first, a table each: each sparse sum, Pallas
+kernels against XLA's."""
 _KERNEL_SUMS = {"forward": "forward `y`", "x_bar": "input pullback `x̄`",
                 "dw": "weight pullback `dw`", "dw_block": "`dw` over a time block"}
 
@@ -264,12 +321,23 @@ KERNEL_TOLERANCE = 1e-4
 
 
 def sparse_kernels(results: Results) -> str:
-    """Per size, batch and sum: XLA's time, each kernel variant's, the XLA gather of the
-    tables that the fastest variant's call makes (the weights into slot order, hoisted out of
-    a time loop; or the pullback's values into connection order), the row-rate floor and the
-    fastest variant's time over it, XLA's over it, and its largest difference to XLA's values
-    (relative to its largest)."""
-    run = results(KERNELS)
+    """A table per present run of :data:`KERNELS`, newest first (:func:`_sparse_kernels`)."""
+    names = results.present(KERNELS)
+    if not names:
+        raise FileNotFoundError(f"none of {KERNELS} in {results.folder}: run "
+                                "benchmarks/sparse_kernels_tpu.py or remove the table's block")
+    return "\n\n".join(_sparse_kernels(results, name, first=name == names[0])
+                       for name in names)
+
+
+def _sparse_kernels(results: Results, file: str, first: bool) -> str:
+    """Per size, batch and sum of run ``file``: XLA's time, each kernel variant's, the XLA
+    gather of the tables that the fastest variant's call makes (the weights into slot order,
+    hoisted out of a time loop; or the pullback's values into connection order), the row-rate
+    floor and the fastest variant's time over it, XLA's over it, and its largest difference to
+    XLA's values (relative to its largest). ``first``: with the caption that says what each
+    column is; a later run's caption refers to it."""
+    run = results(file)
     config = run["config"]
     labels = list(dict.fromkeys(
         label for record in run["results"] for name in _KERNEL_SUMS if name in record
@@ -305,8 +373,16 @@ def sparse_kernels(results: Results) -> str:
                 MISSING if best is None or "ms_median" not in xla
                 else ratio(xla["ms_median"] / best["ms_median"]),
                 MISSING if best is None else f"{best['max_rel_error']:.0e}"))
+    header = ("neurons", "batch", "sum", "rows", "XLA", *map(_kernel_label, labels),
+              "tables alone", "floor", "fastest × floor", "XLA ÷ fastest", "error")
+    if not first:
+        return captioned(
+            f"{source(results, file)}: as above, the sums ({config['degree']} synapses per "
+            f"neuron, `K = {config['block']}`, median of {config['repeats']} calls, floor at "
+            f"{config['row_ns']} ns a row) with the variants of that run.",
+            *table(header, rows))
     return captioned(
-        f"{source(results, KERNELS)}: the recurrent sparse sums of `scale.py` ({config['degree']}"
+        f"{source(results, file)}: the recurrent sparse sums of `scale.py` ({config['degree']}"
         " synapses per neuron) alone, on `rows` rows (the batch, or ES-D-RTRL's block product's "
         f"`(K + 1)·B`, `K = {config['block']}`); median of {config['repeats']} calls. XLA: "
         "its gathers (`_sparse_accelerator.py`); Pallas: "
@@ -325,5 +401,4 @@ def sparse_kernels(results: Results) -> str:
         "over theirs, and their largest difference to XLA's values over XLA's largest value; "
         f"a variant whose difference exceeds {KERNEL_TOLERANCE:.0e} is marked wrong and is "
         "never the fastest.",
-        *table(("neurons", "batch", "sum", "rows", "XLA", *map(_kernel_label, labels),
-                "tables alone", "floor", "fastest × floor", "XLA ÷ fastest", "error"), rows))
+        *table(header, rows))

@@ -293,6 +293,63 @@ def scale_tpu(results: Results) -> str:
     return _scale(results, results.present(SCALE_TPU_RUNS), sums=True)
 
 
+LATEST_SCALE_RUNS = ("scale_tpu_131k.json", "scale_tpu_131k_b128.json", "scale_tpu_1m_own.json")
+"""The ``scale.py`` runs on a TPU at the latest commit that ``scale_tpu_latest`` shows:
+131,072 neurons at batch 32 and 128 with the kernels of that commit's defaults, 1,048,576
+with ``--kernels packed+own_pair``."""
+
+
+def _executed(results: Results, names: Sequence[str]) -> list[dict[str, Any]]:
+    """The records of ``names`` that ran, each with its batch and sample-steps per second."""
+    found = []
+    for name in names:
+        run = results(name)
+        for r in run["results"]:
+            if r.get("executed"):
+                batch = r.get("batch") or run["config"]["batch"]
+                found.append({**r, "batch": batch, "steps": batch * r["T"] / r["s_per_update"]})
+    return found
+
+
+def _scale_relations(records: Sequence[dict[str, Any]]) -> str:
+    """Sentences that set the records against each other: a larger batch's sample-steps per
+    second over the smallest batch's (same size, length and method), and the largest network's
+    step over the smallest's (same length, method and batch)."""
+    said = []
+    batches: dict[tuple, list[str]] = {}
+    by_key = {(r["neurons"], r["T"], r["method"], r["batch"]): r for r in records}
+    for (neurons, length, method, batch), r in by_key.items():
+        small = min(b for n, t, m, b in by_key if (n, t, m) == (neurons, length, method))
+        if batch != small:
+            over = r["steps"] / by_key[neurons, length, method, small]["steps"]
+            batches.setdefault((neurons, length, small, batch), []).append(
+                f"{ratio(over)} with `{method}`")
+    for (neurons, length, small, batch), each in batches.items():
+        said.append(f"At {neurons:,} neurons and T = {length}, batch {batch}'s sample-steps "
+                    f"per second over batch {small}'s: {', '.join(each)}.")
+    sizes: dict[tuple, dict[int, dict[str, Any]]] = {}
+    for r in records:
+        sizes.setdefault((r["T"], r["method"], r["batch"]), {})[r["neurons"]] = r
+    for (length, method, batch), by_size in sizes.items():
+        if len(by_size) > 1:
+            small, large = by_size[min(by_size)], by_size[max(by_size)]
+            said.append(
+                f"With `{method}` at T = {length} and batch {batch}, the {large['neurons']:,}-"
+                f"neuron step ({large['s_per_step'] * 1e3:.3g} ms) is "
+                f"{ratio(large['s_per_step'] / small['s_per_step'])} the {small['neurons']:,}-"
+                f"neuron step ({small['s_per_step'] * 1e3:.3g} ms), for "
+                f"{large['neurons'] / small['neurons']:g} times the neurons (sums as in their "
+                "rows).")
+    return " ".join(said)
+
+
+def scale_tpu_latest(results: Results) -> str:
+    names = results.present(LATEST_SCALE_RUNS)
+    relations = _scale_relations(_executed(results, names))
+    block = _scale(results, names, sums=True)
+    return block + (f"\n\n{wrap(relations)}" if relations else "")
+
+
 SCALE_MEMORY_RUNS = ("scale_bptt_1m_compiled.json",)
 """``scale.py`` runs with ``--compile-only --formulation accelerator`` whose records join the
 table of ``scale_accelerator_memory.json`` (on the CPU, compiled and analysed, not run)."""
@@ -429,6 +486,7 @@ BLOCKS: dict[str, Callable[[Results], str]] = {
     "throughput_tpu": accelerator.throughput_tpu,
     "throughput_tpu_other": accelerator.throughput_tpu_other,
     "throughput_tpu_floor": accelerator.throughput_tpu_floor,
+    "throughput_tpu_fused": accelerator.throughput_tpu_fused,
     "throughput_tpu_host": accelerator.throughput_tpu_host,
     "fidelity": fidelity,
     "tasks": tasks,
@@ -436,6 +494,7 @@ BLOCKS: dict[str, Callable[[Results], str]] = {
     "sharding": sharding,
     "scale_cpu": scale_cpu,
     "scale_tpu": scale_tpu,
+    "scale_tpu_latest": scale_tpu_latest,
     "scale_memory": scale_memory,
     "scale_tpu_floor": accelerator.scale_tpu_floor,
     "sparse_probe": accelerator.sparse_probe,

@@ -286,8 +286,8 @@ def test_the_kernels_runs_stand_beside_xlas_with_their_sample_steps():
             assert len(rows) == (2 if record["batch"] == 32 else 1)  # one row per run
             assert f"{summary['sample_steps_per_s']:,.0f}" in [row[7] for row in rows]
     assert len([r for r in _rows_of(block, "131,072") if r[4] == "XLA"]) == 3
-    million = json.loads((RESULTS / "scale_tpu_1m_packed.json").read_text())["results"][0]
-    latest = json.loads((RESULTS / "scale_tpu_staged.json").read_text())
+    million = json.loads((RESULTS / "scale_tpu_1m_own.json").read_text())["results"][0]
+    latest = json.loads((RESULTS / "scale_tpu_131k.json").read_text())
     small = next(r for r in latest["results"] if r["method"] == "es_d_rtrl" and r["batch"] == 32)
     text = " ".join((ROOT / "docs" / "accelerators.md").read_text().split())
     times = round(million["s_per_step"] / small["s_per_step"])
