@@ -360,7 +360,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--aot", action="store_true",
                    help="compile for a TPU v5e only (needs libtpu; no chip), time nothing")
     p.add_argument("--kernels-only", action="store_true",
-                   help="compile (and with --aot only compile) the kernels, not XLA's sums")
+                   help="with --aot: compile the kernels only, not XLA's sums (a timed run "
+                        "needs XLA's values as the kernels' reference)")
     p.add_argument("--sizes", default=None, help="comma-separated neuron counts")
     p.add_argument("--batches", default=None, help="comma-separated batch sizes")
     p.add_argument("--repeats", type=int, default=None)
@@ -370,6 +371,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--name", default=NAME)
     args = p.parse_args(argv)
+    if args.kernels_only and not args.aot:
+        p.error("--kernels-only compiles and times nothing without XLA's sums (the kernels' "
+                "reference): add --aot, or leave it out to time the kernels")
     cfg = dict(QUICK if args.quick else FULL)
     if args.sizes:
         cfg["sizes"] = tuple(int(s) for s in args.sizes.split(","))

@@ -96,6 +96,8 @@ def test_the_device_script_measures_each_variant_and_survives_a_kernel_that_fail
     assert kernels_run._line(48, 3, "forward", entry).count("ERROR") == 2
     with pytest.raises(ValueError, match="unknown variant 'tiles'"):
         kernels_run.main(["--variants", "cells,tiles"])
+    with pytest.raises(SystemExit):  # a timed run needs XLA's values as the reference
+        kernels_run.main(["--kernels-only", "--quick"])
 
 
 def test_a_variant_sets_the_kernels_the_chunked_pair_sum_and_the_block_within_its_block():
