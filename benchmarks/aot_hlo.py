@@ -134,11 +134,17 @@ def main(argv: list[str] | None = None) -> dict:
                    help="D-RTRL's time-blocked update of a dense trace in one pass "
                         "(braintrace._algorithms._d_rtrl.FUSED_DENSE_BLOCKS; default: the "
                         "library's, on); --no-fused-dense-blocks: XLA's passes")
+    p.add_argument("--fused-narrow-traces", action=argparse.BooleanOptionalAction, default=None,
+                   help="that pass also over traces stored in bfloat16 "
+                        "(braintrace._algorithms._d_rtrl.FUSED_NARROW_TRACES; default: the "
+                        "library's, off)")
     args = p.parse_args(argv)
-    if args.fused_dense_blocks is not None:
-        from braintrace._algorithms import _d_rtrl
+    from braintrace._algorithms import _d_rtrl
 
+    if args.fused_dense_blocks is not None:
         _d_rtrl.FUSED_DENSE_BLOCKS = args.fused_dense_blocks
+    if args.fused_narrow_traces is not None:
+        _d_rtrl.FUSED_NARROW_TRACES = args.fused_narrow_traces
     os.makedirs(args.out, exist_ok=True)
     device = aot_device()
     results = {}

@@ -457,11 +457,17 @@ def main(argv: list[str] | None = None) -> dict:
                    help="on a TPU, D-RTRL's time-blocked update of a dense trace in one pass "
                         "(braintrace._algorithms._d_rtrl.FUSED_DENSE_BLOCKS; default: the "
                         "library's, on); --no-fused-dense-blocks: XLA's passes")
+    p.add_argument("--fused-narrow-traces", action=argparse.BooleanOptionalAction, default=None,
+                   help="that pass also over traces stored in bfloat16 (d_rtrl_bf16; "
+                        "braintrace._algorithms._d_rtrl.FUSED_NARROW_TRACES; default: the "
+                        "library's, off)")
     args = p.parse_args(argv)
     from braintrace._algorithms import _d_rtrl
 
     if args.fused_dense_blocks is not None:
         _d_rtrl.FUSED_DENSE_BLOCKS = args.fused_dense_blocks
+    if args.fused_narrow_traces is not None:
+        _d_rtrl.FUSED_NARROW_TRACES = args.fused_narrow_traces
     sizes = {k: v for k, v in (("hidden", args.hidden), ("batch", args.batch)) if v}
     lengths = ([int(t) for t in args.length.split(",")] if args.length
                else [20 if args.quick else 200])
@@ -500,7 +506,8 @@ def main(argv: list[str] | None = None) -> dict:
                    "repeats": repeats, "back_to_back": args.back_to_back,
                    "dtype": "float32", "loss": "mse",
                    "xla_flags": os.environ.get("XLA_FLAGS", ""),
-                   "fused_dense_blocks": _d_rtrl.FUSED_DENSE_BLOCKS},
+                   "fused_dense_blocks": _d_rtrl.FUSED_DENSE_BLOCKS,
+                   "fused_narrow_traces": _d_rtrl.FUSED_NARROW_TRACES},
         "environment": {**environment(), "loadavg_at_end": load},
         "bandwidth": probe,
         "floor_terms": TERMS,

@@ -164,3 +164,42 @@ def test_drtrl_through_the_kernel_equals_bptt_where_it_is_exact():
     assert any(float(np.max(np.abs(b))) > 1e-4 for _, b in pairs)
     for a, b in pairs:
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-8 * float(np.max(np.abs(b))))
+
+
+def test_traces_stored_in_bfloat16_through_the_kernel_with_narrow_traces_on(monkeypatch):
+    """With ``_d_rtrl.FUSED_NARROW_TRACES`` the kernel reads and writes the stored bfloat16
+    traces (both, in blocks of 3 steps): the gradients are XLA's formulation's (each rounds
+    the float32 update to bfloat16 once per block; 1e-5 of the largest, where storing the traces
+    in float32 instead moves them by ~5e-4); the kernel is handed the bfloat16 traces, not a
+    float32 copy."""
+    monkeypatch.setattr(_d_rtrl, "FUSED_NARROW_TRACES", True)
+    model = _gru(128, jnp.float32)
+    xs = jax.random.normal(jax.random.key(1), (6, 2, 128), jnp.float32)
+    ys = jax.random.normal(jax.random.key(2), (6, 2, 2), jnp.float32)
+    got, used = _drtrl_grads(model, xs, ys, "pallas", jnp.bfloat16)
+    want, _ = _drtrl_grads(model, xs, ys, "accelerator", jnp.bfloat16)
+    assert used == 2
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        scale = float(np.max(np.abs(np.asarray(b)))) if b.size else 0.0
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-5 * scale)
+    with formulation("pallas"):
+        learner = braintrace.compile(model, "d_rtrl", xs[0], batch_size=2,
+                                     trace_dtype=jnp.bfloat16)
+        online = braintrace.online_grad(learner, mse, block_size=3, reduction="sum")
+        carried = online.init(model)
+        jaxpr = jax.make_jaxpr(lambda c: online.grad(model, c, xs, ys)[0])(carried).jaxpr
+    assert _pallas_trace_dtypes(jaxpr) == {jnp.dtype(jnp.bfloat16)}
+
+
+def _pallas_trace_dtypes(jaxpr) -> set:
+    """The dtypes of the first operand (the trace) of every ``pallas_call`` in ``jaxpr``."""
+    found = set()
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            found.add(eqn.invars[0].aval.dtype)
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else [param]:
+                sub = getattr(sub, "jaxpr", sub)
+                if isinstance(sub, jax.extend.core.Jaxpr):
+                    found |= _pallas_trace_dtypes(sub)
+    return found

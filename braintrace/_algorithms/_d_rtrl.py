@@ -53,7 +53,7 @@ from braintrace._algorithms._trace_algebra import (
     sum_over_samples,
     tree_sum,
 )
-from braintrace._algorithms._trace_storage import widened_traces
+from braintrace._algorithms._trace_storage import widened_from, widened_traces
 from braintrace._compiler import (
     Approximation,
     ElementwiseRelation,
@@ -194,8 +194,11 @@ def _input_block(r: InputRelation, eps: tuple, steps: BlockSteps,
         new.append(jax.tree.map(lambda m, i, e: (m + i).astype(e.dtype),
                                 mixed, over_steps(x, gain[..., s]), old))
     if _fused_dense(r, eps):  # the kernel's trace in one pass (XLA drops the two above)
-        kernel, c = _dense_block(eps[0]["kernel"], lam0[..., 0, 0], beta0[..., 0], x,
-                                 gain[..., 0])
+        trace, narrow = eps[0]["kernel"], widened_from()
+        # a widened copy of a narrower stored trace: the kernel reads and writes the stored
+        # one (narrowing the copy back and widening the result are converts XLA removes)
+        trace = trace if narrow is None else trace.astype(narrow)
+        kernel, c = _dense_block(trace, lam0[..., 0, 0], beta0[..., 0], x, gain[..., 0])
         new[0] = {**new[0], "kernel": kernel.astype(new[0]["kernel"].dtype)}
         entering = {**entering, "kernel": c.astype(entering["kernel"].dtype)}
     return tuple(new), jax.tree.map(jnp.add, entering, current)
@@ -213,18 +216,28 @@ against 203.8 / 219.8 with XLA's passes, and gradients equal to those of XLA's p
 (float64: XLA's gradients to 1e-12, BPTT's where D-RTRL is exact). ``False``: XLA's
 passes everywhere."""
 
+FUSED_NARROW_TRACES: bool = False
+"""Whether the one-pass block update (:data:`FUSED_DENSE_BLOCKS`) also takes traces stored
+narrower than the rules read them (``trace_dtype=jnp.bfloat16``): the kernel reads and writes
+the stored trace, updating in float32, where XLA's passes read it twice (compiled for a TPU
+v5e, GRU hidden 1,024, batch 64, T = 100: per block 814 MiB on the 384 MiB trace against
+XLA's 1,182, its floor 768; the block's body 2,926 MiB against 3,425). Tested in Pallas'
+interpreters (XLA's gradients to 1e-7 of the largest); not yet run on a chip (the kernel's bfloat16 tiles are another
+lowering than its float32 ones), so off."""
+
 
 def _fused_dense(r: InputRelation, eps: tuple) -> bool:
     """Whether the block's update and entering contraction of ``eps["kernel"]`` run as one
     pass (:data:`FUSED_DENSE_BLOCKS`): a batched dense relation (its own ``dt_to_t``,
     ``contract`` and outer product, no kernel transform) on a group of one state, a trace
     that tiles, stored in the dtype it is read in (a bfloat16 trace reaches the rules
-    widened: the kernel would be handed a float32 copy of it, which XLA materialises), the
-    batch on one device, where :func:`by_platform` takes a TPU's formulations."""
+    widened) unless :data:`FUSED_NARROW_TRACES`, the batch on one device, where
+    :func:`by_platform` takes a TPU's formulations."""
     from braintrace._primitives import DENSE_RULES, output_axis_contract, scale_output_axis
 
     prim = r.primitive
-    if not (FUSED_DENSE_BLOCKS and tpu_formulations() and not widened_traces()
+    if not (FUSED_DENSE_BLOCKS and tpu_formulations()
+            and (FUSED_NARROW_TRACES or not widened_traces())
             and r.batched and len(eps) == 1 and "kernel" in eps[0] and not batch_split()
             and r.params.get("kernel_transform") is None):
         return False

@@ -29,9 +29,11 @@ import numpy as np
 
 from braintrace._arguments import ArgumentTypeError
 
-__all__ = ["check_trace_dtype", "reading_widened", "stored", "widened_traces", "working"]
+__all__ = ["check_trace_dtype", "reading_widened", "stored", "widened_from", "widened_traces",
+           "working"]
 
-_WIDENED: contextvars.ContextVar[bool] = contextvars.ContextVar("widened_traces", default=False)
+_WIDENED: contextvars.ContextVar[np.dtype | None] = contextvars.ContextVar("widened_traces",
+                                                                          default=None)
 
 
 def check_trace_dtype(trace_dtype: Any) -> np.dtype | None:
@@ -128,7 +130,8 @@ def reading_widened(trace_dtype: np.dtype | None) -> Iterator[None]:
         >>> widened_traces()
         False
     """
-    token = _WIDENED.set(trace_dtype is not None and trace_dtype.itemsize < 4)
+    narrow = trace_dtype is not None and trace_dtype.itemsize < 4
+    token = _WIDENED.set(jnp.dtype(trace_dtype) if narrow else None)
     try:
         yield
     finally:
@@ -137,4 +140,20 @@ def reading_widened(trace_dtype: np.dtype | None) -> Iterator[None]:
 
 def widened_traces() -> bool:
     """Whether the traces being read are widened copies (:func:`reading_widened`)."""
+    return _WIDENED.get() is not None
+
+
+def widened_from() -> np.dtype | None:
+    """The dtype the traces being read are stored in, where they are widened copies
+    (:func:`reading_widened`); else ``None``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from braintrace._algorithms._trace_storage import reading_widened, widened_from
+        >>> with reading_widened(jnp.dtype(jnp.bfloat16)):
+        ...     str(widened_from())
+        'bfloat16'
+        >>> widened_from() is None
+        True
+    """
     return _WIDENED.get()
