@@ -35,7 +35,7 @@ sys.path.insert(0, HERE)
 import jax
 from _models import build, data, mse
 from flax import nnx
-from throughput import method_parts
+from throughput import add_dense_block_flags, method_parts, set_dense_block_flags
 
 import braintrace
 
@@ -130,21 +130,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--inputs", type=int, default=64)
     p.add_argument("--outputs", type=int, default=10)
     p.add_argument("--out", required=True)
-    p.add_argument("--fused-dense-blocks", action=argparse.BooleanOptionalAction, default=None,
-                   help="D-RTRL's time-blocked update of a dense trace in one pass "
-                        "(braintrace._algorithms._d_rtrl.FUSED_DENSE_BLOCKS; default: the "
-                        "library's, on); --no-fused-dense-blocks: XLA's passes")
-    p.add_argument("--fused-narrow-traces", action=argparse.BooleanOptionalAction, default=None,
-                   help="that pass also over traces stored in bfloat16 "
-                        "(braintrace._algorithms._d_rtrl.FUSED_NARROW_TRACES; default: the "
-                        "library's, off)")
+    add_dense_block_flags(p)
     args = p.parse_args(argv)
-    from braintrace._algorithms import _d_rtrl
-
-    if args.fused_dense_blocks is not None:
-        _d_rtrl.FUSED_DENSE_BLOCKS = args.fused_dense_blocks
-    if args.fused_narrow_traces is not None:
-        _d_rtrl.FUSED_NARROW_TRACES = args.fused_narrow_traces
+    set_dense_block_flags(args)
     os.makedirs(args.out, exist_ok=True)
     device = aot_device()
     results = {}

@@ -137,6 +137,31 @@ def jit_step(model, learner, block_size: int | None, xs, ys) -> Callable[[], Any
     return run
 
 
+def add_dense_block_flags(p: argparse.ArgumentParser) -> None:
+    """``--[no-]fused-dense-blocks`` and ``--[no-]fused-narrow-traces``: D-RTRL's block update
+    in one pass on a TPU (default: the library's), read by :func:`set_dense_block_flags`."""
+    p.add_argument("--fused-dense-blocks", action=argparse.BooleanOptionalAction, default=None,
+                   help="on a TPU, D-RTRL's time-blocked update of a dense trace in one pass "
+                        "(braintrace._algorithms._d_rtrl.FUSED_DENSE_BLOCKS; default: the "
+                        "library's, on); --no-fused-dense-blocks: XLA's passes")
+    p.add_argument("--fused-narrow-traces", action=argparse.BooleanOptionalAction, default=None,
+                   help="that pass also over traces stored in bfloat16 (d_rtrl_bf16; "
+                        "braintrace._algorithms._d_rtrl.FUSED_NARROW_TRACES; default: the "
+                        "library's, off)")
+
+
+def set_dense_block_flags(args: argparse.Namespace):
+    """Sets the flags of :func:`add_dense_block_flags` that were given; returns the module that
+    holds them (``_d_rtrl``), whose values the run records."""
+    from braintrace._algorithms import _d_rtrl
+
+    if args.fused_dense_blocks is not None:
+        _d_rtrl.FUSED_DENSE_BLOCKS = args.fused_dense_blocks
+    if args.fused_narrow_traces is not None:
+        _d_rtrl.FUSED_NARROW_TRACES = args.fused_narrow_traces
+    return _d_rtrl
+
+
 def prepare(model_name: str, method: str, cfg: dict, xs, ys, with_jit_step: bool = False,
             with_program: bool = False):
     """Compiles one training pass; returns ``(run, compile_s, extra)``: ``extra['jit_run']``,
@@ -453,21 +478,9 @@ def main(argv: list[str] | None = None) -> dict:
                         f"{NAME}_xla_mof.json")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=None,
                    help="also time the parts of one online step (default: on, off with --quick)")
-    p.add_argument("--fused-dense-blocks", action=argparse.BooleanOptionalAction, default=None,
-                   help="on a TPU, D-RTRL's time-blocked update of a dense trace in one pass "
-                        "(braintrace._algorithms._d_rtrl.FUSED_DENSE_BLOCKS; default: the "
-                        "library's, on); --no-fused-dense-blocks: XLA's passes")
-    p.add_argument("--fused-narrow-traces", action=argparse.BooleanOptionalAction, default=None,
-                   help="that pass also over traces stored in bfloat16 (d_rtrl_bf16; "
-                        "braintrace._algorithms._d_rtrl.FUSED_NARROW_TRACES; default: the "
-                        "library's, off)")
+    add_dense_block_flags(p)
     args = p.parse_args(argv)
-    from braintrace._algorithms import _d_rtrl
-
-    if args.fused_dense_blocks is not None:
-        _d_rtrl.FUSED_DENSE_BLOCKS = args.fused_dense_blocks
-    if args.fused_narrow_traces is not None:
-        _d_rtrl.FUSED_NARROW_TRACES = args.fused_narrow_traces
+    _d_rtrl = set_dense_block_flags(args)
     sizes = {k: v for k, v in (("hidden", args.hidden), ("batch", args.batch)) if v}
     lengths = ([int(t) for t in args.length.split(",")] if args.length
                else [20 if args.quick else 200])
