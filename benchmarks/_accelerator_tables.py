@@ -6,7 +6,8 @@ later run measured again, or whose formulation the library no longer uses, is le
 run's row and named in the caption (a run left with BPTT alone shows no row). The floor tables
 set a measured time against the analytic floor that its run recorded (``_floor.py``,
 ``_scale_floor.py``); ``throughput_tpu_fused`` sets D-RTRL's block update in one Pallas pass
-against its control, XLA's passes (:data:`FUSED_RUNS`); ``sparse_probe`` and
+against its control, XLA's passes (:data:`FUSED_RUNS`); ``block_sizes_tpu`` sets ES-D-RTRL's
+block sizes side by side (:data:`BLOCK_RUNS`); ``sparse_probe`` and
 ``sparse_kernels`` show the sparse product's sums alone (``_sparse_probe.py``,
 ``sparse_kernels_tpu.py``). Nothing here holds a measured number.
 """
@@ -44,7 +45,10 @@ LATEST_RUNS = (
     Run("throughput_tpu_h1024_bf16.json",
         (("es_d_rtrl", "a block formulation since reverted"),
          ("d_rtrl", "measured again in `throughput_tpu_h1024.json`"))),
-    Run("throughput_tpu_h1024.json"),
+    Run("throughput_tpu_h1024.json",
+        (("es_d_rtrl", "blocks of 32 steps; the default's blocks, now 8, measured again in "
+                       "`throughput_tpu_h1024_speed_budget.json`"),)),
+    Run("throughput_tpu_h1024_speed_budget.json"),
 )
 """The latest TPU runs of ``throughput.py``: ``throughput_tpu`` and its floors (at hidden 1024
 the bfloat16 traces' run, older, before the run that measured the float32 methods again)."""
@@ -53,10 +57,28 @@ OTHER_RUNS = (
     Run("throughput_tpu.json", (("es_d_rtrl", H256_AGAIN), ("es_d_rtrl@1", H256_AGAIN))),
 )
 """Runs of earlier commits, for the methods the latest runs did not measure."""
-FUSED_RUNS = ("throughput_tpu_h1024.json", "throughput_tpu_h1024_xla.json")
-"""D-RTRL with the time-blocked update of its dense traces in one Pallas pass
-(``config['fused_dense_blocks']`` true, ``_d_rtrl.FUSED_DENSE_BLOCKS``), then its control of
-the same session, XLA's passes (false): ``throughput_tpu_fused``."""
+class FusedPair(NamedTuple):
+    """Two runs of one session: D-RTRL's block update in one Pallas pass (the run's
+    ``config[flag]`` true), then its control, XLA's passes (false), for ``method``."""
+
+    runs: tuple[str, str]
+    method: str
+    flag: str
+
+
+FUSED_RUNS = (
+    FusedPair(("throughput_tpu_h1024.json", "throughput_tpu_h1024_xla.json"), "d_rtrl",
+              "fused_dense_blocks"),
+    FusedPair(("throughput_tpu_h1024_bf16_fused.json", "throughput_tpu_h1024_bf16_xla.json"),
+              "d_rtrl_bf16", "fused_narrow_traces"),
+)
+"""D-RTRL with the time-blocked update of its dense traces in one Pallas pass against XLA's
+passes (``_d_rtrl.FUSED_DENSE_BLOCKS``), float32 traces and traces stored in bfloat16
+(``_d_rtrl.FUSED_NARROW_TRACES``): ``throughput_tpu_fused``."""
+BLOCK_RUNS = ("throughput_tpu_h256_blocks.json", "throughput_tpu_h1024_blocks.json",
+              "throughput_tpu_h1024_speed_budget.json")
+"""ES-D-RTRL in time blocks of several sizes (``es_d_rtrl@K``) and the default's
+(``_loops.default_block_size``): ``block_sizes_tpu``."""
 HOST_RUN = "throughput_tpu_host.json"
 """The run that timed the host's share of each call (``throughput.py --host-time``)."""
 LOW_PRECISION = "_bf16"
@@ -166,35 +188,74 @@ def throughput_tpu_fused(results: Results) -> str:
     """D-RTRL's time-blocked update of a dense trace in one Pallas pass against XLA's passes
     (:data:`FUSED_RUNS`): per model, a row per run, the device's time per step over BPTT's in
     that run and over the analytic floor, and the one pass's time over XLA's."""
-    runs = {name: results(name) for name in FUSED_RUNS}
-    forms = dict(zip(FUSED_RUNS, ("one Pallas pass", "XLA's passes")))
-    for name, fused in zip(FUSED_RUNS, (True, False)):
-        if runs[name]["config"].get("fused_dense_blocks") is not fused:
-            raise ValueError(f"{name}: its config's fused_dense_blocks is not {fused}, as "
-                             "FUSED_RUNS lists it")
-    control = {(m, t): e["methods"] for m, t, e in lengths(runs[FUSED_RUNS[1]])}
     rows = []
-    for model, length, entry in lengths(runs[FUSED_RUNS[0]]):
-        pair = (entry["methods"]["d_rtrl"], control[model, length]["d_rtrl"])
-        for name, methods, d_rtrl in zip(FUSED_RUNS, (entry["methods"], control[model, length]),
-                                         pair):
-            over = (ratio(pair[0]["device_step_us"] / pair[1]["device_step_us"])
-                    if d_rtrl is pair[0] else MISSING)
-            rows.append((_model(results, Run(name), model, length), forms[name], f"`{name}`",
-                         f"{methods['bptt']['device_step_us']:.1f} µs",
-                         f"{d_rtrl['device_step_us']:.1f} µs",
-                         ratio(d_rtrl["device_ratio_to_bptt"]), ratio(d_rtrl["floor"]["ratio"]),
-                         ratio(d_rtrl.get("jit_ratio_to_bptt")), over))
+    for pair in FUSED_RUNS:
+        runs = {name: results(name) for name in pair.runs}
+        for name, fused in zip(pair.runs, (True, False)):
+            if runs[name]["config"].get(pair.flag) is not fused:
+                raise ValueError(f"{name}: its config's {pair.flag} is not {fused}, as "
+                                 "FUSED_RUNS lists it")
+        control = {(m, t): e["methods"] for m, t, e in lengths(runs[pair.runs[1]])}
+        forms = dict(zip(pair.runs, ("one Pallas pass", "XLA's passes")))
+        for model, length, entry in lengths(runs[pair.runs[0]]):
+            both = (entry["methods"], control[model, length])
+            fused_one = both[0][pair.method]
+            for name, methods in zip(pair.runs, both):
+                d_rtrl = methods[pair.method]
+                over = (ratio(fused_one["device_step_us"] / both[1][pair.method]["device_step_us"])
+                        if d_rtrl is fused_one else MISSING)
+                rows.append((_model(results, Run(name), model, length), f"`{pair.method}`",
+                             forms[name], f"`{name}`",
+                             f"{methods['bptt']['device_step_us']:.1f} µs",
+                             f"{d_rtrl['device_step_us']:.1f} µs",
+                             ratio(d_rtrl["device_ratio_to_bptt"]),
+                             ratio(d_rtrl["floor"]["ratio"]),
+                             ratio(d_rtrl.get("jit_ratio_to_bptt")), over))
+    names = [name for pair in FUSED_RUNS for name in pair.runs]
     return captioned(
-        f"{source(results, *FUSED_RUNS)}: D-RTRL's time-blocked update of its dense traces "
-        "(`_d_rtrl.FUSED_DENSE_BLOCKS`, the run's `fused_dense_blocks`) as one Pallas pass "
-        "(`_dense_block_kernel.py`: each trace read once and written once per block) and as "
-        "XLA's passes, the control, run one after the other on the same chip. Per row: "
-        "BPTT's and D-RTRL's time per step on the device, D-RTRL's over BPTT's in that run, "
-        "over the analytic floor (`benchmarks/_floor.py`), its jitted step over BPTT's, and "
-        "the one pass's device time over XLA's passes'.",
-        *table(("model", "block update", "run", "`bptt` on the device", "`d_rtrl` on the device",
-                "× BPTT", "× floor", "jitted step × BPTT", "÷ XLA's passes"), rows))
+        f"{source(results, *names)}: D-RTRL's time-blocked update of its dense traces "
+        "(`_d_rtrl.FUSED_DENSE_BLOCKS`, the run's `fused_dense_blocks`; for traces stored in "
+        "bfloat16, `d_rtrl_bf16`, also `_d_rtrl.FUSED_NARROW_TRACES`, `fused_narrow_traces`) "
+        "as one Pallas pass (`_dense_block_kernel.py`: each trace read once and written once "
+        "per block) and as XLA's passes, the control, run one after the other on the same "
+        "chip. Per row: BPTT's and D-RTRL's time per step on the device, D-RTRL's over BPTT's "
+        "in that run, over the analytic floor (`benchmarks/_floor.py`), its jitted step over "
+        "BPTT's, and the one pass's device time over XLA's passes'.",
+        *table(("model", "method", "block update", "run", "`bptt` on the device",
+                "D-RTRL on the device", "× BPTT", "× floor", "jitted step × BPTT",
+                "÷ XLA's passes"), rows))
+
+
+def block_sizes_tpu(results: Results) -> str:
+    """ES-D-RTRL's time per step over BPTT's by steps per block (:data:`BLOCK_RUNS`): per run
+    and model, each method's jitted step and device time over BPTT's, the default's block
+    size read from the floor its run recorded."""
+    rows_in = []
+    for name in BLOCK_RUNS:
+        for model, length, entry in lengths(results(name)):
+            rows_in.append((name, model, length, entry["methods"]))
+    sizes = sorted({int(m.partition("@")[2]) for *_, methods in rows_in for m in methods
+                    if "@" in m})
+
+    def cell(entry: dict[str, Any] | None) -> str:
+        if entry is None:
+            return MISSING
+        return f"{ratio(entry.get('jit_ratio_to_bptt'))} / {ratio(entry['device_ratio_to_bptt'])}"
+
+    rows = []
+    for name, model, length, methods in rows_in:
+        default = methods.get("es_d_rtrl")
+        k = default["floor"]["terms"]["K"] if default else MISSING
+        rows.append((f"`{name}`", _model(results, Run(name), model, length),
+                     *(cell(methods.get(f"es_d_rtrl@{size}")) for size in sizes),
+                     f"{cell(default)} (K = {k})"))
+    return captioned(
+        f"{source(results, *BLOCK_RUNS)}: ES-D-RTRL in time blocks of K steps "
+        "(`es_d_rtrl@K`; `@1` the per-step form) and at the default block size "
+        "(`_loops.default_block_size`, its K in brackets), each as its jitted step's time over "
+        "BPTT's / its device time over BPTT's, in its own run.",
+        *table(("run", "model", *(f"`es_d_rtrl@{size}`" for size in sizes), "`es_d_rtrl`"),
+               rows))
 
 
 _PER_CALL = (("stateful_us", "`etrace_grad`"), ("device_us", "its device time"),

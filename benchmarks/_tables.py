@@ -284,8 +284,12 @@ KERNEL_SCALE_RUNS = ("scale_tpu_cells.json", "scale_tpu_staged.json", "scale_tpu
 """``scale.py --kernels VARIANT`` runs on a TPU (``config['sparse_sums']`` names the kernels),
 shown once committed: 131,072 neurons with each variant in one device call, and 1,048,576
 (T = 30 and 300)."""
+BLOCK_SCALE_RUNS = ("scale_tpu_131k_speed_budget.json",)
+"""``scale.py`` runs on a TPU that set ES-D-RTRL's block sizes side by side (the ``loop``
+column: ``es_d_rtrl`` there ran in blocks of 2, a form of ``_loops.BLOCK_SPEED_BUDGET`` that
+covered sparse networks, which now keep the memory budget's 3)."""
 SCALE_TPU_RUNS = ("scale_tpu.json", "scale_tpu_t300.json", "scale_tpu_1m_t300.json",
-                  *PALLAS_SCALE_RUNS, *KERNEL_SCALE_RUNS)
+                  *PALLAS_SCALE_RUNS, *KERNEL_SCALE_RUNS, *BLOCK_SCALE_RUNS)
 """The ``scale.py`` runs on a TPU that ``scale_tpu`` shows, the XLA formulation's first."""
 
 
@@ -487,6 +491,7 @@ BLOCKS: dict[str, Callable[[Results], str]] = {
     "throughput_tpu_other": accelerator.throughput_tpu_other,
     "throughput_tpu_floor": accelerator.throughput_tpu_floor,
     "throughput_tpu_fused": accelerator.throughput_tpu_fused,
+    "block_sizes_tpu": accelerator.block_sizes_tpu,
     "throughput_tpu_host": accelerator.throughput_tpu_host,
     "fidelity": fidelity,
     "tasks": tasks,

@@ -3,7 +3,10 @@
 ``K = clamp(⌊BLOCK_MEMORY_BUDGET / stacked bytes per step⌋, 2, 32)``
 (``braintrace/_loops/_spec.py::default_block_size``): a small model keeps blocks
 of 32 steps, a large network gets fewer, and whatever ``K`` it picks, the
-gradients are the per-step form's (float64).
+gradients are the per-step form's (float64). Where the programs are a TPU's
+(here ``formulation('pallas')``), a network without sparse relations also keeps
+its blocks within ``BLOCK_SPEED_BUDGET`` (a power of two steps); one with a
+sparse relation keeps the memory budget alone.
 """
 
 import jax
@@ -18,6 +21,7 @@ import braintrace
 from braintrace import layers
 from braintrace._loops import (
     BLOCK_MEMORY_BUDGET,
+    BLOCK_SPEED_BUDGET,
     DEFAULT_BLOCK_SIZE,
     Blocked,
     PerStep,
@@ -26,6 +30,7 @@ from braintrace._loops import (
     default_block_size,
 )
 from braintrace._loops._blocked import stacked_bytes_per_step
+from braintrace._platform import formulation
 
 
 @pytest.fixture
@@ -125,3 +130,52 @@ def test_the_trainers_windows_keep_to_the_budget():
     assert window_loop(wide._entry(), 64, None) == Blocked(32)
     assert window_loop(wide._entry(), 64, 64) == Blocked(64)  # a block size the caller chose
     assert window_loop(wide._entry(), 1, None) == PerStep()  # an update every step
+
+
+def sparse_network(neurons: int, batch: int = 32, inputs: int = 8):
+    """``ETPLinear(inputs -> neurons)`` plus a sparse recurrent sum (2 synapses per neuron)
+    into ``LIF(neurons)``, float32, ``batch`` samples."""
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            post = np.repeat(np.arange(neurons), 2)
+            pre = np.random.default_rng(0).integers(0, neurons, post.size)
+            self.inp = layers.ETPLinear(inputs, neurons, rngs=rngs)
+            self.rec = layers.ETPSparseLinear(neurons, neurons, connectivity=(pre, post),
+                                              use_bias=False, rngs=rngs)
+            self.lif = layers.LIF(neurons)
+
+        def __call__(self, x):
+            return self.lif(self.inp(x) + self.rec(self.lif.spikes()))
+
+    return braintrace.compile(Net(nnx.Rngs(0)), "es_d_rtrl", jnp.zeros((batch, inputs)),
+                              batch_size=batch)
+
+
+def test_on_a_tpu_a_dense_network_keeps_its_blocks_within_the_speed_budget():
+    """8,192 LIF neurons, batch 32: ES-D-RTRL stacks 2 MiB and 1 KiB per step. The memory
+    budget alone gives 32 steps (the CPU's); a TPU's programs take the largest power of two
+    whose blocks fit 32 MiB: 15 steps would, 8 is taken. 512 neurons (128 KiB per step) keep
+    32 steps there too."""
+    es = wide_network(8192, "es_d_rtrl")
+    per_step = stacked_bytes_per_step(es.rules)
+    assert per_step == 32 * 8 * 4 + 2 * 32 * 8192 * 4
+    assert BLOCK_SPEED_BUDGET // per_step == 15
+    assert default_block_size(es.rules) == 32
+    with formulation("pallas"):
+        assert default_block_size(es.rules) == 8
+        assert choose_loop(es.rules, length=100) == Blocked(8)
+        assert default_block_size(es.rules, most=64) == 8  # the trainer's windows too
+        assert default_block_size(wide_network(512, "es_d_rtrl").rules) == 32
+        # a block smaller than two steps' stacks is still 2 steps, not the per-step form
+        assert default_block_size(wide_network(131072, "es_d_rtrl").rules) == 2
+
+
+def test_on_a_tpu_a_network_with_a_sparse_relation_keeps_the_memory_budget_alone():
+    """The same neurons with a sparse recurrent sum: 32 steps on a TPU as on the CPU (its
+    blocks also merge the gathered rows' sums); the dense one beside it gets 8."""
+    sparse = sparse_network(8192)
+    assert stacked_bytes_per_step(sparse.rules) > 2 * 32 * 8192 * 4
+    with formulation("pallas"):
+        assert default_block_size(sparse.rules) == 32
+        assert default_block_size(wide_network(8192, "es_d_rtrl").rules) == 8

@@ -22,10 +22,12 @@ from typing import Any, ClassVar
 from braintrace._algorithms import GraphRules
 from braintrace._arguments import check_integer
 from braintrace._loops._blocked import stacked_bytes_per_step
+from braintrace._platform import tpu_formulations
+from braintrace._primitives import etp_sparse_batched_p, etp_sparse_p
 
-__all__ = ["BLOCK_MEMORY_BUDGET", "DEFAULT_BLOCK_SIZE", "MIN_DEFAULT_BLOCK_SIZE", "Blocked",
-           "LoopSpec", "PerStep", "Windowed", "check_positive", "choose_loop",
-           "default_block_size"]
+__all__ = ["BLOCK_MEMORY_BUDGET", "BLOCK_SPEED_BUDGET", "DEFAULT_BLOCK_SIZE",
+           "MIN_DEFAULT_BLOCK_SIZE", "Blocked", "LoopSpec", "PerStep", "Windowed",
+           "check_positive", "choose_loop", "default_block_size"]
 
 DEFAULT_BLOCK_SIZE = 32
 """The most steps per block when the caller does not choose ``block_size`` and the rules have
@@ -37,6 +39,25 @@ weight products at the per-step form's memory."""
 
 BLOCK_MEMORY_BUDGET = 256 * 2**20
 """Bytes of stacked steps a default block may hold (:func:`default_block_size`)."""
+
+BLOCK_SPEED_BUDGET = 32 * 2**20
+"""On a TPU, the bytes of stacked steps a default block of a network without sparse relations
+stays within for speed (:func:`default_block_size`): a block's stacked values are written once
+and read back by its trace update, and past this size that costs more than the merged matrix
+products save. On a TPU v5e (``benchmarks/results/throughput_tpu_h1024_blocks.json``,
+ES-D-RTRL inside a jit step, GRU and LIF hidden 1024, batch 64, T 100): 8 steps per block
+(26 / 16 MiB stacked) ran at 0.88x / 0.87x BPTT's time, 16 steps (52 / 32 MiB) at 1.04x /
+0.95x, 32 steps at 1.05x / 0.94x; at hidden 256 (T 1000, ``throughput_tpu_h256_blocks.json``;
+7 / 4 MiB at 32 steps) 32 steps were fastest (0.76x / 0.82x; 8 steps 0.85x / 0.99x).
+
+A network with a sparse relation keeps :data:`BLOCK_MEMORY_BUDGET` alone: its blocks also merge
+each step's sums over gathered rows, which pay per row read. 131,072 ALIF neurons, batch 32,
+T 30 (64 MiB per step; ``scale_tpu_131k_speed_budget.json``): 3 steps per block, the memory
+budget's, 0.201 s per update; 2 steps 0.218 s (4: 0.211 s, 6: 0.204 s, per step 0.239 s, in
+earlier runs)."""
+
+GATHER_BOUND = (etp_sparse_p, etp_sparse_batched_p)
+"""Primitives whose relations keep a network's default blocks to the memory budget alone."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,14 +103,18 @@ def check_positive(name: str, value: Any, *, length: int | None = None) -> int:
 
 def default_block_size(rules: GraphRules, most: int = DEFAULT_BLOCK_SIZE) -> int:
     """Steps per block when the caller does not choose: as many as fit
-    :data:`BLOCK_MEMORY_BUDGET`, between :data:`MIN_DEFAULT_BLOCK_SIZE` and ``most``
-    (:data:`DEFAULT_BLOCK_SIZE` unless the caller has a longer stretch to cover, as the
-    trainer's windows between two updates).
+    :data:`BLOCK_MEMORY_BUDGET` (and, on a TPU, :data:`BLOCK_SPEED_BUDGET`), between
+    :data:`MIN_DEFAULT_BLOCK_SIZE` and ``most`` (:data:`DEFAULT_BLOCK_SIZE` unless the caller
+    has a longer stretch to cover, as the trainer's windows between two updates).
 
-    ``K = clamp(⌊BLOCK_MEMORY_BUDGET / stacked bytes per step⌋, 2, most)``, the bytes per step
-    counted from the graph's shapes (``_blocked.stacked_bytes_per_step``): a block holds ``K``
-    steps of every relation's input and output-sized values, which for a large network (B 32,
-    131,072 neurons: 64 MiB per step for ES-D-RTRL) would be gigabytes at ``K = 32``.
+    With ``s`` the stacked bytes per step, counted from the graph's shapes
+    (``_blocked.stacked_bytes_per_step``): ``K = clamp(⌊BLOCK_MEMORY_BUDGET / s⌋, 2, most)``;
+    where the programs are a TPU's (``_platform.tpu_formulations``) and no relation is a sparse
+    one (:data:`GATHER_BOUND`), ``⌊BLOCK_MEMORY_BUDGET / s⌋`` is first lowered to the largest
+    power of two at most ``⌊BLOCK_SPEED_BUDGET / s⌋``.
+    A block holds ``K`` steps of every relation's input and output-sized values, which for a
+    large network (B 32, 131,072 neurons: 64 MiB per step for ES-D-RTRL) would be gigabytes at
+    ``K = 32``. Every ``K`` gives the per-step form's gradients.
 
     Example:
         >>> from braintrace._loops import default_block_size
@@ -100,7 +125,10 @@ def default_block_size(rules: GraphRules, most: int = DEFAULT_BLOCK_SIZE) -> int
         >>> default_block_size(braintrace.compile(model, 'd_rtrl', jnp.ones((3,))).rules)
         32
     """
-    fits = BLOCK_MEMORY_BUDGET // max(stacked_bytes_per_step(rules), 1)
+    per_step = max(stacked_bytes_per_step(rules), 1)
+    fits = BLOCK_MEMORY_BUDGET // per_step
+    if tpu_formulations() and not any(r.primitive in GATHER_BOUND for r in rules.relations):
+        fits = min(fits, _power_of_two_at_most(BLOCK_SPEED_BUDGET // per_step))
     return int(min(max(fits, MIN_DEFAULT_BLOCK_SIZE), most))
 
 
@@ -161,3 +189,8 @@ def choose_loop(rules: GraphRules, *, length: int, chunk_size: int | None = None
             f"Algorithm '{rules.name}' has no time-blocked form for this model; pass "
             "block_size=1 (or leave it unset).")
     return Blocked(block_size) if block_size > 1 else PerStep()
+
+
+def _power_of_two_at_most(n: int) -> int:
+    """The largest power of two ``<= n`` (``0`` for ``n < 1``)."""
+    return 1 << (n.bit_length() - 1) if n >= 1 else 0
