@@ -5,8 +5,9 @@
 of 32 steps, a large network gets fewer, and whatever ``K`` it picks, the
 gradients are the per-step form's (float64). Where the programs are a TPU's
 (here ``formulation('pallas')``), a network without sparse relations also keeps
-its blocks within ``BLOCK_SPEED_BUDGET`` (a power of two steps); one with a
-sparse relation keeps the memory budget alone.
+its blocks within ``BLOCK_SPEED_BUDGET`` (a power of two steps) where its traces
+are small; one with a sparse relation, or large traces, keeps the memory budget
+alone.
 """
 
 import jax
@@ -179,3 +180,35 @@ def test_on_a_tpu_a_network_with_a_sparse_relation_keeps_the_memory_budget_alone
     with formulation("pallas"):
         assert default_block_size(sparse.rules) == 32
         assert default_block_size(wide_network(8192, "es_d_rtrl").rules) == 8
+
+
+def test_on_a_tpu_large_traces_keep_long_blocks():
+    """D-RTRL on ``ETPLinear(64 -> 8,192)``, batch 32: its traces (B·|θ|, 65 MiB) would be read
+    and written 4 times as often in blocks of 8 as in blocks of 32, more bytes per step than a
+    step stacks (3 MiB): it keeps 32 steps on a TPU, where ES-D-RTRL on the same layer (traces
+    of B·(I + O) values) takes 8."""
+    d = wide_network(8192, "d_rtrl", inputs=64)
+    per_step = stacked_bytes_per_step(d.rules)
+    trace = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(d.traces))
+    assert d.rules.trace_bytes == trace == 32 * (64 * 8192 + 8192) * 4
+    assert 2 * trace > 8 * per_step and BLOCK_SPEED_BUDGET // per_step >= 8
+    es = wide_network(8192, "es_d_rtrl", inputs=64)
+    assert 2 * es.rules.trace_bytes <= 8 * stacked_bytes_per_step(es.rules)
+    with formulation("pallas"):
+        assert default_block_size(d.rules) == 32
+        assert default_block_size(es.rules) == 8
+
+
+def test_trace_bytes_count_the_stored_dtype():
+    """``GraphRules.trace_bytes`` counts the traces as stored: half in bfloat16."""
+    wide = braintrace.compile(nnx.Sequential(layers.ETPLinear(8, 256, rngs=nnx.Rngs(0)),
+                                             layers.LIF(256)),
+                              "d_rtrl", jnp.zeros((4, 8)), batch_size=4)
+    narrow = braintrace.compile(nnx.Sequential(layers.ETPLinear(8, 256, rngs=nnx.Rngs(0)),
+                                               layers.LIF(256)),
+                                "d_rtrl", jnp.zeros((4, 8)), batch_size=4,
+                                trace_dtype=jnp.bfloat16)
+    for learner in (wide, narrow):
+        assert learner.rules.trace_bytes == sum(a.size * a.dtype.itemsize
+                                                for a in jax.tree.leaves(learner.traces))
+    assert 2 * narrow.rules.trace_bytes == wide.rules.trace_bytes

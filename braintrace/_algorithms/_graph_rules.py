@@ -11,13 +11,16 @@ identity: a new graph (another batch size, another mode) gets its own record.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from braintrace._algorithms._relation_rule import BlockSteps, Jacobians, RelationRule
 from braintrace._algorithms._signals import AbstractLearningSignal
+from braintrace._algorithms._trace_algebra import operand_structs
 from braintrace._algorithms._trace_storage import reading_widened, stored, working
 from braintrace._compiler import ETraceGraph, Relation
 from braintrace._primitives import MissingRuleError
@@ -113,6 +116,24 @@ class GraphRules:
         """Whether every relation's rule has a time-blocked form (``block_finish``)."""
         return self.traced and all(rule.block_finish is not None
                                    for rule in self.relation_rules)
+
+    @functools.cached_property
+    def trace_bytes(self) -> int:
+        """The bytes of every relation's trace state as stored (in ``trace_dtype`` where one
+        is set), from the graph's shapes: abstractly evaluated, nothing allocated.
+
+        Example:
+            >>> import braintrace, jax.numpy as jnp
+            >>> from flax import nnx
+            >>> from braintrace import layers
+            >>> model = nnx.Sequential(layers.ETPLinear(3, 4, rngs=nnx.Rngs(0)), layers.LIF(4))
+            >>> braintrace.compile(model, 'd_rtrl', jnp.ones((3,))).rules.trace_bytes
+            64
+        """
+        states = jax.eval_shape(lambda operands: stored(self.init(operands), self.trace_dtype),
+                                operand_structs(self.graph))
+        return sum(int(np.prod(a.shape, dtype=np.int64)) * np.dtype(a.dtype).itemsize
+                   for a in jax.tree.leaves(states))
 
     @property
     def reads_jacobians(self) -> bool:

@@ -41,20 +41,22 @@ BLOCK_MEMORY_BUDGET = 256 * 2**20
 """Bytes of stacked steps a default block may hold (:func:`default_block_size`)."""
 
 BLOCK_SPEED_BUDGET = 32 * 2**20
-"""On a TPU, the bytes of stacked steps a default block of a network without sparse relations
-stays within for speed (:func:`default_block_size`): a block's stacked values are written once
-and read back by its trace update, and past this size that costs more than the merged matrix
-products save. On a TPU v5e (``benchmarks/results/throughput_tpu_h1024_blocks.json``,
+"""On a TPU, the bytes of stacked steps a default block stays within for speed, where shorter
+blocks cost the traces little (:func:`default_block_size`): a block's stacked values are
+written once and read back by its trace update, and past this size that costs more than the
+merged matrix products save. On a TPU v5e (``benchmarks/results/throughput_tpu_h1024_blocks.json``,
 ES-D-RTRL inside a jit step, GRU and LIF hidden 1024, batch 64, T 100): 8 steps per block
 (26 / 16 MiB stacked) ran at 0.88x / 0.87x BPTT's time, 16 steps (52 / 32 MiB) at 1.04x /
 0.95x, 32 steps at 1.05x / 0.94x; at hidden 256 (T 1000, ``throughput_tpu_h256_blocks.json``;
 7 / 4 MiB at 32 steps) 32 steps were fastest (0.76x / 0.82x; 8 steps 0.85x / 0.99x).
 
-A network with a sparse relation keeps :data:`BLOCK_MEMORY_BUDGET` alone: its blocks also merge
-each step's sums over gathered rows, which pay per row read. 131,072 ALIF neurons, batch 32,
-T 30 (64 MiB per step; ``scale_tpu_131k_speed_budget.json``): 3 steps per block, the memory
-budget's, 0.201 s per update; 2 steps 0.218 s (4: 0.211 s, 6: 0.204 s, per step 0.239 s, in
-earlier runs)."""
+Not where the traces are large: a block reads and writes them once, so ``K`` steps per block
+cost ``2·Tr/K`` bytes per step for traces of ``Tr`` bytes (D-RTRL at hidden 1024, batch 64:
+817 MiB of traces, 51 MiB per step at ``K = 32``, 204 MiB at ``K = 8``). Nor in a network with a
+sparse relation: its blocks also merge each step's sums over gathered rows, which pay per row
+read. 131,072 ALIF neurons, batch 32, T 30 (64 MiB per step;
+``scale_tpu_131k_speed_budget.json``): 3 steps per block, the memory budget's, 0.201 s per
+update; 2 steps 0.218 s (4: 0.211 s, 6: 0.204 s, per step 0.239 s, in earlier runs)."""
 
 GATHER_BOUND = (etp_sparse_p, etp_sparse_batched_p)
 """Primitives whose relations keep a network's default blocks to the memory budget alone."""
@@ -109,9 +111,11 @@ def default_block_size(rules: GraphRules, most: int = DEFAULT_BLOCK_SIZE) -> int
 
     With ``s`` the stacked bytes per step, counted from the graph's shapes
     (``_blocked.stacked_bytes_per_step``): ``K = clamp(⌊BLOCK_MEMORY_BUDGET / s⌋, 2, most)``;
-    where the programs are a TPU's (``_platform.tpu_formulations``) and no relation is a sparse
-    one (:data:`GATHER_BOUND`), ``⌊BLOCK_MEMORY_BUDGET / s⌋`` is first lowered to the largest
-    power of two at most ``⌊BLOCK_SPEED_BUDGET / s⌋``.
+    where the programs are a TPU's (``_platform.tpu_formulations``), no relation is a sparse
+    one (:data:`GATHER_BOUND`), and the traces' bytes ``Tr`` (``GraphRules.trace_bytes``) read
+    and written once per block of ``k`` steps add no more per step than a step stacks,
+    ``2·Tr / k <= s`` with ``k`` the largest power of two at most ``⌊BLOCK_SPEED_BUDGET / s⌋``
+    (and at least 2), ``⌊BLOCK_MEMORY_BUDGET / s⌋`` is first lowered to ``k``.
     A block holds ``K`` steps of every relation's input and output-sized values, which for a
     large network (B 32, 131,072 neurons: 64 MiB per step for ES-D-RTRL) would be gigabytes at
     ``K = 32``. Every ``K`` gives the per-step form's gradients.
@@ -128,7 +132,9 @@ def default_block_size(rules: GraphRules, most: int = DEFAULT_BLOCK_SIZE) -> int
     per_step = max(stacked_bytes_per_step(rules), 1)
     fits = BLOCK_MEMORY_BUDGET // per_step
     if tpu_formulations() and not any(r.primitive in GATHER_BOUND for r in rules.relations):
-        fits = min(fits, _power_of_two_at_most(BLOCK_SPEED_BUDGET // per_step))
+        fast = max(_power_of_two_at_most(BLOCK_SPEED_BUDGET // per_step), MIN_DEFAULT_BLOCK_SIZE)
+        if 2 * rules.trace_bytes <= fast * per_step:
+            fits = min(fits, fast)
     return int(min(max(fits, MIN_DEFAULT_BLOCK_SIZE), most))
 
 
