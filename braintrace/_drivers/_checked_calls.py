@@ -14,7 +14,9 @@ values are checked at every call.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Hashable
+from itertools import repeat
 from typing import Any, TypeVar
 
 import jax
@@ -23,6 +25,8 @@ import numpy as np
 __all__ = ["CheckedCalls", "call_signature"]
 
 _STATICS = (type(None), bool, int, str)
+_ARRAYS = (jax.Array, np.ndarray)
+_shape_dtype = operator.attrgetter("shape", "dtype")
 T = TypeVar("T")
 
 
@@ -44,19 +48,12 @@ def call_signature(*trees: Any, statics: tuple[Any, ...] = ()) -> tuple[Any, ...
         >>> call_signature([1.0, 2.0]) is None
         True
     """
-    key: list[Any] = []
-    for tree in trees:
-        leaves, treedef = jax.tree.flatten(tree)
-        key.append(treedef)
-        for a in leaves:
-            if not isinstance(a, jax.Array | np.ndarray):
-                return None
-            key.append((a.shape, a.dtype))
-    for value in statics:
-        if type(value) not in _STATICS:
-            return None
-        key.append((type(value), value))
-    return tuple(key)
+    leaves, treedef = jax.tree.flatten(trees)  # one structure for all of them
+    if not all(map(isinstance, leaves, repeat(_ARRAYS))):
+        return None
+    if not all(type(value) in _STATICS for value in statics):
+        return None
+    return (treedef, *map(_shape_dtype, leaves), *((type(v), v) for v in statics))
 
 
 class CheckedCalls:
