@@ -24,7 +24,7 @@ import numpy as np
 
 __all__ = ["CheckedCalls", "call_signature"]
 
-_STATICS = (type(None), bool, int, str)
+_STATICS = frozenset((type(None), bool, int, str))
 _ARRAYS = (jax.Array, np.ndarray)
 _shape_dtype = operator.attrgetter("shape", "dtype")
 T = TypeVar("T")
@@ -49,11 +49,10 @@ def call_signature(*trees: Any, statics: tuple[Any, ...] = ()) -> tuple[Any, ...
         True
     """
     leaves, treedef = jax.tree.flatten(trees)  # one structure for all of them
-    if not all(map(isinstance, leaves, repeat(_ARRAYS))):
+    types = tuple(map(type, statics))
+    if not (_STATICS.issuperset(types) and all(map(isinstance, leaves, repeat(_ARRAYS)))):
         return None
-    if not all(type(value) in _STATICS for value in statics):
-        return None
-    return (treedef, *map(_shape_dtype, leaves), *((type(v), v) for v in statics))
+    return (treedef, *map(_shape_dtype, leaves), types, statics)
 
 
 class CheckedCalls:
