@@ -13,11 +13,11 @@ as the objects themselves:
   own records; any other pytree: its one-level flattening (children and treedef);
 * a Variable: its metadata (``Variable.get_metadata``).
 
-:meth:`GraphSnapshot.holds` compares them again, by identity. While it holds,
-the walk would find the same graph definition and the same Variable objects in
-the same order: a Param added, removed or replaced, a mode switched
-(``model.eval()``), a submodule swapped or a Variable's metadata changed all
-break it. What the Variables hold is not part of it (values change at every
+:meth:`GraphSnapshot.holds` compares them again (names by equality, everything
+else by identity). While it holds, the walk would find the same graph
+definition and the same Variable objects in the same order: a Param added,
+removed or replaced, an attribute renamed, a mode switched (``model.eval()``),
+a submodule swapped or a Variable's metadata changed all break it. What the Variables hold is not part of it (values change at every
 call; the drivers check their shapes and dtypes, see ``_model_state``). A node
 it cannot follow (a graph node type registered outside Flax's ``nnx.Pytree``)
 makes a snapshot that never holds, so such a model is walked at every call, as
