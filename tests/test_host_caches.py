@@ -70,6 +70,14 @@ def cached():
     return learner, trainer
 
 
+def rename_last(module, name):
+    """Moves ``module``'s last attribute to ``name``: the same values in the same order."""
+    last = list(vars(module))[-1]
+    value = getattr(module, last)
+    delattr(module, last)
+    setattr(module, name, value)
+
+
 MUTATIONS = {
     "param replaced": lambda m: setattr(m.out, "kernel", nnx.Param(m.out.kernel[...])),
     "param added": lambda m: setattr(m, "gain", nnx.Param(jnp.ones(()))),
@@ -78,6 +86,7 @@ MUTATIONS = {
     "metadata changed": lambda m: m.h.set_metadata("note", "changed"),
     "list grown in place": lambda m: m.extras.append(layers.LIF(2)),
     "list item replaced": lambda m: m.extras.__setitem__(0, layers.LIF(2)),
+    "attribute renamed": lambda m: rename_last(m.out, "renamed"),  # a static one, last
 }
 
 

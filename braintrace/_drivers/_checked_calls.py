@@ -14,7 +14,9 @@ values are checked at every call.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Hashable
+from itertools import repeat
 from typing import Any, TypeVar
 
 import jax
@@ -22,7 +24,9 @@ import numpy as np
 
 __all__ = ["CheckedCalls", "call_signature"]
 
-_STATICS = (type(None), bool, int, str)
+_STATICS = frozenset((type(None), bool, int, str))
+_ARRAYS = (jax.Array, np.ndarray)
+_shape_dtype = operator.attrgetter("shape", "dtype")
 T = TypeVar("T")
 
 
@@ -44,19 +48,11 @@ def call_signature(*trees: Any, statics: tuple[Any, ...] = ()) -> tuple[Any, ...
         >>> call_signature([1.0, 2.0]) is None
         True
     """
-    key: list[Any] = []
-    for tree in trees:
-        leaves, treedef = jax.tree.flatten(tree)
-        key.append(treedef)
-        for a in leaves:
-            if not isinstance(a, jax.Array | np.ndarray):
-                return None
-            key.append((a.shape, a.dtype))
-    for value in statics:
-        if type(value) not in _STATICS:
-            return None
-        key.append((type(value), value))
-    return tuple(key)
+    leaves, treedef = jax.tree.flatten(trees)  # one structure for all of them
+    types = tuple(map(type, statics))
+    if not (_STATICS.issuperset(types) and all(map(isinstance, leaves, repeat(_ARRAYS)))):
+        return None
+    return (treedef, *map(_shape_dtype, leaves), types, statics)
 
 
 class CheckedCalls:

@@ -13,11 +13,11 @@ as the objects themselves:
   own records; any other pytree: its one-level flattening (children and treedef);
 * a Variable: its metadata (``Variable.get_metadata``).
 
-:meth:`GraphSnapshot.holds` compares them again, by identity. While it holds,
-the walk would find the same graph definition and the same Variable objects in
-the same order: a Param added, removed or replaced, a mode switched
-(``model.eval()``), a submodule swapped or a Variable's metadata changed all
-break it. What the Variables hold is not part of it (values change at every
+:meth:`GraphSnapshot.holds` compares them again (names by equality, everything
+else by identity). While it holds, the walk would find the same graph
+definition and the same Variable objects in the same order: a Param added,
+removed or replaced, an attribute renamed, a mode switched (``model.eval()``),
+a submodule swapped or a Variable's metadata changed all break it. What the Variables hold is not part of it (values change at every
 call; the drivers check their shapes and dtypes, see ``_model_state``). A node
 it cannot follow (a graph node type registered outside Flax's ``nnx.Pytree``)
 makes a snapshot that never holds, so such a model is walked at every call, as
@@ -30,6 +30,7 @@ so keep them immutable (replace them to change them).
 from __future__ import annotations
 
 import operator
+from itertools import chain
 from typing import Any
 
 import jax
@@ -50,11 +51,16 @@ def _one_level(node: Any) -> tuple[list[Any], Any]:
 class GraphSnapshot:
     """What Flax's walk of a model's graph reads, recorded to be compared by identity.
 
+    :meth:`holds` compares everything in a few passes that run in C (``map``,
+    ``itertools.chain``), not a Python loop over nodes: every dict's and
+    list's size, then every key (by equality, as a dict looks it up), value
+    and item (by identity) against the flat records, in order (sizes first, so
+    that nothing can move from one node to another unseen).
+
     Attributes:
-        mappings: Each Module's ``vars`` and each dict (the live objects), with their keys
-            and values as recorded.
-        lists: Each list, with its items.
-        variables: Each Variable, with its metadata's keys and values.
+        mappings: Each Module's ``vars`` and each dict (the live objects).
+        lists: Each list.
+        variables: Each Variable (its metadata is compared: ``Variable.get_metadata``).
         pytrees: Each other pytree node, with its treedef and children (one level).
         followed: Whether every node could be followed (if not, the snapshot never holds).
 
@@ -71,39 +77,52 @@ class GraphSnapshot:
     """
 
     def __init__(self) -> None:
-        self.mappings: list[tuple[dict[Any, Any], tuple[Any, ...], tuple[Any, ...]]] = []
-        self.lists: list[tuple[list[Any], tuple[Any, ...]]] = []
-        self.variables: list[tuple[nnx.Variable, tuple[Any, ...], tuple[Any, ...]]] = []
+        self.mappings: list[dict[Any, Any]] = []
+        self.lists: list[list[Any]] = []
+        self.variables: list[nnx.Variable] = []
         self.pytrees: list[tuple[Any, Any, tuple[Any, ...]]] = []
         self.followed = True
+        self._sizes: tuple[int, ...] = ()
+        self._keys: tuple[Any, ...] = ()
+        self._values: tuple[Any, ...] = ()
+        self._items: tuple[Any, ...] = ()
 
     @classmethod
     def of(cls, model: Any) -> GraphSnapshot:
         """The snapshot of ``model``'s graph as it is now."""
         snapshot = cls()
         snapshot.followed = snapshot._record(model, set())
+        mappings = snapshot._mappings_now()
+        snapshot._sizes = snapshot._sizes_of(mappings)
+        snapshot._keys = tuple(chain.from_iterable(mappings))
+        snapshot._values = tuple(chain.from_iterable(map(dict.values, mappings)))
+        snapshot._items = tuple(chain.from_iterable(snapshot.lists))
         return snapshot
 
     def holds(self) -> bool:
         """Whether every node still has what was recorded (module docstring)."""
         if not self.followed:
             return False
-        same = _same
-        for mapping, keys, values in self.mappings:
-            if not (same(mapping, keys) and same(mapping.values(), values)):
-                return False
-        for items, values in self.lists:
-            if not same(items, values):
-                return False
-        for variable, keys, values in self.variables:
-            metadata = variable.get_metadata()
-            if not (same(metadata, keys) and same(metadata.values(), values)):
-                return False
+        mappings = self._mappings_now()
+        if self._sizes_of(mappings) != self._sizes:
+            return False
+        if not (tuple(chain.from_iterable(mappings)) == self._keys  # keys: equal is the same
+                and _same(chain.from_iterable(map(dict.values, mappings)), self._values)
+                and _same(chain.from_iterable(self.lists), self._items)):
+            return False
         for node, treedef, values in self.pytrees:
             children, now = _one_level(node)
-            if now != treedef or not same(children, values):
+            if now != treedef or len(children) != len(values) or not _same(children, values):
                 return False
         return True
+
+    def _mappings_now(self) -> list[dict[Any, Any]]:
+        """The recorded dicts and each Variable's metadata as it is now."""
+        return [*self.mappings, *map(_metadata, self.variables)]
+
+    def _sizes_of(self, mappings: list[dict[Any, Any]]) -> tuple[int, ...]:
+        """The size of each of ``mappings`` (:meth:`_mappings_now`) and each list."""
+        return (*map(len, mappings), *map(len, self.lists))
 
     def _record(self, node: Any, seen: set[int]) -> bool:
         """Records ``node`` and everything below it; ``False`` where a node cannot be
@@ -112,23 +131,22 @@ class GraphSnapshot:
             return True
         if isinstance(node, nnx.Variable):
             seen.add(id(node))
-            metadata = node.get_metadata()
-            self.variables.append((node, tuple(metadata), tuple(metadata.values())))
+            self.variables.append(node)
             return True
         if isinstance(node, nnx.Pytree):
             seen.add(id(node))
             attributes = vars(node)  # the live dict: compared in place
-            self.mappings.append((attributes, tuple(attributes), tuple(attributes.values())))
+            self.mappings.append(attributes)
             children: Any = attributes.values()
         elif nnx.graph.is_graph_node(node):
             return False  # a graph node type of its own: its flattening is not known here
         elif type(node) is list:
             seen.add(id(node))
-            self.lists.append((node, tuple(node)))
+            self.lists.append(node)
             children = node
         elif type(node) is dict:
             seen.add(id(node))
-            self.mappings.append((node, tuple(node), tuple(node.values())))
+            self.mappings.append(node)
             children = node.values()
         elif isinstance(node, tuple):
             children = node
@@ -141,9 +159,13 @@ class GraphSnapshot:
         return all(self._record(child, seen) for child in children)
 
 
+_metadata = operator.methodcaller("get_metadata")
+
+
 def _same(values: Any, recorded: tuple[Any, ...]) -> bool:
-    """Whether ``values`` are the ``recorded`` objects, in order."""
-    return len(values) == len(recorded) and all(map(operator.is_, values, recorded))
+    """Whether ``values`` are the ``recorded`` objects, in order (as many of them: the
+    callers compare sizes first)."""
+    return all(map(operator.is_, values, recorded))
 
 
 def _is_pytree(node: Any) -> bool:

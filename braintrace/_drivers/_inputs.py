@@ -7,6 +7,7 @@ a clear error instead of a wrong result or an error from deep inside XLA.
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 import jax
@@ -380,7 +381,7 @@ def refuse_traced(method: str, *trees: Any) -> None:
     Raises:
         TypeError: Some leaf is a tracer.
     """
-    if any(isinstance(a, jax.core.Tracer) for tree in trees for a in jax.tree.leaves(tree)):
+    if any(map(isinstance, jax.tree.leaves(trees), repeat(jax.core.Tracer))):
         raise TypeError(
             f"{method} is the eager convenience: it checks its arguments on the host and "
             "writes the model, so it cannot run inside jax.jit / nnx.jit. Inside your own "

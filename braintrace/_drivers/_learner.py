@@ -45,6 +45,7 @@ from braintrace._drivers._states import KEEP
 __all__ = ["OnlineLearner"]
 
 CHECKED_LATER = "the last call, checked by the next call or learner.sync()"
+_GRAD_CALL = f"learner.etrace_grad ({CHECKED_LATER})"
 
 
 class OnlineLearner(LearnerBinding):
@@ -291,9 +292,8 @@ class OnlineLearner(LearnerBinding):
         self._checked.check(entry, call_signature(xs), lambda: check_inputs(xs, entry.example))
         params, hidden, other = self._leaves(entry, view)
         traces = self._checked_traces(entry)
-        self._deferred.settle(wait=False)
         ys, hidden, other, traces = EVOLVE_PROGRAM(entry, params, hidden, other, traces, xs)
-        self._deferred.settle()
+        self._deferred.settle()  # the last call's check, while the device runs this call
         view.write_state(hidden, other)
         self._set_traces(traces, entry)
         return ys
@@ -412,16 +412,15 @@ class OnlineLearner(LearnerBinding):
         _, spec, args = self._grad_call(xs, ys, mask=mask, chunk_size=chunk_size,
                                         block_size=block_size, reduction=reduction,
                                         signal_inputs=signal_inputs, bound=(view, entry))
-        self._deferred.settle(wait=False)  # the last call's check, if the device is done with it
         result: GradResult = CHECKED_GRAD_PROGRAM(entry, loss_fn, spec, *args,
                                                   masked=mask is not None)
-        self._deferred.settle()  # else now, while the device runs this call
+        self._deferred.settle()  # the last call's check, while the device runs this call
         view.write_state(result.hidden, result.other)
         self._set_traces(result.traces, entry)
         put_back = functools.partial(self._put_back, result.traces, args.hidden, args.other,
                                      args.traces)
         self._deferred.defer((result.finite,), functools.partial(
-            grad_verdict, f"learner.etrace_grad ({CHECKED_LATER})", entry.graph.param_paths,
+            grad_verdict, _GRAD_CALL, entry.graph.param_paths,
             args.xs, args.weights, result.losses, put_back))
         state = view.param_state(result.grads)
         return (state, result.losses) if return_losses else state

@@ -25,7 +25,6 @@ from braintrace._drivers._compiled import CompiledModel, Entry
 from braintrace._drivers._model_state import (
     Leaves,
     ModelView,
-    check_leaves,
     model_leaves,
     runs_at,
     strong,
@@ -40,12 +39,11 @@ __all__ = ["Reset", "checked_traces", "checkpoint_items", "fresh_traces", "load_
            "place_model", "placed_leaves", "reset_state", "restored_state"]
 
 
-def placed_leaves(model: nnx.Module | ModelView, entry: Entry, batch_size: int | None) -> Leaves:
-    """The model's Params, hidden states and other Variables for ``entry``'s programs, checked
-    against what was compiled (:func:`~braintrace._drivers._model_state.check_leaves`) and on
-    the mesh. ``model`` may be a :class:`ModelView` of it, read as it is."""
-    leaves = model.leaves() if isinstance(model, ModelView) else model_leaves(model)
-    leaves = check_leaves(leaves, entry.graph, entry.leaf_avals, batch_size)
+def placed_leaves(view: ModelView, entry: Entry, batch_size: int | None) -> Leaves:
+    """The Params, hidden states and other Variables of ``view``'s model for ``entry``'s
+    programs, checked against what was compiled (:meth:`ModelView.checked_leaves`) and on
+    the mesh."""
+    leaves = view.checked_leaves(entry.graph, entry.leaf_avals, batch_size)
     lay = entry.layout
     if lay is None:
         return leaves

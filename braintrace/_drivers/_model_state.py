@@ -16,7 +16,9 @@ of arrays. This module converts between the two:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+from collections.abc import Iterable, Sequence
+from itertools import chain, repeat
 from typing import Any, NamedTuple
 
 import jax
@@ -125,13 +127,25 @@ class ModelView:
     def leaves(self) -> Leaves:
         """The arrays, as :func:`model_leaves` reads them."""
         if self._variables is not None:
-            params, hidden, other = ([v.get_raw_value() for v in group]
-                                     for group in self._variables)
-            if all(isinstance(a, _ARRAYS) for a in (*params, *hidden, *other)):
-                return Leaves(params, [strong(h) for h in hidden], other)
+            params, hidden, other = ([*map(_raw_value, group)] for group in self._variables)
+            if all(map(isinstance, chain(params, hidden, other), repeat(_ARRAYS))):
+                return Leaves(params, [*map(strong, hidden)], other)
         return Leaves(jax.tree.leaves(self.params),
                       [strong(h) for h in jax.tree.leaves(self.hidden)],
                       jax.tree.leaves(self.other))
+
+    def checked_leaves(self, graph: ETraceGraph, avals: LeafAvals,
+                       batch_size: int | None) -> Leaves:
+        """:meth:`leaves`, checked against the compiled ``avals`` (:func:`check_leaves`).
+
+        Where every Variable holds an array of exactly its compiled shape and dtype
+        (the usual case), that is found in one pass over the Variables' arrays.
+        """
+        if self._variables is not None:
+            params, hidden, other = ([*map(_raw_value, group)] for group in self._variables)
+            if _fits((params, hidden, other), avals):
+                return Leaves(params, [*map(strong, hidden)], other)
+        return check_leaves(self.leaves(), graph, avals, batch_size)
 
     def variables(self) -> list[nnx.Variable] | None:
         """The model's Variables (Params, hidden states, the rest), ``None`` if it also holds
@@ -153,8 +167,7 @@ class ModelView:
             nnx.update(self.model, jax.tree.unflatten(self._defs[1], list(hidden)),
                        jax.tree.unflatten(self._defs[2], list(other)))
             return
-        self._set(1, hidden)
-        self._set(2, other)
+        _set_all(chain(self._variables[1], self._variables[2]), chain(hidden, other))
 
     def _settable(self, group: int, values: Sequence[jax.Array]) -> bool:
         """Whether Variable ``group`` (params, hidden, other) takes ``values`` one each."""
@@ -165,8 +178,7 @@ class ModelView:
         (nothing set) where :meth:`_settable` says it cannot."""
         if not self._settable(group, values):
             return False
-        for variable, value in zip(self._variables[group], values):
-            variable.set_raw_value(value)  # as nnx.update sets an array leaf
+        _set_all(self._variables[group], values)
         return True
 
 
@@ -204,6 +216,14 @@ class ViewCache:
 
 
 _ARRAYS = (jax.Array, np.ndarray)
+_raw_value = nnx.Variable.get_raw_value  # final in Flax: no Variable type overrides it
+_shape_dtype = operator.attrgetter("shape", "dtype")
+
+
+def _set_all(variables: Iterable[nnx.Variable], values: Iterable[jax.Array]) -> None:
+    """Sets each of the model's own ``variables`` to the next of ``values``."""
+    for variable, value in zip(variables, values):
+        variable.set_raw_value(value)  # as nnx.update sets an array leaf
 
 
 def _variables(state: nnx.State) -> list[Any]:
@@ -249,11 +269,11 @@ def check_leaves(leaves: Leaves, graph: ETraceGraph, avals: LeafAvals,
     return leaves
 
 
-def _fits(leaves: Leaves, avals: LeafAvals) -> bool:
+def _fits(leaves: Sequence[Sequence[Any]], avals: LeafAvals) -> bool:
     """Whether every leaf is an array of exactly its compiled shape and dtype (what
     :func:`check_leaves` accepts, without converting a dtype: a quick test first)."""
     try:
-        return tuple([(a.shape, a.dtype) for group in leaves for a in group]) == avals
+        return tuple(map(_shape_dtype, chain.from_iterable(leaves))) == avals
     except AttributeError:  # not an array
         return False
 

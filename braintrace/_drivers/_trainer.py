@@ -210,9 +210,8 @@ class OnlineTrainer(Checkpointable):
                 self._placed(self.opt_state, entry), hidden, other,
                 learner._checked_traces(entry), xs, ys, weights, inputs)
         deferred = learner._deferred
-        deferred.settle(wait=False)  # the last call's check, if the device is done with it
         out: TrainResult = CHECKED_TRAIN_PROGRAM(*args, masked=mask is not None)
-        deferred.settle()  # else now, while the device runs this call
+        deferred.settle()  # the last call's check, while the device runs this call
         view.write_params(out.params)  # on the mesh already, as the program returns them
         view.write_state(out.hidden, out.other)
         learner._set_traces(out.traces, entry)
