@@ -46,8 +46,8 @@ LATEST_RUNS = (
         (("es_d_rtrl", "a block formulation since reverted"),
          ("d_rtrl", "measured again in `throughput_tpu_h1024.json`"))),
     Run("throughput_tpu_h1024.json",
-        (("es_d_rtrl", "blocks of 32 steps; the default's blocks, now 8, measured again in "
-                       "`throughput_tpu_h1024_speed_budget.json`"),)),
+        (("es_d_rtrl", ("blocks of 32 steps; the default's blocks, now 8, measured again in "
+                        "`throughput_tpu_h1024_speed_budget.json`")),)),
     Run("throughput_tpu_h1024_speed_budget.json"),
 )
 """The latest TPU runs of ``throughput.py``: ``throughput_tpu`` and its floors (at hidden 1024

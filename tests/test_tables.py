@@ -22,10 +22,10 @@ render_tables = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(render_tables)
 import _accelerator_tables as accelerator  # benchmarks/, put on the path by render_tables
 import _readme_tables as readme
+import _tables
 from _online_rules_table import RULES, online_rules, published_ordering
 from _rule_runs import TaskRun
 from _table_format import MISSING, RESULTS, Results, ratio
-import _tables
 from _tables import BLOCKS
 
 import braintrace

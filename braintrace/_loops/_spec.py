@@ -56,7 +56,8 @@ cost ``2·Tr/K`` bytes per step for traces of ``Tr`` bytes (D-RTRL at hidden 102
 sparse relation: its blocks also merge each step's sums over gathered rows, which pay per row
 read. 131,072 ALIF neurons, batch 32, T 30 (64 MiB per step;
 ``scale_tpu_131k_speed_budget.json``): 3 steps per block, the memory budget's, 0.201 s per
-update; 2 steps 0.218 s (4: 0.211 s, 6: 0.204 s, per step 0.239 s, in earlier runs)."""
+update, 2 steps 0.218 s (another run, whose record was cut short: 4 steps 0.211 s, 6 steps
+0.204 s)."""
 
 GATHER_BOUND = (etp_sparse_p, etp_sparse_batched_p)
 """Primitives whose relations keep a network's default blocks to the memory budget alone."""
