@@ -20,6 +20,8 @@ the lowering pick one. The CPU suite runs the accelerator formulation too
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -181,6 +183,15 @@ def _gru(batch: int):
     return model
 
 
+def _lif(batch: int):
+    """A dense layer into LIF neurons into a readout, float64: one state per unit."""
+    rngs, f64 = nnx.Rngs(0), {"param_dtype": jnp.float64}
+    model = nnx.Sequential(layers.ETPLinear(3, 6, rngs=rngs, **f64), layers.LIF(6, **f64),
+                           layers.ETPLinear(6, 5, rngs=rngs, **f64))
+    braintrace.init_states(model, batch)
+    return model
+
+
 @built_on_the_host
 def _sparse_alif(batch: int, connectivity: Connectivity | None = None):
     """``benchmarks/scale.py``'s model at 24 neurons: dense input, sparse recurrence, ALIF
@@ -215,9 +226,9 @@ def test_learners_give_the_same_gradients_under_both_formulations(x64, make, met
     batch, steps = 2, 7
     rng = np.random.default_rng(3)
     model = make(batch)
-    example = jnp.zeros((batch, 3 if make is _gru else 4))
+    example = jnp.zeros((batch, 4 if make is _sparse_alif else 3))
     xs = jnp.asarray(2.0 * rng.standard_normal((steps, *example.shape)))
-    ys = jnp.asarray(rng.standard_normal((steps, batch, 5 if make is _gru else 2)))
+    ys = jnp.asarray(rng.standard_normal((steps, batch, 2 if make is _sparse_alif else 5)))
 
     def gradients():
         learner = braintrace.compile(nnx.clone(model), name, example, batch_size=batch)
@@ -299,6 +310,27 @@ def test_blocked_es_stacks_its_output_side_steps_second(monkeypatch):
     assert "tensor<8x4x3xf32>" in stacks and "tensor<8x4x8xf32>" in stacks
 
 
+def test_blocked_loops_stack_values_of_one_state_per_unit_without_the_unit_axes(x64,
+                                                                               monkeypatch):
+    """Grouped as on accelerators, D-RTRL's blocks on LIF neurons stack ``Df`` ``(B, N, 1)``
+    and ``D`` ``(B, N, 1, 1)`` per step as ``(8, B, N)`` groups: with the unit axes in the
+    stack, XLA:TPU tiled it ``T(1,128)`` and copied the loop's whole buffer at every
+    iteration (``_groups._without_unit_tail``). The stacked steps get their axes back after
+    the loop (the gradients: ``test_loops_stacking_steps_in_groups_give_the_same_gradients``)."""
+    from braintrace._loops import _groups
+
+    monkeypatch.setattr(_groups, "step_group", lambda length: min(length, 8))
+    batch = 4
+    model = _lif(batch)
+    learner = braintrace.compile(model, "d_rtrl", jnp.zeros((batch, 3)), batch_size=batch)
+    _, tpu = _lowered_for_tpu(learner, jnp.ones((16, batch, 3)), jnp.zeros((16, batch, 5)),
+                              block_size=16)
+    stacks = [line.split("->")[-1].strip() for line in tpu.splitlines()
+              if "stablehlo.concatenate" in line]
+    assert "tensor<8x4x6xf64>" in stacks
+    assert not any(re.search(r"tensor<8x4x6(x1)+xf64>", t) for t in stacks), stacks
+
+
 @pytest.mark.parametrize("kind", ["ungrouped", "odd"])
 def test_sparse_sums_lowered_for_a_tpu_gather_and_never_scatter(kind):
     """The product, its two transposes, the trace rules and the event-driven path, on a
@@ -356,8 +388,9 @@ def test_sparse_product_lowered_for_a_tpu_has_no_slot_loop():
 
 @pytest.mark.parametrize("make, method, block_size",
                          [(_gru, "d_rtrl", 16), (_sparse_alif, "es_d_rtrl", 16),
-                          (_gru, "es_d_rtrl", 1)],
-                         ids=["gru-d_rtrl", "sparse-alif-es_d_rtrl", "gru-es_d_rtrl@1"])
+                          (_gru, "es_d_rtrl", 1), (_lif, "d_rtrl", 16)],
+                         ids=["gru-d_rtrl", "sparse-alif-es_d_rtrl", "gru-es_d_rtrl@1",
+                              "lif-d_rtrl"])
 def test_loops_stacking_steps_in_groups_give_the_same_gradients(x64, monkeypatch, make, method,
                                                                 block_size):
     """Accelerators run a loop's steps 8 per iteration (``_groups.step_group``), a short
@@ -371,9 +404,9 @@ def test_loops_stacking_steps_in_groups_give_the_same_gradients(x64, monkeypatch
     batch, steps = 2, 21
     rng = np.random.default_rng(4)
     model = make(batch)
-    example = jnp.zeros((batch, 3 if make is _gru else 4))
+    example = jnp.zeros((batch, 4 if make is _sparse_alif else 3))
     xs = jnp.asarray(2.0 * rng.standard_normal((steps, *example.shape)))
-    ys = jnp.asarray(rng.standard_normal((steps, batch, 5 if make is _gru else 2)))
+    ys = jnp.asarray(rng.standard_normal((steps, batch, 2 if make is _sparse_alif else 5)))
 
     def gradients():
         jax.clear_caches()
