@@ -121,9 +121,9 @@ def _without_unit_tail(value: jax.Array) -> jax.Array:
     per unit, ``(B, N, 1)`` or ``D``'s ``(B, N, 1, 1)``, would otherwise be laid out with a
     unit axis in its tiles' rows (XLA:TPU's ``T(1,128)``), and each iteration's write of its
     group copied the loop's whole stacked buffer (D-RTRL on a two-layer LIF network at
-    hidden 1024, batch 64, compiled for a TPU v5e: three such copies per iteration, XLA's
-    estimate 42-47k cycles each, where the in-place writes of ``(B, N)`` tiles take 96).
-    The stacked steps get their axes back after the loop."""
+    hidden 1024, batch 64, compiled for a TPU v5e: writes of 42-47k estimated cycles each,
+    where the in-place writes of ``(B, N)`` tiles take 96, and three whole copies of the
+    stacks, 369k each). The stacked steps get their axes back after the loop."""
     shape = jnp.shape(value)
     kept = len(shape)
     while kept > 1 and shape[kept - 1] == 1:
