@@ -287,6 +287,15 @@ def test_per_step_es_lowered_for_a_tpu_takes_one_product_per_weight_and_step():
     assert kernel_products(tpu) == [1, 1]
 
 
+def _group_steps(monkeypatch, rule) -> None:
+    """Sets how many steps the loops run per iteration (``_groups.step_group``), in the
+    module whose ``scan_grouped`` the loops call: collecting ``_groups.py``'s doctests may
+    load that file a second time, and patching the second copy would change nothing."""
+    from braintrace._loops import _blocked
+
+    monkeypatch.setitem(_blocked.scan_grouped.__globals__, "step_group", rule)
+
+
 def test_blocked_es_stacks_its_output_side_steps_second(monkeypatch):
     """Grouped as on accelerators (8 steps per iteration), the blocked ES-D-RTRL loop stacks
     each group's output-side values (a GRU's ``dy`` and ``d``, ``(4, 24)`` per step) along
@@ -294,9 +303,7 @@ def test_blocked_es_stacks_its_output_side_steps_second(monkeypatch):
     block's buffer, which the decayed sums reorder once per block (``_groups.stack_group``).
     The inputs' stacks (``x`` ``(4, 3)``, ``h`` ``(4, 8)``) keep the steps first (the
     control)."""
-    from braintrace._loops import _groups
-
-    monkeypatch.setattr(_groups, "step_group", lambda length: min(length, 8))
+    _group_steps(monkeypatch, lambda length: min(length, 8))
     batch = 4
     model = layers.Stateful(layers.GRUCell(3, 8, rngs=nnx.Rngs(0)))
     braintrace.init_states(model, batch)
@@ -317,9 +324,7 @@ def test_blocked_loops_stack_values_of_one_state_per_unit_without_the_unit_axes(
     stack, XLA:TPU tiled it ``T(1,128)`` and copied the loop's whole buffer at every
     iteration (``_groups._without_unit_tail``). The stacked steps get their axes back after
     the loop (the gradients: ``test_loops_stacking_steps_in_groups_give_the_same_gradients``)."""
-    from braintrace._loops import _groups
-
-    monkeypatch.setattr(_groups, "step_group", lambda length: min(length, 8))
+    _group_steps(monkeypatch, lambda length: min(length, 8))
     batch = 4
     model = _lif(batch)
     learner = braintrace.compile(model, "d_rtrl", jnp.zeros((batch, 3)), batch_size=batch)
@@ -413,9 +418,9 @@ def test_loops_stacking_steps_in_groups_give_the_same_gradients(x64, monkeypatch
         learner = braintrace.compile(nnx.clone(model), method, example, batch_size=batch)
         return jax.tree.leaves(learner.etrace_grad(xs, ys, mse, block_size=block_size))
 
-    monkeypatch.setattr(_groups, "step_group", lambda length: 1)
+    _group_steps(monkeypatch, lambda length: 1)
     one_by_one = gradients()
-    monkeypatch.setattr(_groups, "step_group", lambda length: {16: 8, 21: 7}.get(length, length))
+    _group_steps(monkeypatch, lambda length: {16: 8, 21: 7}.get(length, length))
     grouped = gradients()
     for a, b in zip(one_by_one, grouped, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-10, atol=1e-12)
