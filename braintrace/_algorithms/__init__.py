@@ -22,6 +22,7 @@ from braintrace._algorithms._dni import LinearSynthesizer as LinearSynthesizer
 from braintrace._algorithms._eprop import EProp as EProp
 from braintrace._algorithms._es_d_rtrl import ES_D_RTRL as ES_D_RTRL
 from braintrace._algorithms._es_d_rtrl import ESDRTRL as ESDRTRL
+from braintrace._algorithms._es_d_rtrl import GATHER_BOUND as GATHER_BOUND
 from braintrace._algorithms._es_d_rtrl import pp_prop as pp_prop
 from braintrace._algorithms._fptt import FPTT as FPTT
 from braintrace._algorithms._fptt import FPTTState as FPTTState
@@ -56,6 +57,7 @@ __all__ = [
     "ESDRTRL",
     "ES_D_RTRL",
     "FPTT",
+    "GATHER_BOUND",
     "OSTTP",
     "OTPE",
     "OTTT",

@@ -57,10 +57,11 @@ from braintrace._platform import by_platform
 from braintrace._primitives import etp_sparse_batched_p, etp_sparse_p
 
 GATHER_BOUND = (etp_sparse_p, etp_sparse_batched_p)
-"""Primitives whose pullback on accelerators costs per gathered index: a block's two weight
-pullbacks are merged into one (:func:`_block_products`), so each index is read once."""
+"""Primitives whose sums on accelerators cost per gathered index: a block's two weight
+pullbacks are merged into one (:func:`_block_products`), so each index is read once; their
+networks' default blocks keep to the memory budget (``_loops.default_block_size``)."""
 
-__all__ = ["ESDRTRL", "ES_D_RTRL", "IOTerm", "IOTrace", "decay_from", "es_input_rule",
+__all__ = ["ESDRTRL", "ES_D_RTRL", "GATHER_BOUND", "IOTerm", "IOTrace", "decay_from", "es_input_rule",
            "input_side_block", "input_side_finalize", "paired_products", "pp_prop",
            "shared_output_sides", "x_free_part"]
 

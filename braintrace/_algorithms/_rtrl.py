@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -35,12 +34,11 @@ import jax.numpy as jnp
 from braintrace._algorithms._base import AbstractAlgorithm
 from braintrace._algorithms._graph_rules import GraphRules
 from braintrace._algorithms._relation_rule import RelationRule
-from braintrace._algorithms._trace_algebra import is_batched, operand_structs, param_dtypes
+from braintrace._algorithms._trace_algebra import is_batched, param_dtypes
 from braintrace._arguments import check_integer
 from braintrace._compiler import ElementwiseRelation, ETraceGraph, InputRelation, Relation
 
-__all__ = ["RTRL", "RTRL_ELEMENTWISE", "RTRL_INPUT", "flat_signal", "hidden_size",
-           "rtrl_trace_bytes"]
+__all__ = ["RTRL", "RTRL_ELEMENTWISE", "RTRL_INPUT", "flat_signal", "hidden_size"]
 
 DEFAULT_MAX_TRACE_BYTES = 1 << 30
 
@@ -149,11 +147,6 @@ RTRL_ELEMENTWISE = RelationRule(
 """RTRL for the elementwise primitive: the influence of its output on every hidden unit."""
 
 
-def rtrl_trace_bytes(graph: ETraceGraph, traces: Sequence[Any]) -> int:
-    """The bytes of RTRL's influence matrices."""
-    return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(traces))
-
-
 class RTRL(AbstractAlgorithm):
     """Exact real-time recurrent learning: the full influence of every traced Param.
 
@@ -205,8 +198,7 @@ class RTRL(AbstractAlgorithm):
             ValueError: They do not (the message gives their size and what to do).
         """
         rules = super().rules(graph)
-        shapes = jax.eval_shape(rules.init, operand_structs(graph))
-        size = rtrl_trace_bytes(graph, shapes)
+        size = rules.trace_bytes  # the influence matrices' bytes
         if size > self.max_trace_bytes:
             units = hidden_size(graph, is_batched(graph))
             raise ValueError(

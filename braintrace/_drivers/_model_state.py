@@ -126,10 +126,9 @@ class ModelView:
 
     def leaves(self) -> Leaves:
         """The arrays, as :func:`model_leaves` reads them."""
-        if self._variables is not None:
-            params, hidden, other = ([*map(_raw_value, group)] for group in self._variables)
-            if all(map(isinstance, chain(params, hidden, other), repeat(_ARRAYS))):
-                return Leaves(params, [*map(strong, hidden)], other)
+        raw = self._raw_values()
+        if raw is not None and all(map(isinstance, chain(*raw), repeat(_ARRAYS))):
+            return _strong_hidden(raw)
         return Leaves(jax.tree.leaves(self.params),
                       [strong(h) for h in jax.tree.leaves(self.hidden)],
                       jax.tree.leaves(self.other))
@@ -141,11 +140,18 @@ class ModelView:
         Where every Variable holds an array of exactly its compiled shape and dtype
         (the usual case), that is found in one pass over the Variables' arrays.
         """
-        if self._variables is not None:
-            params, hidden, other = ([*map(_raw_value, group)] for group in self._variables)
-            if _fits((params, hidden, other), avals):
-                return Leaves(params, [*map(strong, hidden)], other)
+        raw = self._raw_values()
+        if raw is not None and _fits(raw, avals):
+            return _strong_hidden(raw)
         return check_leaves(self.leaves(), graph, avals, batch_size)
+
+    def _raw_values(self) -> tuple[list[Any], list[Any], list[Any]] | None:
+        """The values the Variables hold (params, hidden, other), ``None`` where the model
+        also holds bare arrays."""
+        if self._variables is None:
+            return None
+        params, hidden, other = ([*map(_raw_value, group)] for group in self._variables)
+        return params, hidden, other
 
     def variables(self) -> list[nnx.Variable] | None:
         """The model's Variables (Params, hidden states, the rest), ``None`` if it also holds
@@ -218,6 +224,12 @@ class ViewCache:
 _ARRAYS = (jax.Array, np.ndarray)
 _raw_value = nnx.Variable.get_raw_value  # final in Flax: no Variable type overrides it
 _shape_dtype = operator.attrgetter("shape", "dtype")
+
+
+def _strong_hidden(raw: tuple[list[Any], list[Any], list[Any]]) -> Leaves:
+    """``raw`` values as :class:`Leaves`, the hidden states strongly typed (:func:`strong`)."""
+    params, hidden, other = raw
+    return Leaves(params, [*map(strong, hidden)], other)
 
 
 def _set_all(variables: Iterable[nnx.Variable], values: Iterable[jax.Array]) -> None:

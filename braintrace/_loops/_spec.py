@@ -19,11 +19,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-from braintrace._algorithms import GraphRules
+from braintrace._algorithms import GATHER_BOUND, GraphRules
 from braintrace._arguments import check_integer
 from braintrace._loops._blocked import stacked_bytes_per_step
 from braintrace._platform import tpu_formulations
-from braintrace._primitives import etp_sparse_batched_p, etp_sparse_p
 
 __all__ = ["BLOCK_MEMORY_BUDGET", "BLOCK_SPEED_BUDGET", "DEFAULT_BLOCK_SIZE",
            "MIN_DEFAULT_BLOCK_SIZE", "Blocked", "LoopSpec", "PerStep", "Windowed",
@@ -58,9 +57,6 @@ read. 131,072 ALIF neurons, batch 32, T 30 (64 MiB per step;
 ``scale_tpu_131k_speed_budget.json``): 3 steps per block, the memory budget's, 0.201 s per
 update, 2 steps 0.218 s (another run, whose record was cut short: 4 steps 0.211 s, 6 steps
 0.204 s)."""
-
-GATHER_BOUND = (etp_sparse_p, etp_sparse_batched_p)
-"""Primitives whose relations keep a network's default blocks to the memory budget alone."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +109,7 @@ def default_block_size(rules: GraphRules, most: int = DEFAULT_BLOCK_SIZE) -> int
     With ``s`` the stacked bytes per step, counted from the graph's shapes
     (``_blocked.stacked_bytes_per_step``): ``K = clamp(⌊BLOCK_MEMORY_BUDGET / s⌋, 2, most)``;
     where the programs are a TPU's (``_platform.tpu_formulations``), no relation is a sparse
-    one (:data:`GATHER_BOUND`), and the traces' bytes ``Tr`` (``GraphRules.trace_bytes``) read
+    one (``_algorithms.GATHER_BOUND``), and the traces' bytes ``Tr`` (``GraphRules.trace_bytes``) read
     and written once per block of ``k`` steps add no more per step than a step stacks,
     ``2·Tr / k <= s`` with ``k`` the largest power of two at most ``⌊BLOCK_SPEED_BUDGET / s⌋``
     (and at least 2), ``⌊BLOCK_MEMORY_BUDGET / s⌋`` is first lowered to ``k``.
