@@ -39,19 +39,24 @@ class Run(NamedTuple):
 
 
 H256_AGAIN = "measured again in `throughput_tpu_h256_gru.json` and `throughput_tpu_h256_snn.json`"
+H1024_AGAIN = ("measured again, with the jitted step's device time, in "
+               "`throughput_tpu_h1024_jit_device.json`")
 LATEST_RUNS = (
     Run("throughput_tpu_h256_gru.json"),
     Run("throughput_tpu_h256_snn.json"),
     Run("throughput_tpu_h1024_bf16.json",
         (("es_d_rtrl", "a block formulation since reverted"),
-         ("d_rtrl", "measured again in `throughput_tpu_h1024.json`"))),
+         ("d_rtrl", "measured again in `throughput_tpu_h1024.json`"),
+         ("d_rtrl_bf16", H1024_AGAIN))),
     Run("throughput_tpu_h1024.json",
         (("es_d_rtrl", ("blocks of 32 steps; the default's blocks, now 8, measured again in "
-                        "`throughput_tpu_h1024_speed_budget.json`")),)),
-    Run("throughput_tpu_h1024_speed_budget.json"),
+                        "`throughput_tpu_h1024_speed_budget.json`")),
+         ("d_rtrl", H1024_AGAIN))),
+    Run("throughput_tpu_h1024_speed_budget.json", (("es_d_rtrl", H1024_AGAIN),)),
+    Run("throughput_tpu_h1024_jit_device.json"),
 )
 """The latest TPU runs of ``throughput.py``: ``throughput_tpu`` and its floors (at hidden 1024
-the bfloat16 traces' run, older, before the run that measured the float32 methods again)."""
+each run's methods that a later run measured again left out)."""
 OTHER_RUNS = (
     Run("throughput_tpu_host.json", (("es_d_rtrl", H256_AGAIN), ("es_d_rtrl@1", H256_AGAIN))),
     Run("throughput_tpu.json", (("es_d_rtrl", H256_AGAIN), ("es_d_rtrl@1", H256_AGAIN))),
@@ -71,6 +76,8 @@ FUSED_RUNS = (
               "fused_dense_blocks"),
     FusedPair(("throughput_tpu_h1024_bf16_fused.json", "throughput_tpu_h1024_bf16_xla.json"),
               "d_rtrl_bf16", "fused_narrow_traces"),
+    FusedPair(("throughput_tpu_h1024_jit_device_narrow.json",
+               "throughput_tpu_h1024_jit_device.json"), "d_rtrl_bf16", "fused_narrow_traces"),
 )
 """D-RTRL with the time-blocked update of its dense traces in one Pallas pass against XLA's
 passes (``_d_rtrl.FUSED_DENSE_BLOCKS``), float32 traces and traces stored in bfloat16
@@ -79,8 +86,9 @@ BLOCK_RUNS = ("throughput_tpu_h256_blocks.json", "throughput_tpu_h1024_blocks.js
               "throughput_tpu_h1024_speed_budget.json")
 """ES-D-RTRL in time blocks of several sizes (``es_d_rtrl@K``) and the default's
 (``_loops.default_block_size``): ``block_sizes_tpu``."""
-HOST_RUN = "throughput_tpu_host.json"
-"""The run that timed the host's share of each call (``throughput.py --host-time``)."""
+HOST_RUNS = ("throughput_tpu_host.json", "throughput_tpu_h256_host.json",
+             "throughput_tpu_h256_t100_host.json", "throughput_tpu_h1024_host.json")
+"""The runs that timed the host's share of each call (``throughput.py --host-time``)."""
 LOW_PRECISION = "_bf16"
 """The suffix of a method that stores its traces in bfloat16: ``d_rtrl_bf16``."""
 
@@ -168,6 +176,9 @@ def throughput_tpu_floor(results: Results) -> str:
         base = measured[model, length].get(method.removesuffix(LOW_PRECISION))
         if method.endswith(LOW_PRECISION) and base:  # its own run's, left out of the row or not
             text += f", {ratio(entry['device_step_us'] / base['device_step_us'])} float32's"
+        if entry["floor"].get("jit_device_ratio") is not None:
+            text += (f"; jitted {micro(entry['jit_device_step_us'])}, "
+                     f"{ratio(entry['floor']['jit_device_ratio'])}")
         return text
 
     rows = [(_model(results, run, model, length),
@@ -175,12 +186,15 @@ def throughput_tpu_floor(results: Results) -> str:
              *(cell(run, model, length, shown, m) for m in methods))
             for run, model, length, shown in rows_in]
     return captioned(
-        f"{source(results, *_shown(rows_in))}. The device's time per step, then over the "
-        "analytic floor: the bytes one step must move (Params, inputs, hidden states, and the "
-        "traces read and written once per time block; `benchmarks/_floor.py`) over the "
-        f"bandwidth probed in the same run; `d_rtrl{LOW_PRECISION}` also over D-RTRL's time "
-        "with float32 traces in its own run (where a later run's row shows that method, this "
-        "run's is in its JSON).",
+        f"{source(results, *_shown(rows_in))}. The device's time per step of the stateful "
+        "call (`etrace_grad`), then over the analytic floor: the bytes one step must move "
+        "(Params, inputs, hidden states, and the traces read and written once per time block; "
+        "`benchmarks/_floor.py`) over the bandwidth probed in the same run; "
+        f"`d_rtrl{LOW_PRECISION}` also over D-RTRL's time with float32 traces in its own run "
+        "(where a later run's row shows that method, this run's is in its JSON); where the "
+        "run timed it, after `jitted`, the same two for `online_grad` in a jitted step that "
+        "donates its carried state (the stateful call keeps its state: its traces are copied "
+        "each call).",
         *table(("model", "probed bandwidth", *(f"`{m}`" for m in methods)), rows))
 
 
@@ -209,7 +223,9 @@ def throughput_tpu_fused(results: Results) -> str:
                              f"{methods['bptt']['device_step_us']:.1f} µs",
                              f"{d_rtrl['device_step_us']:.1f} µs",
                              ratio(d_rtrl["device_ratio_to_bptt"]),
-                             ratio(d_rtrl["floor"]["ratio"]),
+                             ratio(d_rtrl["floor"]["ratio"])
+                             + (f" (jitted {ratio(d_rtrl['floor']['jit_device_ratio'])})"
+                                if "jit_device_ratio" in d_rtrl["floor"] else ""),
                              ratio(d_rtrl.get("jit_ratio_to_bptt")), over))
     names = [name for pair in FUSED_RUNS for name in pair.runs]
     return captioned(
@@ -219,7 +235,8 @@ def throughput_tpu_fused(results: Results) -> str:
         "as one Pallas pass (`_dense_block_kernel.py`: each trace read once and written once "
         "per block) and as XLA's passes, the control, run one after the other on the same "
         "chip. Per row: BPTT's and D-RTRL's time per step on the device, D-RTRL's over BPTT's "
-        "in that run, over the analytic floor (`benchmarks/_floor.py`), its jitted step over "
+        "in that run, over the analytic floor (`benchmarks/_floor.py`; in brackets, where the "
+        "run timed it, the jitted step's device time over it), its jitted step over "
         "BPTT's, and the one pass's device time over XLA's passes'.",
         *table(("model", "method", "block update", "run", "`bptt` on the device",
                 "D-RTRL on the device", "× BPTT", "× floor", "jitted step × BPTT",
@@ -265,19 +282,32 @@ _PER_CALL = (("stateful_us", "`etrace_grad`"), ("device_us", "its device time"),
 
 
 def throughput_tpu_host(results: Results) -> str:
-    run = results(HOST_RUN)
-    rows = [(f"`{model}`, T = {length}", f"`{method}`",
-             *(f"{calls[key] / 1000:.2f} ms" for key, _ in _PER_CALL))
-            for model, length, entry in lengths(run)
-            for method, calls in entry["per_call"].items()]
+    """Per call of each :data:`HOST_RUNS` run: the stateful call's and the jitted step's times,
+    each split into device and host, and both over BPTT's (the stateful call's less the jitted
+    step's ratio: what the stateful API costs beyond a jitted step of your own)."""
+    def over(entry: dict[str, Any]) -> str:
+        stateful, jitted = entry["ratio_to_bptt"], entry.get("jit_ratio_to_bptt")
+        if jitted is None:
+            return MISSING
+        return f"{ratio(stateful)} / {ratio(jitted)} ({stateful - jitted:+.2f})"
+
+    rows = []
+    for name in HOST_RUNS:
+        for model, length, entry in lengths(results(name)):
+            for method, calls in entry["per_call"].items():
+                rows.append((f"`{name}`", _model(results, Run(name), model, length),
+                             f"`{method}`",
+                             *(f"{calls[key] / 1000:.2f} ms" for key, _ in _PER_CALL),
+                             MISSING if method == "bptt" else over(entry["methods"][method])))
     return captioned(
-        f"{source(results, HOST_RUN)}: hidden {run['config']['hidden']}, batch "
-        f"{run['config']['batch']}; time per call of `T` steps through the stateful "
+        f"{source(results, *HOST_RUNS)}: time per call of `T` steps through the stateful "
         "`learner.etrace_grad` (BPTT: a learner compiled with `'bptt'`) and through "
         "`online_grad` in a jitted step (BPTT: the jitted `jax.grad`). Host time: the call's "
         "wall time less the device's; the driver's Python: the stateful call less its compiled "
-        "program called directly.",
-        *table(("model", "method", *(what for _, what in _PER_CALL)), rows))
+        "program called directly. Last: the stateful call's time over BPTT's / the jitted "
+        "step's over BPTT's (the difference), each in its own run.",
+        *table(("run", "model", "method", *(what for _, what in _PER_CALL),
+                "× BPTT: `etrace_grad` / jitted step"), rows))
 
 
 SCALE_RUN = "scale_tpu.json"

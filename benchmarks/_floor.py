@@ -92,9 +92,12 @@ def bandwidth(megabytes: int, passes: int = 8, repeats: int = 3) -> dict[str, An
 
 def floor_ratio(entry: dict, probe: dict) -> dict[str, Any]:
     """``entry``'s floor (:func:`floor`) in µs per step at the probe's bandwidth, and
-    ``measured ÷ floor`` of the device time, else the jit step's, else the stateful call's."""
+    ``measured ÷ floor`` of the device time, else the jit step's, else the stateful call's;
+    where the jit step's device time was measured, also its ``jit_device_ratio``."""
     found = entry["floor"]
     us = found["bytes_per_step"] / probe["bytes_per_s"] * 1e6
+    if entry.get("jit_device_step_us") is not None:
+        found = {**found, "jit_device_ratio": entry["jit_device_step_us"] / us}
     for key, of in (("device_step_us", "device"), ("jit_step_us_median", "jit_step"),
                     ("step_us_median", "wall")):
         if entry.get(key) is not None:

@@ -381,6 +381,8 @@ def measure(model_name: str, T: int, cfg: dict, methods: list[str], args: Any, r
             entry[m]["jit_ratio_to_bptt"] = float(jit_s / np.median(times["bptt"]))
         if args.device_time:
             entry[m]["device_step_us"] = None if device[m] is None else device[m] / T
+            if device.get(f"{m}:jit") is not None:
+                entry[m]["jit_device_step_us"] = device[f"{m}:jit"] / T
     base = entry["bptt"]["step_us_median"]
     base_min = entry["bptt"]["step_us_min"]
     for m in methods:
@@ -389,6 +391,9 @@ def measure(model_name: str, T: int, cfg: dict, methods: list[str], args: Any, r
         if entry[m].get("device_step_us") is not None:
             entry[m]["device_ratio_to_bptt"] = (entry[m]["device_step_us"]
                                                 / entry["bptt"]["device_step_us"])
+        if entry[m].get("jit_device_step_us") is not None:
+            entry[m]["jit_device_ratio_to_bptt"] = (entry[m]["jit_device_step_us"]
+                                                    / entry["bptt"]["device_step_us"])
         if m in TARGETS:
             entry[m]["target_ratio"] = TARGETS[m]
             entry[m]["meets_target"] = bool(entry[m]["ratio_to_bptt"] <= TARGETS[m])
@@ -428,7 +433,12 @@ def report(name: str, result: dict) -> None:
         if "jit_step_us_median" in e:
             device += (f"  jit step {e['jit_step_us_median']:.1f} us "
                        f"x{e['jit_ratio_to_bptt']:.2f}")
-        device += f"  floor {e['floor']['us_per_step']:.2f} us x{e['floor']['ratio']:.1f}"
+        if e.get("jit_device_step_us") is not None:
+            device += (f" (device {e['jit_device_step_us']:.1f} us "
+                       f"x{e['jit_device_ratio_to_bptt']:.2f})")
+        device += f"  floor {e['floor']['us_per_step']:.2f} us x{e['floor']['ratio']:.2f}"
+        if "jit_device_ratio" in e["floor"]:
+            device += f" (jit step's device x{e['floor']['jit_device_ratio']:.2f})"
         print(f"{name:9s} {m:10s} step {e['step_us_median']:10.1f} us (min "
               f"{e['step_us_min']:.1f})  x{e['ratio_to_bptt']:.2f} BPTT  compile "
               f"{e['compile_s']:.2f}s{device}", flush=True)
@@ -540,7 +550,9 @@ def main(argv: list[str] | None = None) -> dict:
              "+contribution)."),
             ("floor: bytes one step must move (formula and terms per method, floor_terms) over "
              "the bandwidth probe; ratio = measured / floor (ratio_of: device time, else the "
-             "jit step's wall time, else the stateful call's). benchmarks/_floor.py."),
+             "jit step's wall time, else the stateful call's; the device time is the stateful "
+             "call's, learner.etrace_grad); jit_device_step_us / jit_device_ratio: the jit "
+             "step's device time, and over the floor. benchmarks/_floor.py."),
             ("per_call (--host-time), microseconds per call: stateful = learner.etrace_grad "
              "(bptt: a learner compiled with 'bptt'); program = its compiled program called "
              "directly on prepared arguments; driver = stateful - program; device = the "

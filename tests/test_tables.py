@@ -238,15 +238,21 @@ def test_the_methods_a_table_leaves_out_are_in_their_runs_and_in_no_cell():
 
 
 def test_bfloat16_traces_are_set_against_their_float32_run_and_the_floor():
-    run = json.loads((RESULTS / "throughput_tpu_h1024_bf16.json").read_text())
+    run = json.loads((RESULTS / "throughput_tpu_h1024_jit_device.json").read_text())
     block = BLOCKS["throughput_tpu_floor"](Results(RESULTS))
     header = next(line for line in block.splitlines() if line.startswith("| model |"))
     column = [c.strip() for c in header.strip("|").split(" | ")].index("`d_rtrl_bf16`")
     for model in ("gru", "snn"):
         low, full = (run["results"][model]["methods"][m] for m in ("d_rtrl_bf16", "d_rtrl"))
-        cell = _rows_of(block, f"`{model}`, hidden 1024, batch 64, T = 100")[0][column]
-        assert cell == (f"{low['device_step_us']:.0f} µs, {ratio(low['floor']['ratio'])}, "
-                        f"{ratio(low['device_step_us'] / full['device_step_us'])} float32's")
+        cells = [row[column] for row in _rows_of(block, f"`{model}`, hidden 1024, batch 64, "
+                                                        "T = 100") if row[column] != MISSING]
+        # the stateful call's device time, over the floor and over float32's, then the jitted
+        # step's device time and over the floor
+        assert cells == [f"{low['device_step_us']:.0f} µs, {ratio(low['floor']['ratio'])}, "
+                         f"{ratio(low['device_step_us'] / full['device_step_us'])} float32's; "
+                         f"jitted {low['jit_device_step_us']:.0f} µs, "
+                         f"{ratio(low['floor']['jit_device_ratio'])}"]
+        assert low["floor"]["jit_device_ratio"] < low["floor"]["ratio"]  # its traces not copied
 
 
 def test_the_tpu_time_of_a_run_of_several_lengths_is_its_longest(tmp_path):
@@ -298,3 +304,22 @@ def test_the_kernels_runs_stand_beside_xlas_with_their_sample_steps():
     text = " ".join((ROOT / "docs" / "accelerators.md").read_text().split())
     times = round(million["s_per_step"] / small["s_per_step"])
     assert f"the step is {times} times the 131,072-neuron step" in text
+
+
+def test_the_host_table_sets_the_stateful_ratio_beside_the_jitted_steps():
+    block = BLOCKS["throughput_tpu_host"](Results(RESULTS))
+    for name in accelerator.HOST_RUNS:
+        rows = _rows_of(block, f"`{name}`")
+        run = json.loads((RESULTS / name).read_text())["results"]
+        assert len(rows) == sum(len(entry["per_call"]) for entry in run.values())
+        for entry in run.values():
+            for method, calls in entry["per_call"].items():
+                row = next(r for r in rows if r[2] == f"`{method}`"
+                           and r[3] == f"{calls['stateful_us'] / 1000:.2f} ms")
+                figures = entry["methods"][method]
+                if method == "bptt":
+                    assert row[-1] == MISSING
+                    continue
+                gap = figures["ratio_to_bptt"] - figures["jit_ratio_to_bptt"]
+                assert row[-1] == (f"{ratio(figures['ratio_to_bptt'])} / "
+                                   f"{ratio(figures['jit_ratio_to_bptt'])} ({gap:+.2f})")
