@@ -86,6 +86,11 @@ BLOCK_RUNS = ("throughput_tpu_h256_blocks.json", "throughput_tpu_h1024_blocks.js
               "throughput_tpu_h1024_speed_budget.json")
 """ES-D-RTRL in time blocks of several sizes (``es_d_rtrl@K``) and the default's
 (``_loops.default_block_size``): ``block_sizes_tpu``."""
+TRACE_BLOCK_RUNS = ("throughput_tpu_h1024_jit_device.json",
+                    "throughput_tpu_h1024_long_blocks_gru.json",
+                    "throughput_tpu_h1024_long_blocks_snn.json")
+"""D-RTRL at hidden 1024 in blocks of 32 (its default then) and longer ones
+(``_loops.TRACE_BOUND_BLOCK_SIZE``): ``trace_blocks_tpu``."""
 HOST_RUNS = ("throughput_tpu_host.json", "throughput_tpu_h256_host.json",
              "throughput_tpu_h256_t100_host.json", "throughput_tpu_h1024_host.json")
 """The runs that timed the host's share of each call (``throughput.py --host-time``)."""
@@ -273,6 +278,42 @@ def block_sizes_tpu(results: Results) -> str:
         "BPTT's / its device time over BPTT's, in its own run.",
         *table(("run", "model", *(f"`es_d_rtrl@{size}`" for size in sizes), "`es_d_rtrl`"),
                rows))
+
+
+def trace_blocks_tpu(results: Results) -> str:
+    """D-RTRL's time per step by steps per block (:data:`TRACE_BLOCK_RUNS`): per model, method
+    and block size, the jitted step's device time, over its floor and over BPTT's device
+    time in its run, and the jitted step's wall time over BPTT's."""
+    rows = []
+    for name in TRACE_BLOCK_RUNS:
+        run = results(name)
+        for model, length, entry in lengths(run):
+            for method, e in entry["methods"].items():
+                if not method.startswith("d_rtrl") or method.endswith("@1"):
+                    continue
+                terms = e["floor"]["terms"]
+                passes = -(-length // terms["K"])
+                floor_us = (terms["W"] + terms["X"] + 2 * terms["Hd"]
+                            + 2 * terms["Tr"] * passes / length) / run["bandwidth"][
+                                "bytes_per_s"] * 1e6
+                rows.append((_model(results, Run(name), model, length), f"`{name}`",
+                             f"`{method}`", str(terms["K"]), str(passes),
+                             micro(e["jit_device_step_us"]),
+                             ratio(e["jit_device_step_us"] / floor_us),
+                             ratio(e["jit_device_step_us"] / entry["methods"]["bptt"][
+                                 "device_step_us"]),
+                             ratio(e["jit_ratio_to_bptt"])))
+    rows.sort(key=lambda row: (row[0], LOW_PRECISION in row[2], int(row[3])))
+    return captioned(
+        f"{source(results, *TRACE_BLOCK_RUNS)}: D-RTRL inside a jitted step (its carried state "
+        "donated) in time blocks of K steps (`d_rtrl@K`; `d_rtrl` the default's, then 32), "
+        f"traces in float32 and in bfloat16 (`{LOW_PRECISION}`): the passes over the traces "
+        "per call (⌈T/K⌉, the last block shorter), the device's time per step, over the "
+        "analytic floor with that many passes (`benchmarks/_floor.py`, from its run's terms "
+        "and probed bandwidth), over BPTT's device time, and the jitted step's wall time over "
+        "BPTT's, each in its own run.",
+        *table(("model", "run", "method", "K", "passes", "device per step", "× floor",
+                "× BPTT (device)", "jitted step × BPTT"), rows))
 
 
 _PER_CALL = (("stateful_us", "`etrace_grad`"), ("device_us", "its device time"),

@@ -5,12 +5,12 @@ Per time step of a sequence, from the model's shapes and dtypes (bytes):
 * ``W``: the Params, ``|θ|`` elements, read once by the forward pass;
 * ``X``: the step's inputs and targets, ``B·(I + O)`` elements, read once;
 * ``Hd``: the hidden states, ``B·Σ N·S``, read and written once (``2·Hd``);
-* ``Tr``: the traces, read and written once per block of ``K`` steps (``2·Tr/K``; ``K = 1``
-  in the per-step form): D-RTRL's ``B·|θ|·S`` per traced weight, ES-D-RTRL's
-  ``B·(I + O·S)`` per traced operation (``I`` its inputs, ``O`` its outputs): the sizes of
-  the learner's trace arrays.
+* ``Tr``: the traces, read and written once per block of ``K`` steps, ``⌈T/K⌉`` blocks over
+  ``T`` steps (the last may be shorter: ``2·Tr·⌈T/K⌉/T`` per step; ``K = 1`` in the per-step
+  form): D-RTRL's ``B·|θ|·S`` per traced weight, ES-D-RTRL's ``B·(I + O·S)`` per traced
+  operation (``I`` its inputs, ``O`` its outputs): the sizes of the learner's trace arrays.
 
-An online method moves at least ``W + X + 2·Hd + 2·Tr/K``. BPTT moves at least
+An online method moves at least ``W + X + 2·Hd + 2·Tr·⌈T/K⌉/T``. BPTT moves at least
 ``2·W + X + 4·Hd``: the forward's ``W + X + 2·Hd`` (the state it writes is kept), and the
 backward reads the Params again, the kept state and the state's cotangent. Both leave out
 what an implementation may keep on chip (the gradient's running sum, a block's per-step
@@ -37,15 +37,16 @@ from flax import nnx
 import braintrace
 
 FORMULAS = {
-    "online": "W + X + 2*Hd + 2*Tr/K",
+    "online": "W + X + 2*Hd + 2*Tr*ceil(T/K)/T",
     "bptt": "2*W + X + 4*Hd",
 }
 TERMS = {
     "W": "Params: |theta| elements, read once",
     "X": "one step's inputs and targets: B*(I + O) elements, read once",
     "Hd": "hidden states: B*sum(N*S), read and written once",
-    "Tr": ("traces, read and written once per block of K steps (K = 1 per step): D-RTRL "
-           "B*|theta|*S per traced weight, ES-D-RTRL B*(I + O*S) per traced operation"),
+    "Tr": ("traces, read and written once per block of K steps, ceil(T/K) blocks over T steps "
+           "(K = 1 per step): D-RTRL B*|theta|*S per traced weight, ES-D-RTRL B*(I + O*S) per "
+           "traced operation"),
 }
 
 
@@ -61,16 +62,19 @@ def model_terms(model: nnx.Module, x: Any, y: Any) -> dict[str, int]:
             "Hd": nbytes(nnx.state(model, braintrace.HiddenState))}
 
 
-def floor(terms: dict[str, int], *, traces: Any = None, block: int = 1) -> dict[str, Any]:
+def floor(terms: dict[str, int], *, traces: Any = None, block: int = 1,
+          length: int = 1) -> dict[str, Any]:
     """The bytes per step and their formula: BPTT's without ``traces``, else an online
-    method's with ``traces`` (its trace arrays) advanced in blocks of ``block`` steps."""
+    method's with ``traces`` (its trace arrays) advanced in blocks of ``block`` steps over a
+    sequence of ``length`` steps (``⌈length/block⌉`` passes over them)."""
     if traces is None:
         total = 2 * terms["W"] + terms["X"] + 4 * terms["Hd"]
         return {"formula": FORMULAS["bptt"], "terms": dict(terms), "bytes_per_step": total}
     tr = nbytes(traces)
-    total = terms["W"] + terms["X"] + 2 * terms["Hd"] + 2 * tr / block
-    return {"formula": FORMULAS["online"], "terms": {**terms, "Tr": tr, "K": block},
-            "bytes_per_step": total}
+    passes = -(-length // block)  # a block longer than the sequence: one pass
+    total = terms["W"] + terms["X"] + 2 * terms["Hd"] + 2 * tr * passes / length
+    return {"formula": FORMULAS["online"],
+            "terms": {**terms, "Tr": tr, "K": block, "T": length}, "bytes_per_step": total}
 
 
 def bandwidth(megabytes: int, passes: int = 8, repeats: int = 3) -> dict[str, Any]:

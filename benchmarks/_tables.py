@@ -492,6 +492,7 @@ BLOCKS: dict[str, Callable[[Results], str]] = {
     "throughput_tpu_floor": accelerator.throughput_tpu_floor,
     "throughput_tpu_fused": accelerator.throughput_tpu_fused,
     "block_sizes_tpu": accelerator.block_sizes_tpu,
+    "trace_blocks_tpu": accelerator.trace_blocks_tpu,
     "throughput_tpu_host": accelerator.throughput_tpu_host,
     "fidelity": fidelity,
     "tasks": tasks,

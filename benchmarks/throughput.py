@@ -200,7 +200,8 @@ def prepare(model_name: str, method: str, cfg: dict, xs, ys, with_jit_step: bool
         spec = choose_loop(learner.rules, length=xs.shape[0], block_size=block_size)
         extra = {"graph_compile_s": graph_s, "trace_bytes": trace_bytes,
                  "floor": floor(terms, traces=learner.traces,
-                                block=spec.size if isinstance(spec, Blocked) else 1)}
+                                block=spec.size if isinstance(spec, Blocked) else 1,
+                                length=xs.shape[0])}
         if with_jit_step:
             extra["jit_run"] = jit_step(model, learner, block_size, xs, ys)
         if with_program:

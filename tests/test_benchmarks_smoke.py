@@ -96,17 +96,20 @@ def test_throughput_quick_writes_step_times_and_ratios(quick_results):
         for name, entry in methods.items():  # the analytic floor
             found = entry["floor"]
             assert found["formula"] == ("2*W + X + 4*Hd" if name == "bptt"
-                                        else "W + X + 2*Hd + 2*Tr/K")
+                                        else "W + X + 2*Hd + 2*Tr*ceil(T/K)/T")
             terms = found["terms"]
+            passes = None if name == "bptt" else -(-model["T"] // terms["K"])
             bytes_per_step = (2 * terms["W"] + terms["X"] + 4 * terms["Hd"] if name == "bptt"
                               else terms["W"] + terms["X"] + 2 * terms["Hd"]
-                              + 2 * terms["Tr"] / terms["K"])
+                              + 2 * terms["Tr"] * passes / model["T"])
             assert bytes_per_step > 0 and found["bytes_per_step"] == pytest.approx(bytes_per_step)
             assert found["us_per_step"] == pytest.approx(
                 found["bytes_per_step"] / payload["bandwidth"]["bytes_per_s"] * 1e6)
             assert finite(found["ratio"]) and found["ratio"] > 0
         assert methods["d_rtrl@1"]["floor"]["terms"]["K"] == 1  # the per-step form
         assert methods["d_rtrl"]["floor"]["terms"]["K"] > 1     # time blocks
+        assert all(methods[m]["floor"]["terms"]["T"] == model["T"] for m in methods
+                   if m != "bptt")
         assert methods["d_rtrl"]["floor"]["terms"]["Tr"] > methods["es_d_rtrl"]["floor"][
             "terms"]["Tr"]  # B·|θ|·S against B·(I + O·S)
         assert set(model["per_call"]) == set(methods)  # --host-time: bptt through the API too

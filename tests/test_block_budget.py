@@ -24,6 +24,7 @@ from braintrace._loops import (
     BLOCK_MEMORY_BUDGET,
     BLOCK_SPEED_BUDGET,
     DEFAULT_BLOCK_SIZE,
+    TRACE_BOUND_BLOCK_SIZE,
     Blocked,
     PerStep,
     _spec,
@@ -212,3 +213,64 @@ def test_trace_bytes_count_the_stored_dtype():
         assert learner.rules.trace_bytes == sum(a.size * a.dtype.itemsize
                                                 for a in jax.tree.leaves(learner.traces))
     assert 2 * narrow.rules.trace_bytes == wide.rules.trace_bytes
+
+
+def test_on_a_tpu_traces_that_bound_the_step_get_longer_blocks_evened_out():
+    """D-RTRL on ``ETPLinear(64 -> 8,192)``, batch 32: in blocks of 32 its 65 MiB of traces
+    would cost more bytes per step than a step stacks (3 MiB). Given the sequence's length, a
+    TPU's programs take blocks of up to 64 steps (the memory budget allows 85), evened out:
+    T = 100 in two blocks of 50, T = 1000 in 16 passes (15 blocks of 63 and one of 55), a
+    sequence of 33 to 64 steps in one block. Without the length (the trainer's windows
+    choose their own), on the CPU, and for ES-D-RTRL's small traces nothing changes."""
+    d = wide_network(8192, "d_rtrl", inputs=64)
+    per_step = stacked_bytes_per_step(d.rules)
+    assert 2 * d.rules.trace_bytes > DEFAULT_BLOCK_SIZE * per_step
+    assert BLOCK_MEMORY_BUDGET // per_step == 85
+    es = wide_network(8192, "es_d_rtrl", inputs=64)
+    assert choose_loop(d.rules, length=100) == Blocked(32)  # the CPU
+    with formulation("pallas"):
+        assert TRACE_BOUND_BLOCK_SIZE == 64
+        assert choose_loop(d.rules, length=100) == Blocked(50)
+        assert choose_loop(d.rules, length=1000) == Blocked(63)
+        assert choose_loop(d.rules, length=40) == Blocked(40)
+        # up to 32 steps, as before: blocks of 32, which run a shorter sequence as one
+        assert choose_loop(d.rules, length=30) == Blocked(32)
+        assert default_block_size(d.rules) == 32  # no length: as before
+        assert choose_loop(d.rules, length=100, block_size=32) == Blocked(32)  # chosen
+        assert choose_loop(es.rules, length=100) == Blocked(8)
+        # a memory budget below 32 steps' stacks keeps to it
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(_spec, "BLOCK_MEMORY_BUDGET", 20 * per_step)
+            assert choose_loop(d.rules, length=100) == Blocked(20)
+
+
+@pytest.mark.parametrize("length", [45, 50])
+def test_evened_out_trace_bound_blocks_are_exact(length, monkeypatch, x64):
+    """Under a TPU's programs, with the trace-bound limit set to 40 steps, D-RTRL on
+    ``ETPLinear(256 -> 32)`` into ``LIF(32)`` (traces that bound the step) runs T = 50 as two
+    blocks of 25 and T = 45 as blocks of 23 and 22 (not 40 and a tail); its gradients,
+    losses, traces and hidden state are the per-step form's (float64)."""
+    inputs, batch = 256, 2
+    monkeypatch.setattr(_spec, "TRACE_BOUND_BLOCK_SIZE", 40)
+    xs = 3.0 * jax.random.normal(jax.random.key(1), (length, batch, inputs))
+    ys = jax.random.normal(jax.random.key(2), (length, batch, 32))
+
+    def run(block_size):
+        model = nnx.Sequential(layers.ETPLinear(inputs, 32, param_dtype=jnp.float64,
+                                                rngs=nnx.Rngs(0)),
+                               layers.LIF(32, param_dtype=jnp.float64))
+        learner = braintrace.compile(model, "d_rtrl", xs[0], batch_size=batch)
+        grads, losses = learner.etrace_grad(xs, ys, mse, block_size=block_size,
+                                            return_losses=True)
+        out = jax.tree.leaves((grads, losses, learner.traces, learner.leaves()[1]))
+        return learner, [np.asarray(a) for a in out]
+
+    with formulation("pallas"):
+        learner, chosen = run(None)
+        rules = learner.rules
+        assert 2 * rules.trace_bytes > DEFAULT_BLOCK_SIZE * stacked_bytes_per_step(rules)
+        assert choose_loop(rules, length=length) == Blocked({50: 25, 45: 23}[length])
+        _, per_step = run(1)
+    assert xs.dtype == jnp.float64
+    assert any(np.max(np.abs(a)) > 0 for a in per_step)
+    assert_same(chosen, per_step)

@@ -323,3 +323,28 @@ def test_the_host_table_sets_the_stateful_ratio_beside_the_jitted_steps():
                 gap = figures["ratio_to_bptt"] - figures["jit_ratio_to_bptt"]
                 assert row[-1] == (f"{ratio(figures['ratio_to_bptt'])} / "
                                    f"{ratio(figures['jit_ratio_to_bptt'])} ({gap:+.2f})")
+
+
+def test_d_rtrls_block_sizes_are_set_against_a_floor_of_whole_passes():
+    """Blocks of 32 over T = 100 pass over the traces 4 times (three blocks and a tail): the
+    table's floor counts 4 passes where the run recorded 3.125 (T/K), and 2 for blocks of 50."""
+    block = BLOCKS["trace_blocks_tpu"](Results(RESULTS))
+    for name in accelerator.TRACE_BLOCK_RUNS:
+        run = json.loads((RESULTS / name).read_text())
+        for model, entry in run["results"].items():
+            for method, e in entry["methods"].items():
+                if not method.startswith("d_rtrl"):
+                    continue
+                terms, length = e["floor"]["terms"], entry["T"]
+                row = next(r for r in _rows_of(block, f"`{model}`, hidden 1024, batch 64, "
+                                                      "T = 100")
+                           if r[1] == f"`{name}`" and r[2] == f"`{method}`")
+                passes = -(-length // terms["K"])
+                assert row[3:5] == [str(terms["K"]), str(passes)]
+                whole = (terms["W"] + terms["X"] + 2 * terms["Hd"]
+                         + 2 * terms["Tr"] * passes / length)
+                assert row[6] == ratio(e["jit_device_step_us"] * 1e-6
+                                       * run["bandwidth"]["bytes_per_s"] / whole)
+                if terms["K"] == 32:  # the run's own floor counted 3.125 passes
+                    assert row[6] != ratio(e["floor"]["jit_device_ratio"])
+                    assert passes == 4

@@ -222,7 +222,8 @@ def online_grad(learner: Any, loss_fn: Callable[[Any, Any], jax.Array], *,
         chunk_size: Windowed mode with windows of this many steps; ``None``: not windowed.
         block_size: Time blocks of the traces (``None``: where the algorithm has a
             blocked form, as many steps as fit 256 MiB of stacked per-step values, between 2
-            and 32, see ``braintrace._loops.default_block_size``; ``1``: per step).
+            and 32 (on a TPU fewer for small traces, up to 64 for traces that bound the
+            step), see ``braintrace._loops.default_block_size``; ``1``: per step).
 
     Returns:
         An :class:`OnlineGradient` ``(init, grad)``:

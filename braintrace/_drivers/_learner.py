@@ -379,7 +379,8 @@ class OnlineLearner(LearnerBinding):
                 form. Default where the algorithm has a blocked form (D_RTRL,
                 ES_D_RTRL): as many steps as fit 256 MiB of the block's stacked
                 per-step values, between 2 and 32 (32 for small models; 2 for
-                ES-D-RTRL on 131,072 neurons at batch 32:
+                ES-D-RTRL on 131,072 neurons at batch 32; on a TPU fewer for
+                small traces, up to 64 for traces that bound the step:
                 ``braintrace._loops.default_block_size``), else 1. Ignored in
                 windowed mode.
             reduction: ``'mean'`` or ``'sum'`` over time.

@@ -25,8 +25,8 @@ from braintrace._loops._blocked import stacked_bytes_per_step
 from braintrace._platform import tpu_formulations
 
 __all__ = ["BLOCK_MEMORY_BUDGET", "BLOCK_SPEED_BUDGET", "DEFAULT_BLOCK_SIZE",
-           "MIN_DEFAULT_BLOCK_SIZE", "Blocked", "LoopSpec", "PerStep", "Windowed",
-           "check_positive", "choose_loop", "default_block_size"]
+           "MIN_DEFAULT_BLOCK_SIZE", "TRACE_BOUND_BLOCK_SIZE", "Blocked", "LoopSpec", "PerStep",
+           "Windowed", "check_positive", "choose_loop", "default_block_size"]
 
 DEFAULT_BLOCK_SIZE = 32
 """The most steps per block when the caller does not choose ``block_size`` and the rules have
@@ -57,6 +57,20 @@ read. 131,072 ALIF neurons, batch 32, T 30 (64 MiB per step;
 ``scale_tpu_131k_speed_budget.json``): 3 steps per block, the memory budget's, 0.201 s per
 update, 2 steps 0.218 s (another run, whose record was cut short: 4 steps 0.211 s, 6 steps
 0.204 s)."""
+
+
+TRACE_BOUND_BLOCK_SIZE = 64
+"""On a TPU, the most steps per default block where the traces bound the step: read and
+written once per block, at ``DEFAULT_BLOCK_SIZE`` steps they would cost more bytes per step
+than a step stacks (``2·Tr / 32 > s``). Given the sequence's length, such blocks are as long
+as the memory budget, this and the length allow, then evened out over the blocks that needs
+(:func:`default_block_size`). On a TPU v5e (D-RTRL inside a jit step, hidden 1024, batch 64,
+T 100, 817 / 787 MiB of traces, 3.8 / 4.0 MiB stacked per step; device time per step,
+``benchmarks/results/throughput_tpu_h1024_long_blocks_gru.json`` and ``_snn.json`` against
+``throughput_tpu_h1024_jit_device.json``): two blocks of 50 steps took 93.6 us (GRU) and
+119.0 us (LIF) against 149.8 and 144.9 in blocks of 32 (three and a tail of 4: four passes
+over the traces), with bfloat16 traces 70.4 / 78.6 against 102.5 / 111.0; blocks of 25 (LIF)
+150.7."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,11 +114,14 @@ def check_positive(name: str, value: Any, *, length: int | None = None) -> int:
     return value
 
 
-def default_block_size(rules: GraphRules, most: int = DEFAULT_BLOCK_SIZE) -> int:
+def default_block_size(rules: GraphRules, most: int = DEFAULT_BLOCK_SIZE,
+                       length: int | None = None) -> int:
     """Steps per block when the caller does not choose: as many as fit
     :data:`BLOCK_MEMORY_BUDGET` (and, on a TPU, :data:`BLOCK_SPEED_BUDGET`), between
     :data:`MIN_DEFAULT_BLOCK_SIZE` and ``most`` (:data:`DEFAULT_BLOCK_SIZE` unless the caller
-    has a longer stretch to cover, as the trainer's windows between two updates).
+    has a longer stretch to cover, as the trainer's windows between two updates); on a TPU,
+    where the traces bound the step and the sequence's ``length`` is given, up to
+    :data:`TRACE_BOUND_BLOCK_SIZE`, evened out over the blocks (below).
 
     With ``s`` the stacked bytes per step, counted from the graph's shapes
     (``_blocked.stacked_bytes_per_step``): ``K = clamp(⌊BLOCK_MEMORY_BUDGET / s⌋, 2, most)``;
@@ -112,7 +129,12 @@ def default_block_size(rules: GraphRules, most: int = DEFAULT_BLOCK_SIZE) -> int
     one (``_algorithms.GATHER_BOUND``), and the traces' bytes ``Tr`` (``GraphRules.trace_bytes``) read
     and written once per block of ``k`` steps add no more per step than a step stacks,
     ``2·Tr / k <= s`` with ``k`` the largest power of two at most ``⌊BLOCK_SPEED_BUDGET / s⌋``
-    (and at least 2), ``⌊BLOCK_MEMORY_BUDGET / s⌋`` is first lowered to ``k``.
+    (and at least 2), ``⌊BLOCK_MEMORY_BUDGET / s⌋`` is first lowered to ``k``. But first,
+    where ``2·Tr / most > s`` (the traces' bytes per step at ``most`` steps exceed a step's
+    stacks), ``length`` is given and ``L = min(⌊BLOCK_MEMORY_BUDGET / s⌋,
+    TRACE_BOUND_BLOCK_SIZE, length)`` exceeds ``most``: ``n = ⌈length / L⌉`` blocks (the
+    fewest passes over the traces) of ``K = ⌈length / n⌉`` steps (T = 100 in two blocks of
+    50, not 64 and a tail of 36).
     A block holds ``K`` steps of every relation's input and output-sized values, which for a
     large network (B 32, 131,072 neurons: 64 MiB per step for ES-D-RTRL) would be gigabytes at
     ``K = 32``. Every ``K`` gives the per-step form's gradients.
@@ -130,6 +152,9 @@ def default_block_size(rules: GraphRules, most: int = DEFAULT_BLOCK_SIZE) -> int
     fits = BLOCK_MEMORY_BUDGET // per_step
     if tpu_formulations() and not any(r.primitive in GATHER_BOUND for r in rules.relations):
         fast = max(_power_of_two_at_most(BLOCK_SPEED_BUDGET // per_step), MIN_DEFAULT_BLOCK_SIZE)
+        longest = min(fits, TRACE_BOUND_BLOCK_SIZE, length or 0)
+        if 2 * rules.trace_bytes > most * per_step and longest > most:
+            return -(-length // -(-length // longest))  # ⌈T / n⌉, n = ⌈T / longest⌉ blocks
         if 2 * rules.trace_bytes <= fast * per_step:
             fits = min(fits, fast)
     return int(min(max(fits, MIN_DEFAULT_BLOCK_SIZE), most))
@@ -147,9 +172,9 @@ def choose_loop(rules: GraphRules, *, length: int, chunk_size: int | None = None
             ``length`` steps).
         block_size: Time blocks of the traces outside windowed mode; ``None``:
             :func:`default_block_size` (32 steps, fewer for a network whose
-            stacked steps exceed 256 MiB, at least 2) where the rules have a
-            blocked form, else the per-step loop (always, for rules that keep no
-            traces: FPTT's).
+            stacked steps exceed 256 MiB, at least 2; on a TPU up to 64 where the
+            traces bound the step) where the rules have a blocked form, else the
+            per-step loop (always, for rules that keep no traces: FPTT's).
 
     Raises:
         ValueError: An argument is not a positive int, ``chunk_size`` does not
@@ -183,7 +208,8 @@ def choose_loop(rules: GraphRules, *, length: int, chunk_size: int | None = None
                 "pass chunk_size=K (windowed mode).")
         return Windowed(length)
     if block_size is None:
-        return Blocked(default_block_size(rules)) if rules.supports_blocks else PerStep()
+        return (Blocked(default_block_size(rules, length=length)) if rules.supports_blocks
+                else PerStep())
     block_size = check_positive("block_size", block_size)
     if not rules.traced:  # no traces to advance in blocks: every block size is per step
         return PerStep()
