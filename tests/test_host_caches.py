@@ -18,7 +18,8 @@ from flax import nnx
 
 import braintrace
 from braintrace import layers
-from braintrace._drivers._checked_calls import CheckedCalls
+from braintrace._drivers._checked_calls import CheckedCalls, call_signature
+from braintrace._drivers._deferred import _start_copy
 from braintrace._drivers._graph_snapshot import GraphSnapshot
 
 B, I, H, O, T = 3, 4, 5, 2, 4
@@ -84,6 +85,7 @@ MUTATIONS = {
     "submodule swapped": lambda m: setattr(m, "out", layers.ETPLinear(H, O, rngs=nnx.Rngs(1))),
     "mode switched": lambda m: m.eval(),
     "metadata changed": lambda m: m.h.set_metadata("note", "changed"),
+    "metadata value changed": lambda m: m.h.set_metadata("init", 1.0),  # same keys
     "list grown in place": lambda m: m.extras.append(layers.LIF(2)),
     "list item replaced": lambda m: m.extras.__setitem__(0, layers.LIF(2)),
     "attribute renamed": lambda m: rename_last(m.out, "renamed"),  # a static one, last
@@ -100,6 +102,18 @@ def test_the_snapshot_breaks_on_every_change_of_the_graph_and_holds_through_new_
     MUTATIONS[mutation](model)
     assert not snapshot.holds()
     assert GraphSnapshot.of(model).holds()
+
+
+def test_the_snapshot_compares_metadata_by_equality_and_an_array_in_it_without_raising():
+    model = Net(nnx.Rngs(0))
+    scale = jnp.ones((2,))
+    model.h.set_metadata("scale", scale)
+    snapshot = GraphSnapshot.of(model)
+    model.h.set_metadata("scale", scale)  # the same object again: unchanged
+    model.h.set_metadata("init", float(model.h.get_metadata("init")))  # an equal value
+    assert snapshot.holds()
+    model.h.set_metadata("scale", 2.0 * scale)  # an array's == is not a bool: changed
+    assert not snapshot.holds()
 
 
 def test_a_replaced_param_is_the_one_every_driver_reads_and_writes(cached):
@@ -162,6 +176,21 @@ def test_checks_are_remembered_only_for_the_same_signature(cached):
         trainer.step(xs[:3], ys[:3])
     with pytest.raises(ValueError, match="compiled for steps of shape"):
         learner.etrace_evolve(jnp.ones((T, B + 1, I)))
+
+
+def test_a_call_is_remembered_by_the_signature_of_its_inputs_as_given(cached):
+    learner, _ = cached
+    xs, ys = data(4)
+    learner._checked = counting = Counting()
+    learner.etrace_grad(xs, ys, mse, chunk_size=2)
+    assert counting.ran[0] == call_signature(xs, ys, statics=(2, None, "mean"))
+    learner.etrace_grad(np.asarray(xs), np.asarray(ys), mse, chunk_size=2)  # placed first
+    assert len(counting.ran) == 2  # the first call's checks and its loop's, no more
+
+
+def test_a_flag_on_the_cpu_is_read_where_it_is_at_every_call():
+    flags = [jnp.ones((3,), bool), jnp.zeros((2,), bool)]  # one sharding, its placement kept
+    assert all(_start_copy(f) is f for f in flags)
 
 
 BAD = {"xs of another width": {"xs": np.ones((T, B, I + 1), np.float32)},

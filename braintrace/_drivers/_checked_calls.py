@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import jax
 import numpy as np
 
-__all__ = ["CheckedCalls", "call_signature"]
+__all__ = ["CheckedCalls", "call_signature", "signature_of"]
 
 _STATICS = frozenset((type(None), bool, int, str))
 _ARRAYS = (jax.Array, np.ndarray)
@@ -48,7 +48,13 @@ def call_signature(*trees: Any, statics: tuple[Any, ...] = ()) -> tuple[Any, ...
         >>> call_signature([1.0, 2.0]) is None
         True
     """
-    leaves, treedef = jax.tree.flatten(trees)  # one structure for all of them
+    return signature_of(*jax.tree.flatten(trees), statics)  # one structure for all of them
+
+
+def signature_of(leaves: list[Any], treedef: Any, statics: tuple[Any, ...]
+                 ) -> tuple[Any, ...] | None:
+    """:func:`call_signature` of trees already flattened (``jax.tree.flatten`` of the tuple of
+    them): the same key, without flattening them again."""
     types = tuple(map(type, statics))
     if not (_STATICS.issuperset(types) and all(map(isinstance, leaves, repeat(_ARRAYS)))):
         return None

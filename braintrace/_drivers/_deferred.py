@@ -26,6 +26,7 @@ the call is dispatched, so reading them costs no round trip to the device.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -103,7 +104,16 @@ def _start_copy(flag: Any) -> Any:
     """
     if not isinstance(flag, jax.Array):
         return flag
-    local = flag if flag.is_fully_addressable else flag.addressable_data(0)
-    if next(iter(local.sharding.device_set)).platform != "cpu":
+    local_only, on_cpu = _placement(flag.sharding)
+    local = flag if local_only else flag.addressable_data(0)
+    if not on_cpu:
         local.copy_to_host_async()
     return local
+
+
+@functools.lru_cache(maxsize=64)
+def _placement(sharding: jax.sharding.Sharding) -> tuple[bool, bool]:
+    """Whether arrays of ``sharding`` are all on this host's devices, and whether those are
+    CPUs (found once per sharding: read at every call, they cost the host a few µs)."""
+    return (sharding.is_fully_addressable,
+            next(iter(sharding.device_set)).platform == "cpu")

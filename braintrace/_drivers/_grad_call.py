@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from jax.sharding import SingleDeviceSharding
 
-from braintrace._drivers._checked_calls import CheckedCalls, call_signature
+from braintrace._drivers._checked_calls import CheckedCalls, call_signature, signature_of
 from braintrace._drivers._compiled import Entry
 from braintrace._drivers._inputs import check_signal_inputs, loss_weights
 from braintrace._drivers._model_state import Leaves
@@ -50,7 +50,8 @@ def grad_call(entry: Entry, xs: Any, ys: Any, *, mask: Any, chunk_size: Any, blo
             :func:`~braintrace._drivers._inputs.check_signal_inputs`), or what
             ``leaves`` and ``traces`` raise.
     """
-    xs, ys = place_learner_inputs(entry, xs), place_learner_inputs(entry, ys)
+    xs, ys, signature = _placed(entry, xs, ys, None if mask is not None
+                                else (chunk_size, block_size, reduction))
 
     def checks() -> tuple[LoopSpec, jax.Array, int]:
         weights = loss_weights(xs, ys, entry.example, mask, chunk_size, reduction,
@@ -66,14 +67,24 @@ def grad_call(entry: Entry, xs: Any, ys: Any, *, mask: Any, chunk_size: Any, blo
                                                  block_size=None if block_size is None
                                                  else check_positive("block_size", block_size)))
 
-    signature = None if mask is not None else call_signature(
-        xs, ys, statics=(chunk_size, block_size, reduction))
     spec, weights, length = checked.check(entry, signature, checks)
     params, hidden, other = leaves()
     inputs = check_signal_inputs(entry.rules, hidden, signal_inputs, length)
     if inputs is not None:
         inputs = place_learner_inputs(entry, inputs)
     return spec, GradArgs(params, hidden, other, traces(), xs, ys, weights, inputs)
+
+
+def _placed(entry: Entry, xs: Any, ys: Any, statics: tuple[Any, ...] | None
+            ) -> tuple[Any, Any, tuple[Any, ...] | None]:
+    """``xs`` and ``ys`` placed (:func:`place_learner_inputs`) and their
+    :func:`~braintrace._drivers._checked_calls.call_signature` with ``statics`` (``None``
+    without them), from one flattening where they need no placing (the usual case)."""
+    leaves, treedef = jax.tree.flatten((xs, ys))
+    if entry.layout is not None or not all(map(_on_one_device, leaves)):
+        xs, ys = place_learner_inputs(entry, xs), place_learner_inputs(entry, ys)
+        leaves, treedef = jax.tree.flatten((xs, ys))
+    return xs, ys, None if statics is None else signature_of(leaves, treedef, statics)
 
 
 def device_weights(weights: np.ndarray, dtype: Any, lay: Any, *, reuse: bool) -> jax.Array:
@@ -113,9 +124,14 @@ def place_learner_inputs(entry: Entry, tree: Any) -> Any:
     """
     lay = entry.layout
     leaves = jax.tree.leaves(tree)
-    if lay is None and all(isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer)
-                           and type(a.sharding) is SingleDeviceSharding for a in leaves):
+    if lay is None and all(map(_on_one_device, leaves)):
         return tree  # each on one device: nothing to gather (the usual case, checked quickly)
     if any(isinstance(a, jax.ShapeDtypeStruct) for a in leaves):
         return tree
     return gathered("inputs", tree) if lay is None else place_inputs(lay, tree)
+
+
+def _on_one_device(a: Any) -> bool:
+    """Whether ``a`` is a concrete array on one device (nothing to place or gather)."""
+    return (isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer)
+            and type(a.sharding) is SingleDeviceSharding)

@@ -14,7 +14,8 @@ as the objects themselves:
 * a Variable: its metadata (``Variable.get_metadata``).
 
 :meth:`GraphSnapshot.holds` compares them again (names by equality, everything
-else by identity). While it holds, the walk would find the same graph
+else by identity, but a Variable's metadata by equality, as the graph definition
+compares it). While it holds, the walk would find the same graph
 definition and the same Variable objects in the same order: a Param added,
 removed or replaced, an attribute renamed, a mode switched (``model.eval()``),
 a submodule swapped or a Variable's metadata changed all break it. What the Variables hold is not part of it (values change at every
@@ -55,7 +56,8 @@ class GraphSnapshot:
     ``itertools.chain``), not a Python loop over nodes: every dict's and
     list's size, then every key (by equality, as a dict looks it up), value
     and item (by identity) against the flat records, in order (sizes first, so
-    that nothing can move from one node to another unseen).
+    that nothing can move from one node to another unseen), then every
+    Variable's metadata (one comparison of the lists of their dicts, by equality).
 
     Attributes:
         mappings: Each Module's ``vars`` and each dict (the live objects).
@@ -86,29 +88,32 @@ class GraphSnapshot:
         self._keys: tuple[Any, ...] = ()
         self._values: tuple[Any, ...] = ()
         self._items: tuple[Any, ...] = ()
+        self._metadata: list[dict[str, Any]] = []
 
     @classmethod
     def of(cls, model: Any) -> GraphSnapshot:
         """The snapshot of ``model``'s graph as it is now."""
         snapshot = cls()
         snapshot.followed = snapshot._record(model, set())
-        mappings = snapshot._mappings_now()
-        snapshot._sizes = snapshot._sizes_of(mappings)
+        mappings = snapshot.mappings
+        snapshot._sizes = snapshot._sizes_now()
         snapshot._keys = tuple(chain.from_iterable(mappings))
         snapshot._values = tuple(chain.from_iterable(map(dict.values, mappings)))
         snapshot._items = tuple(chain.from_iterable(snapshot.lists))
+        snapshot._metadata = [*map(_metadata, snapshot.variables)]
         return snapshot
 
     def holds(self) -> bool:
         """Whether every node still has what was recorded (module docstring)."""
         if not self.followed:
             return False
-        mappings = self._mappings_now()
-        if self._sizes_of(mappings) != self._sizes:
+        mappings = self.mappings
+        if self._sizes_now() != self._sizes:
             return False
         if not (tuple(chain.from_iterable(mappings)) == self._keys  # keys: equal is the same
                 and _same(chain.from_iterable(map(dict.values, mappings)), self._values)
-                and _same(chain.from_iterable(self.lists), self._items)):
+                and _same(chain.from_iterable(self.lists), self._items)
+                and _equal(self._metadata, [*map(_metadata, self.variables)])):
             return False
         for node, treedef, values in self.pytrees:
             children, now = _one_level(node)
@@ -116,13 +121,9 @@ class GraphSnapshot:
                 return False
         return True
 
-    def _mappings_now(self) -> list[dict[Any, Any]]:
-        """The recorded dicts and each Variable's metadata as it is now."""
-        return [*self.mappings, *map(_metadata, self.variables)]
-
-    def _sizes_of(self, mappings: list[dict[Any, Any]]) -> tuple[int, ...]:
-        """The size of each of ``mappings`` (:meth:`_mappings_now`) and each list."""
-        return (*map(len, mappings), *map(len, self.lists))
+    def _sizes_now(self) -> tuple[int, ...]:
+        """The size of each recorded dict and list as it is now."""
+        return (*map(len, self.mappings), *map(len, self.lists))
 
     def _record(self, node: Any, seen: set[int]) -> bool:
         """Records ``node`` and everything below it; ``False`` where a node cannot be
@@ -166,6 +167,16 @@ def _same(values: Any, recorded: tuple[Any, ...]) -> bool:
     """Whether ``values`` are the ``recorded`` objects, in order (as many of them: the
     callers compare sizes first)."""
     return all(map(operator.is_, values, recorded))
+
+
+def _equal(recorded: list[dict[str, Any]], now: list[dict[str, Any]]) -> bool:
+    """Whether the Variables' metadata ``now`` equals the ``recorded`` (values the same
+    object are equal without a comparison; a value whose comparison is not a bool, an array,
+    has changed)."""
+    try:
+        return recorded == now
+    except (TypeError, ValueError):
+        return False
 
 
 def _is_pytree(node: Any) -> bool:
