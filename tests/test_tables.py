@@ -248,10 +248,11 @@ def test_bfloat16_traces_are_set_against_their_float32_run_and_the_floor():
                                                         "T = 100") if row[column] != MISSING]
         # the stateful call's device time, over the floor and over float32's, then the jitted
         # step's device time and over the floor
-        assert cells == [f"{low['device_step_us']:.0f} µs, {ratio(low['floor']['ratio'])}, "
-                         f"{ratio(low['device_step_us'] / full['device_step_us'])} float32's; "
-                         f"jitted {low['jit_device_step_us']:.0f} µs, "
-                         f"{ratio(low['floor']['jit_device_ratio'])}"]
+        expected = (f"{low['device_step_us']:.0f} µs, {ratio(low['floor']['ratio'])}, "
+                    f"{ratio(low['device_step_us'] / full['device_step_us'])} float32's; "
+                    f"jitted {low['jit_device_step_us']:.0f} µs, "
+                    f"{ratio(low['floor']['jit_device_ratio'])}")
+        assert cells == [expected]
         assert low["floor"]["jit_device_ratio"] < low["floor"]["ratio"]  # its traces not copied
 
 
