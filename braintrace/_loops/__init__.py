@@ -37,6 +37,7 @@ from braintrace._loops._spec import BLOCK_MEMORY_BUDGET as BLOCK_MEMORY_BUDGET
 from braintrace._loops._spec import BLOCK_SPEED_BUDGET as BLOCK_SPEED_BUDGET
 from braintrace._loops._spec import DEFAULT_BLOCK_SIZE as DEFAULT_BLOCK_SIZE
 from braintrace._loops._spec import TRACE_BOUND_BLOCK_SIZE as TRACE_BOUND_BLOCK_SIZE
+from braintrace._loops._spec import TRACE_BOUND_RATIO as TRACE_BOUND_RATIO
 from braintrace._loops._spec import Blocked as Blocked
 from braintrace._loops._spec import LoopSpec as LoopSpec
 from braintrace._loops._spec import PerStep as PerStep
@@ -47,7 +48,7 @@ from braintrace._loops._spec import default_block_size as default_block_size
 from braintrace._loops._step import step_jacobians as step_jacobians
 
 __all__ = ["BLOCK_MEMORY_BUDGET", "BLOCK_SPEED_BUDGET", "DEFAULT_BLOCK_SIZE",
-           "TRACE_BOUND_BLOCK_SIZE", "Blocked", "LoopContext", "LoopSpec", "PerStep", "ScanCarry",
-           "Windowed", "check_positive", "choose_loop",
+           "TRACE_BOUND_BLOCK_SIZE", "TRACE_BOUND_RATIO", "Blocked", "LoopContext", "LoopSpec",
+           "PerStep", "ScanCarry", "Windowed", "check_positive", "choose_loop",
            "default_block_size", "evolve", "finish_carry", "ignore_masked", "init_carry",
            "param_gradients", "reaches_scored", "restart_sums", "run", "step_jacobians"]

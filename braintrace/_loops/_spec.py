@@ -25,8 +25,9 @@ from braintrace._loops._blocked import stacked_bytes_per_step
 from braintrace._platform import tpu_formulations
 
 __all__ = ["BLOCK_MEMORY_BUDGET", "BLOCK_SPEED_BUDGET", "DEFAULT_BLOCK_SIZE",
-           "MIN_DEFAULT_BLOCK_SIZE", "TRACE_BOUND_BLOCK_SIZE", "Blocked", "LoopSpec", "PerStep",
-           "Windowed", "check_positive", "choose_loop", "default_block_size"]
+           "MIN_DEFAULT_BLOCK_SIZE", "TRACE_BOUND_BLOCK_SIZE", "TRACE_BOUND_RATIO", "Blocked",
+           "LoopSpec", "PerStep", "Windowed", "check_positive", "choose_loop",
+           "default_block_size"]
 
 DEFAULT_BLOCK_SIZE = 32
 """The most steps per block when the caller does not choose ``block_size`` and the rules have
@@ -61,9 +62,10 @@ update, 2 steps 0.218 s (another run, whose record was cut short: 4 steps 0.211 
 
 TRACE_BOUND_BLOCK_SIZE = 64
 """On a TPU, the most steps per default block where the traces bound the step: read and
-written once per block, at ``DEFAULT_BLOCK_SIZE`` steps they would cost more bytes per step
-than a step stacks (``2·Tr / 32 > s``). Given the sequence's length, such blocks are as long
-as the memory budget, this and the length allow, then evened out over the blocks that needs
+written once per block, at ``DEFAULT_BLOCK_SIZE`` steps they would cost
+:data:`TRACE_BOUND_RATIO` times the bytes per step that a step stacks, or more
+(``2·Tr / 32 >= 8·s``). Given the sequence's length, such blocks are as long as the memory
+budget, this and the length allow, then evened out over the blocks that needs
 (:func:`default_block_size`). On a TPU v5e (D-RTRL inside a jit step, hidden 1024, batch 64,
 T 100, 817 / 787 MiB of traces, 3.8 / 4.0 MiB stacked per step; device time per step,
 ``benchmarks/results/throughput_tpu_h1024_long_blocks_gru.json`` and ``_snn.json`` against
@@ -71,6 +73,14 @@ T 100, 817 / 787 MiB of traces, 3.8 / 4.0 MiB stacked per step; device time per 
 119.0 us (LIF) against 149.8 and 144.9 in blocks of 32 (three and a tail of 4: four passes
 over the traces), with bfloat16 traces 70.4 / 78.6 against 102.5 / 111.0; blocks of 25 (LIF)
 150.7."""
+
+TRACE_BOUND_RATIO = 8
+"""How many times a step's stacked bytes the traces' bytes per step (at ``DEFAULT_BLOCK_SIZE``
+steps a block) must be for :data:`TRACE_BOUND_BLOCK_SIZE`'s longer blocks: 12 to 14 in the
+runs that measured them (D-RTRL, hidden 1024, batch 64). At hidden 256, batch 16 (3 to 4:
+15 MiB of traces, 0.24 MiB stacked per step) longer blocks would save less than a
+microsecond per step and the LIF network's longer stacks cost it more per step at hidden
+1024 than the GRU's: not timed there, such networks keep blocks of 32."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,8 +140,8 @@ def default_block_size(rules: GraphRules, most: int = DEFAULT_BLOCK_SIZE,
     and written once per block of ``k`` steps add no more per step than a step stacks,
     ``2·Tr / k <= s`` with ``k`` the largest power of two at most ``⌊BLOCK_SPEED_BUDGET / s⌋``
     (and at least 2), ``⌊BLOCK_MEMORY_BUDGET / s⌋`` is first lowered to ``k``. But first,
-    where ``2·Tr / most > s`` (the traces' bytes per step at ``most`` steps exceed a step's
-    stacks), ``length`` is given and ``L = min(⌊BLOCK_MEMORY_BUDGET / s⌋,
+    where ``2·Tr / most >= TRACE_BOUND_RATIO·s`` (the traces' bytes per step at ``most``
+    steps are many times a step's stacks: :data:`TRACE_BOUND_RATIO`), ``length`` is given and ``L = min(⌊BLOCK_MEMORY_BUDGET / s⌋,
     TRACE_BOUND_BLOCK_SIZE, length)`` exceeds ``most``: ``n = ⌈length / L⌉`` blocks (the
     fewest passes over the traces) of ``K = ⌈length / n⌉`` steps (T = 100 in two blocks of
     50, not 64 and a tail of 36).
@@ -153,7 +163,7 @@ def default_block_size(rules: GraphRules, most: int = DEFAULT_BLOCK_SIZE,
     if tpu_formulations() and not any(r.primitive in GATHER_BOUND for r in rules.relations):
         fast = max(_power_of_two_at_most(BLOCK_SPEED_BUDGET // per_step), MIN_DEFAULT_BLOCK_SIZE)
         longest = min(fits, TRACE_BOUND_BLOCK_SIZE, length or 0)
-        if 2 * rules.trace_bytes > most * per_step and longest > most:
+        if 2 * rules.trace_bytes >= TRACE_BOUND_RATIO * most * per_step and longest > most:
             return -(-length // -(-length // longest))  # ⌈T / n⌉, n = ⌈T / longest⌉ blocks
         if 2 * rules.trace_bytes <= fast * per_step:
             fits = min(fits, fast)
