@@ -64,7 +64,7 @@ TRACE_BOUND_BLOCK_SIZE = 64
 """On a TPU, the most steps per default block where the traces bound the step: read and
 written once per block, at ``DEFAULT_BLOCK_SIZE`` steps they would cost
 :data:`TRACE_BOUND_RATIO` times the bytes per step that a step stacks, or more
-(``2·Tr / 32 >= 8·s``). Given the sequence's length, such blocks are as long as the memory
+(``2·Tr / 32 >= 6·s``). Given the sequence's length, such blocks are as long as the memory
 budget, this and the length allow, then evened out over the blocks that needs
 (:func:`default_block_size`). On a TPU v5e (D-RTRL inside a jit step, hidden 1024, batch 64,
 T 100, 817 / 787 MiB of traces, 3.8 / 4.0 MiB stacked per step; device time per step,
@@ -74,10 +74,11 @@ T 100, 817 / 787 MiB of traces, 3.8 / 4.0 MiB stacked per step; device time per 
 over the traces), with bfloat16 traces 70.4 / 78.6 against 102.5 / 111.0; blocks of 25 (LIF)
 150.7."""
 
-TRACE_BOUND_RATIO = 8
+TRACE_BOUND_RATIO = 6
 """How many times a step's stacked bytes the traces' bytes per step (at ``DEFAULT_BLOCK_SIZE``
-steps a block) must be for :data:`TRACE_BOUND_BLOCK_SIZE`'s longer blocks: 12 to 14 in the
-runs that measured them (D-RTRL, hidden 1024, batch 64). At hidden 256, batch 16 (3 to 4:
+steps a block) must be for :data:`TRACE_BOUND_BLOCK_SIZE`'s longer blocks: 12 to 14 (float32
+traces) and 6.1 to 6.8 (bfloat16) in the runs that measured them, all faster in longer blocks
+(D-RTRL, hidden 1024, batch 64). At hidden 256, batch 16 (3 to 4:
 15 MiB of traces, 0.24 MiB stacked per step) longer blocks would save less than a
 microsecond per step and the LIF network's longer stacks cost it more per step at hidden
 1024 than the GRU's: not timed there, such networks keep blocks of 32."""
@@ -141,8 +142,9 @@ def default_block_size(rules: GraphRules, most: int = DEFAULT_BLOCK_SIZE,
     ``2·Tr / k <= s`` with ``k`` the largest power of two at most ``⌊BLOCK_SPEED_BUDGET / s⌋``
     (and at least 2), ``⌊BLOCK_MEMORY_BUDGET / s⌋`` is first lowered to ``k``. But first,
     where ``2·Tr / most >= TRACE_BOUND_RATIO·s`` (the traces' bytes per step at ``most``
-    steps are many times a step's stacks: :data:`TRACE_BOUND_RATIO`), ``length`` is given and ``L = min(⌊BLOCK_MEMORY_BUDGET / s⌋,
-    TRACE_BOUND_BLOCK_SIZE, length)`` exceeds ``most``: ``n = ⌈length / L⌉`` blocks (the
+    steps are many times a step's stacks: :data:`TRACE_BOUND_RATIO`), ``length`` is given
+    and ``L = min(⌊BLOCK_MEMORY_BUDGET / s⌋, TRACE_BOUND_BLOCK_SIZE, length)`` exceeds
+    ``most``: ``n = ⌈length / L⌉`` blocks (the
     fewest passes over the traces) of ``K = ⌈length / n⌉`` steps (T = 100 in two blocks of
     50, not 64 and a tail of 36).
     A block holds ``K`` steps of every relation's input and output-sized values, which for a
