@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from _floor_bytes import online_bytes_per_step
 from _table_format import (
     MISSING,
     THROUGHPUT_FIGURES,
@@ -293,9 +294,8 @@ def trace_blocks_tpu(results: Results) -> str:
                     continue
                 terms = e["floor"]["terms"]
                 passes = -(-length // terms["K"])
-                floor_us = (terms["W"] + terms["X"] + 2 * terms["Hd"]
-                            + 2 * terms["Tr"] * passes / length) / run["bandwidth"][
-                                "bytes_per_s"] * 1e6
+                floor_us = online_bytes_per_step(terms, terms["Tr"], terms["K"], length) / run[
+                    "bandwidth"]["bytes_per_s"] * 1e6
                 rows.append((_model(results, Run(name), model, length), f"`{name}`",
                              f"`{method}`", str(terms["K"]), str(passes),
                              micro(e["jit_device_step_us"]),

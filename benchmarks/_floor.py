@@ -35,6 +35,7 @@ import numpy as np
 from flax import nnx
 
 import braintrace
+from _floor_bytes import online_bytes_per_step
 
 FORMULAS = {
     "online": "W + X + 2*Hd + 2*Tr*ceil(T/K)/T",
@@ -71,8 +72,7 @@ def floor(terms: dict[str, int], *, traces: Any = None, block: int = 1,
         total = 2 * terms["W"] + terms["X"] + 4 * terms["Hd"]
         return {"formula": FORMULAS["bptt"], "terms": dict(terms), "bytes_per_step": total}
     tr = nbytes(traces)
-    passes = -(-length // block)  # a block longer than the sequence: one pass
-    total = terms["W"] + terms["X"] + 2 * terms["Hd"] + 2 * tr * passes / length
+    total = online_bytes_per_step(terms, tr, block, length)
     return {"formula": FORMULAS["online"],
             "terms": {**terms, "Tr": tr, "K": block, "T": length}, "bytes_per_step": total}
 

@@ -61,9 +61,9 @@ GATHER_BOUND = (etp_sparse_p, etp_sparse_batched_p)
 pullbacks are merged into one (:func:`_block_products`), so each index is read once; their
 networks' default blocks keep to the memory budget (``_loops.default_block_size``)."""
 
-__all__ = ["ESDRTRL", "ES_D_RTRL", "GATHER_BOUND", "IOTerm", "IOTrace", "decay_from", "es_input_rule",
-           "input_side_block", "input_side_finalize", "paired_products", "pp_prop",
-           "shared_output_sides", "x_free_part"]
+__all__ = ["ESDRTRL", "ES_D_RTRL", "GATHER_BOUND", "IOTerm", "IOTrace", "decay_from",
+           "es_input_rule", "input_side_block", "input_side_finalize", "paired_products",
+           "pp_prop", "shared_output_sides", "x_free_part"]
 
 
 def decay_from(decay_or_rank: float) -> float:

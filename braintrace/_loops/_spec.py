@@ -163,10 +163,10 @@ def default_block_size(rules: GraphRules, most: int = DEFAULT_BLOCK_SIZE,
     per_step = max(stacked_bytes_per_step(rules), 1)
     fits = BLOCK_MEMORY_BUDGET // per_step
     if tpu_formulations() and not any(r.primitive in GATHER_BOUND for r in rules.relations):
-        fast = max(_power_of_two_at_most(BLOCK_SPEED_BUDGET // per_step), MIN_DEFAULT_BLOCK_SIZE)
         longest = min(fits, TRACE_BOUND_BLOCK_SIZE, length or 0)
         if 2 * rules.trace_bytes >= TRACE_BOUND_RATIO * most * per_step and longest > most:
             return -(-length // -(-length // longest))  # ⌈T / n⌉, n = ⌈T / longest⌉ blocks
+        fast = max(_power_of_two_at_most(BLOCK_SPEED_BUDGET // per_step), MIN_DEFAULT_BLOCK_SIZE)
         if 2 * rules.trace_bytes <= fast * per_step:
             fits = min(fits, fast)
     return int(min(max(fits, MIN_DEFAULT_BLOCK_SIZE), most))
