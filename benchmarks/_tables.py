@@ -18,6 +18,7 @@ from typing import Any
 
 import _accelerator_tables as accelerator
 import _readme_tables as readme
+import _sparse_tables as sparse_tables
 from _online_rules_table import online_rules
 from _shd_table import shd_compare
 from _spyx_table import spyx_compare
@@ -502,9 +503,9 @@ BLOCKS: dict[str, Callable[[Results], str]] = {
     "scale_tpu": scale_tpu,
     "scale_tpu_latest": scale_tpu_latest,
     "scale_memory": scale_memory,
-    "scale_tpu_floor": accelerator.scale_tpu_floor,
-    "sparse_probe": accelerator.sparse_probe,
-    "sparse_kernels": accelerator.sparse_kernels,
+    "scale_tpu_floor": sparse_tables.scale_tpu_floor,
+    "sparse_probe": sparse_tables.sparse_probe,
+    "sparse_kernels": sparse_tables.sparse_kernels,
     "trace_dtype_accuracy": accelerator.trace_dtype_accuracy,
     "sparse": sparse,
     "trainer_step": trainer_step,

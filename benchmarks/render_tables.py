@@ -9,7 +9,7 @@ A generated block is the text between two marker lines, ``<!-- generated: NAME -
 ``<!-- /generated -->``; :data:`_tables.BLOCKS` renders ``NAME`` from
 ``benchmarks/results/*.json``. After a benchmark writes a new JSON (its default name is the
 one its table reads: ``throughput.json``, ``scale.json``; the accelerator runs' ``--name`` as
-``_accelerator_tables.py`` and ``_tables.scale_tpu`` list them), one run of this script brings
+``_accelerator_tables.py``, ``_sparse_tables.py`` and ``_tables.scale_tpu`` list them), one run of this script brings
 every page up to date; ``tests/test_tables.py`` fails while a page differs from its JSONs.
 """
 

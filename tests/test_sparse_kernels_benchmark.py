@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import scale
 import sparse_kernels_tpu as kernels_run
-from _accelerator_tables import sparse_kernels
+from _sparse_tables import sparse_kernels
 from _table_format import RESULTS, Results
 from _tables import scale_tpu
 
