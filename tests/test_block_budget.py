@@ -218,7 +218,8 @@ def test_trace_bytes_count_the_stored_dtype():
 
 def test_on_a_tpu_traces_that_bound_the_step_get_longer_blocks_evened_out():
     """D-RTRL on ``ETPLinear(512 -> 1,024)``, batch 32: in blocks of 32 its 64 MiB of traces
-    would cost 9 times the bytes per step that a step stacks (448 KiB; 6 times suffice). Given the sequence's
+    would cost 9 times the bytes per step that a step stacks (448 KiB; 3 times suffice:
+    ``ETPLinear(192 -> 1,024)``, 3.8 times, does too). Given the sequence's
     length, a TPU's programs take blocks of up to 64 steps, evened out: T = 100 in two blocks
     of 50, T = 1000 in 16 passes (15 blocks of 63 and one of 55), a sequence of 33 to 64 steps
     in one block. Without the length (the trainer's windows choose their own), on the CPU,
@@ -228,7 +229,10 @@ def test_on_a_tpu_traces_that_bound_the_step_get_longer_blocks_evened_out():
     per_step = stacked_bytes_per_step(d.rules)
     assert per_step == 32 * 512 * 4 + 3 * 32 * 1024 * 4
     ratio = 2 * d.rules.trace_bytes / (DEFAULT_BLOCK_SIZE * per_step)
-    assert TRACE_BOUND_RATIO == 6 and 9 < ratio < 9.2
+    assert TRACE_BOUND_RATIO == 3 and 9 < ratio < 9.2
+    near = wide_network(1024, "d_rtrl", inputs=192)
+    assert 3.7 < 2 * near.rules.trace_bytes / (DEFAULT_BLOCK_SIZE
+                                               * stacked_bytes_per_step(near.rules)) < 3.9
     assert BLOCK_MEMORY_BUDGET // per_step > TRACE_BOUND_BLOCK_SIZE == 64
     less = wide_network(8192, "d_rtrl", inputs=64)
     assert 1 < 2 * less.rules.trace_bytes / (DEFAULT_BLOCK_SIZE
@@ -243,6 +247,8 @@ def test_on_a_tpu_traces_that_bound_the_step_get_longer_blocks_evened_out():
         assert choose_loop(d.rules, length=30) == Blocked(32)
         assert default_block_size(d.rules) == 32  # no length: as before
         assert choose_loop(d.rules, length=100, block_size=32) == Blocked(32)  # chosen
+        assert choose_loop(near.rules, length=100) == Blocked(50)
+        assert choose_loop(near.rules, length=1000) == Blocked(63)
         assert choose_loop(less.rules, length=100) == Blocked(32)
         assert choose_loop(es.rules, length=100) == Blocked(32)
         # a memory budget below 32 steps' stacks keeps to it
@@ -257,10 +263,14 @@ def test_on_a_tpu_traces_that_bound_the_step_get_longer_blocks_evened_out():
         assert 7.9 < 2 * narrow.rules.trace_bytes / (
             DEFAULT_BLOCK_SIZE * stacked_bytes_per_step(narrow.rules)) < 8.1
         assert choose_loop(narrow.rules, length=100) == Blocked(50)
-        # the ratio is what decides: at 10 times, these traces keep 32 steps
+        # the ratio is what decides: at 10 times, these traces keep 32 steps; at 4, the
+        # 3.8 times' do
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(_spec, "TRACE_BOUND_RATIO", 10)
             assert choose_loop(d.rules, length=100) == Blocked(32)
+            patch.setattr(_spec, "TRACE_BOUND_RATIO", 4)
+            assert choose_loop(near.rules, length=100) == Blocked(32)
+            assert choose_loop(d.rules, length=100) == Blocked(50)
 
 
 @pytest.mark.parametrize("length", [45, 50])

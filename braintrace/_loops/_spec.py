@@ -64,7 +64,7 @@ TRACE_BOUND_BLOCK_SIZE = 64
 """On a TPU, the most steps per default block where the traces bound the step: read and
 written once per block, at ``DEFAULT_BLOCK_SIZE`` steps they would cost
 :data:`TRACE_BOUND_RATIO` times the bytes per step that a step stacks, or more
-(``2·Tr / 32 >= 6·s``). Given the sequence's length, such blocks are as long as the memory
+(``2·Tr / 32 >= 3·s``). Given the sequence's length, such blocks are as long as the memory
 budget, this and the length allow, then evened out over the blocks that needs
 (:func:`default_block_size`). On a TPU v5e (D-RTRL inside a jit step, hidden 1024, batch 64,
 T 100, 817 / 787 MiB of traces, 3.8 / 4.0 MiB stacked per step; device time per step,
@@ -72,16 +72,17 @@ T 100, 817 / 787 MiB of traces, 3.8 / 4.0 MiB stacked per step; device time per 
 ``throughput_tpu_h1024_jit_device.json``): two blocks of 50 steps took 93.6 us (GRU) and
 119.0 us (LIF) against 149.8 and 144.9 in blocks of 32 (three and a tail of 4: four passes
 over the traces), with bfloat16 traces 70.4 / 78.6 against 102.5 / 111.0; blocks of 25 (LIF)
-150.7."""
+150.7. At hidden 256, batch 16, T 1000 (``throughput_tpu_h256_long_blocks.json``), blocks of
+63 took 3.4 us (GRU) and 4.3 us (LIF) against 4.5 and 4.8 in blocks of 32."""
 
-TRACE_BOUND_RATIO = 6
+TRACE_BOUND_RATIO = 3
 """How many times a step's stacked bytes the traces' bytes per step (at ``DEFAULT_BLOCK_SIZE``
-steps a block) must be for :data:`TRACE_BOUND_BLOCK_SIZE`'s longer blocks: 12 to 14 (float32
-traces) and 6.1 to 6.8 (bfloat16) in the runs that measured them, all faster in longer blocks
-(D-RTRL, hidden 1024, batch 64). At hidden 256, batch 16 (3 to 4:
-15 MiB of traces, 0.24 MiB stacked per step) longer blocks would save less than a
-microsecond per step and the LIF network's longer stacks cost it more per step at hidden
-1024 than the GRU's: not timed there, such networks keep blocks of 32."""
+steps a block) must be for :data:`TRACE_BOUND_BLOCK_SIZE`'s longer blocks. Every network
+measured at or above it ran faster in longer blocks (D-RTRL): 12 to 14 (hidden 1024, batch
+64, float32 traces), 6.1 to 6.8 (the same in bfloat16) and 3.2 (LIF) to 3.9 (GRU) (hidden 256,
+batch 16, float32: 15 MiB of traces, 0.24 MiB stacked per step). Below it nothing was
+timed (hidden 256 with bfloat16 traces: 1.6 to 2.0; ES-D-RTRL's traces of ``B·(I + O)``
+values: 0.02 to 0.05): such networks keep blocks of 32."""
 
 
 @dataclasses.dataclass(frozen=True)
