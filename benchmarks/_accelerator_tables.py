@@ -88,11 +88,13 @@ BLOCK_RUNS = ("throughput_tpu_h256_blocks.json", "throughput_tpu_h1024_blocks.js
 (``_loops.default_block_size``): ``block_sizes_tpu``."""
 TRACE_BLOCK_RUNS = ("throughput_tpu_h1024_jit_device.json",
                     "throughput_tpu_h1024_long_blocks_gru.json",
-                    "throughput_tpu_h1024_long_blocks_snn.json")
-"""D-RTRL at hidden 1024 in blocks of 32 (its default then) and longer ones
+                    "throughput_tpu_h1024_long_blocks_snn.json",
+                    "throughput_tpu_h256_long_blocks.json")
+"""D-RTRL at hidden 1024 and 256 in blocks of 32 (its default then) and longer ones
 (``_loops.TRACE_BOUND_BLOCK_SIZE``): ``trace_blocks_tpu``."""
 HOST_RUNS = ("throughput_tpu_host.json", "throughput_tpu_h256_host.json",
-             "throughput_tpu_h256_t100_host.json", "throughput_tpu_h1024_host.json")
+             "throughput_tpu_h256_t100_host.json", "throughput_tpu_h1024_host.json",
+             "throughput_tpu_h256_t100_host_b2b.json")
 """The runs that timed the host's share of each call (``throughput.py --host-time``)."""
 LOW_PRECISION = "_bf16"
 """The suffix of a method that stores its traces in bfloat16: ``d_rtrl_bf16``."""
@@ -325,27 +327,27 @@ def throughput_tpu_host(results: Results) -> str:
     """Per call of each :data:`HOST_RUNS` run: the stateful call's and the jitted step's times,
     each split into device and host, and both over BPTT's (the stateful call's less the jitted
     step's ratio: what the stateful API costs beyond a jitted step of your own)."""
-    def over(entry: dict[str, Any]) -> str:
-        stateful, jitted = entry["ratio_to_bptt"], entry.get("jit_ratio_to_bptt")
-        if jitted is None:
-            return MISSING
+    def over(calls: dict[str, float], bptt: dict[str, float]) -> str:
+        stateful, jitted = (calls[key] / bptt["jit_us"] for key in ("stateful_us", "jit_us"))
         return f"{ratio(stateful)} / {ratio(jitted)} ({stateful - jitted:+.2f})"
 
     rows = []
     for name in HOST_RUNS:
         for model, length, entry in lengths(results(name)):
+            bptt = entry["per_call"]["bptt"]
             for method, calls in entry["per_call"].items():
                 rows.append((f"`{name}`", _model(results, Run(name), model, length),
                              f"`{method}`",
                              *(f"{calls[key] / 1000:.2f} ms" for key, _ in _PER_CALL),
-                             MISSING if method == "bptt" else over(entry["methods"][method])))
+                             MISSING if method == "bptt" else over(calls, bptt)))
     return captioned(
         f"{source(results, *HOST_RUNS)}: time per call of `T` steps through the stateful "
         "`learner.etrace_grad` (BPTT: a learner compiled with `'bptt'`) and through "
         "`online_grad` in a jitted step (BPTT: the jitted `jax.grad`). Host time: the call's "
         "wall time less the device's; the driver's Python: the stateful call less its compiled "
-        "program called directly. Last: the stateful call's time over BPTT's / the jitted "
-        "step's over BPTT's (the difference), each in its own run.",
+        "program called directly. Last: per call, the stateful call's time / the jitted step's, "
+        "each over BPTT's jitted grad (the difference), each in its own run; a run of calls "
+        "back to back (`_b2b`) times 20 calls in a row, blocked once at the end.",
         *table(("run", "model", "method", *(what for _, what in _PER_CALL),
                 "× BPTT: `etrace_grad` / jitted step"), rows))
 
