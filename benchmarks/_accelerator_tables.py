@@ -89,7 +89,8 @@ BLOCK_RUNS = ("throughput_tpu_h256_blocks.json", "throughput_tpu_h1024_blocks.js
 TRACE_BLOCK_RUNS = ("throughput_tpu_h1024_jit_device.json",
                     "throughput_tpu_h1024_long_blocks_gru.json",
                     "throughput_tpu_h1024_long_blocks_snn.json",
-                    "throughput_tpu_h256_long_blocks.json")
+                    "throughput_tpu_h256_long_blocks.json", "throughput_tpu_h1024_slots.json",
+                    "throughput_tpu_h256_slots.json")
 """D-RTRL at hidden 1024 and 256 in blocks of 32 (its default then) and longer ones
 (``_loops.TRACE_BOUND_BLOCK_SIZE``): ``trace_blocks_tpu``."""
 HOST_RUNS = ("throughput_tpu_host.json", "throughput_tpu_h256_host.json",
@@ -307,7 +308,7 @@ def trace_blocks_tpu(results: Results) -> str:
     rows.sort(key=lambda row: (row[0], LOW_PRECISION in row[2], int(row[3])))
     return captioned(
         f"{source(results, *TRACE_BLOCK_RUNS)}: D-RTRL inside a jitted step (its carried state "
-        "donated) in time blocks of K steps (`d_rtrl@K`; `d_rtrl` the default's, then 32), "
+        "donated) in time blocks of K steps (`d_rtrl@K`; `d_rtrl` the default's of its commit), "
         f"traces in float32 and in bfloat16 (`{LOW_PRECISION}`): the passes over the traces "
         "per call (⌈T/K⌉, the last block shorter), the device's time per step, over the "
         "analytic floor with that many passes (`benchmarks/_floor.py`, from its run's terms "

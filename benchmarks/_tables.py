@@ -285,7 +285,8 @@ KERNEL_SCALE_RUNS = ("scale_tpu_cells.json", "scale_tpu_staged.json", "scale_tpu
 """``scale.py --kernels VARIANT`` runs on a TPU (``config['sparse_sums']`` names the kernels),
 shown once committed: 131,072 neurons with each variant in one device call, and 1,048,576
 (T = 30 and 300)."""
-BLOCK_SCALE_RUNS = ("scale_tpu_131k_speed_budget.json",)
+BLOCK_SCALE_RUNS = ("scale_tpu_131k_speed_budget.json", "scale_tpu_131k.json",
+                    "scale_tpu_131k_b128.json")
 """``scale.py`` runs on a TPU that set ES-D-RTRL's block sizes side by side (the ``loop``
 column: ``es_d_rtrl`` there ran in blocks of 2, a form of ``_loops.BLOCK_SPEED_BUDGET`` that
 covered sparse networks, which now keep the memory budget's 3)."""
@@ -298,10 +299,10 @@ def scale_tpu(results: Results) -> str:
     return _scale(results, results.present(SCALE_TPU_RUNS), sums=True)
 
 
-LATEST_SCALE_RUNS = ("scale_tpu_131k.json", "scale_tpu_131k_b128.json", "scale_tpu_1m_own.json")
-"""The ``scale.py`` runs on a TPU at the latest commit that ``scale_tpu_latest`` shows:
-131,072 neurons at batch 32 and 128 with the kernels of that commit's defaults, 1,048,576
-with ``--kernels packed+own_pair``."""
+LATEST_SCALE_RUNS = ("scale_tpu_131k_slots.json", "scale_tpu_1m_own.json")
+"""The ``scale.py`` runs on a TPU at the latest commits that ``scale_tpu_latest`` shows:
+131,072 neurons at batch 32 and 128 with the kernels of that commit's defaults (and a TPU's
+one JVP per slot and summed decayed sums), 1,048,576 with ``--kernels packed+own_pair``."""
 
 
 def _executed(results: Results, names: Sequence[str]) -> list[dict[str, Any]]:

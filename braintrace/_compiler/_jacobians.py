@@ -34,6 +34,7 @@ import numpy as np
 from braintrace._compiler._interpret import evaluate
 from braintrace._compiler._layout import StepLeaves
 from braintrace._compiler._records import ElementwiseRelation, HiddenGroup, InputRelation
+from braintrace._platform import tpu_formulations
 
 if TYPE_CHECKING:
     from braintrace._compiler._graph import ETraceGraph
@@ -181,7 +182,8 @@ def jacobian_responses(graph: ETraceGraph, leaves: StepLeaves,
     A leaf of group ``g`` holds its responses to ``g``'s own ``R_g`` slots only
     (:func:`_group_slots`: its states' colours, then the colours of its relations but those
     in ``unread``, whose ``Df`` no rule reads), the only ones the assembly reads: one
-    ``vmap`` of the JVP per group, each returning its own leaves, so that XLA computes
+    ``vmap`` of the JVP per group (in a TPU's programs one JVP per slot, below), each
+    returning its own leaves, so that XLA computes
     ``Σ_g R_g·|g|`` responses, not ``R·Σ_g |g|`` (an ALIF layer fed by an input and a
     recurrent relation, with a readout: 4 of 6 slots per neuron, 3 when the recurrent
     relation reads the input's ``Df``; each layer of a deeper network only its own slots).
@@ -202,12 +204,21 @@ def jacobian_responses(graph: ETraceGraph, leaves: StepLeaves,
     index = {slot: i for i, slot in enumerate(slots)}
     outs = [jnp.zeros((0, *h.shape), h.dtype) for h in hidden_in]
     for g in graph.groups:
-        rows = jnp.asarray([index[slot] for slot in _group_slots(graph, g, unread)], jnp.int32)
+        numbers = [index[slot] for slot in _group_slots(graph, g, unread)]
+        rows = jnp.asarray(numbers, jnp.int32)
         # The one-hot tangents are made inside the vmapped call from the slot's index: a
         # materialised (R, *V) stack of them is loop-invariant, and XLA hoists it out of
         # the time loop as R live copies of every hidden state (384 MiB at 131,072 ALIF
-        # neurons).
-        own = jax.vmap(lambda slot, g=g: [jvp(*tangents(slot))[k] for k in g.leaves])(rows)
+        # neurons). A TPU's programs take one JVP per slot instead, each tangent made from
+        # a constant index: XLA:TPU fused the vmapped JVPs into one pass that wrote every
+        # response of a block's steps (ES-D-RTRL at 131,072 ALIF neurons, batch 128: 768
+        # MiB, 0.7 ms per step on a TPU v5e), where each slot's own JVP fuses into the
+        # responses' readers (the block's estimated cycles 8% fewer, compiled for a v5e).
+        if tpu_formulations():
+            each = [jvp(*tangents(i)) for i in numbers]
+            own = [jnp.stack([e[k] for e in each]) for k in g.leaves]
+        else:
+            own = jax.vmap(lambda slot, g=g: [jvp(*tangents(slot))[k] for k in g.leaves])(rows)
         for k, response in zip(g.leaves, own):
             outs[k] = response
     return outs
